@@ -1,0 +1,16 @@
+// The whole public API of cairn.
+#ifndef CAIRN_CAIRN_H_
+#define CAIRN_CAIRN_H_
+
+#include "cairn/box.h"          // IWYU pragma: export
+#include "cairn/checkpoint.h"   // IWYU pragma: export
+#include "cairn/dlpack.h"       // IWYU pragma: export
+#include "cairn/dtype.h"        // IWYU pragma: export
+#include "cairn/metadata.h"     // IWYU pragma: export
+#include "cairn/state_dict.h"   // IWYU pragma: export
+#include "cairn/storage.h"      // IWYU pragma: export
+#include "cairn/tensor.h"       // IWYU pragma: export
+
+#define CAIRN_VERSION_STRING "0.1.0"
+
+#endif  // CAIRN_CAIRN_H_

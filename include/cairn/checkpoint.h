@@ -1,0 +1,110 @@
+// Save and load checkpoints.
+//
+//   cairn::StateDict sd = ...;                    // views of your tensors
+//   CAIRN_ASSIGN_OR_RETURN(auto saved, cairn::Save(sd, "/ckpt/step-100"));
+//   ...
+//   cairn::StateDict dst = ...;                   // views of destinations,
+//   auto loaded = cairn::Load(dst, "/ckpt/step-100");  // any sharding
+//
+// A checkpoint is committed when its metadata.json exists: Save writes every
+// data file durably first and the metadata last (temp file, fsync, rename,
+// fsync directory), so a crash at any point leaves either the previous state
+// or a complete checkpoint, never a half-written one that loads.
+//
+// Load fills the caller's destination views in place. Destinations may be
+// sharded differently from the saved chunks (resharding): each destination
+// box reads only the byte ranges that overlap it. Chunks read whole are
+// checked against their CRC32C.
+//
+// Thread safety: Save and Load may run concurrently on different URLs. The
+// tensors being saved must not change until Save returns; destinations must
+// not be touched until Load returns.
+#ifndef CAIRN_CHECKPOINT_H_
+#define CAIRN_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cairn/metadata.h"
+#include "cairn/state_dict.h"
+
+namespace cairn {
+
+struct SaveOptions {
+  // Replace a committed checkpoint at the URL; otherwise that is
+  // kAlreadyExists. The old checkpoint is un-committed before any data is
+  // written. Default: false.
+  bool overwrite = false;
+  // Concurrent writes in flight per process. Default: 8.
+  int io_threads = 8;
+  // Write data files with O_DIRECT through aligned buffers where the
+  // filesystem allows it; else buffered writes and fdatasync. Default: true.
+  bool direct_io = true;
+  // Bytes per aligned write buffer; one buffer per IO thread. Default: 8 MiB.
+  size_t write_buffer_bytes = size_t{8} << 20;
+  // A JSON object stored in metadata.json under "user". Default: "{}".
+  std::string user_metadata = "{}";
+};
+
+struct SaveResult {
+  uint64_t bytes_written = 0;  // data file bytes, headers included
+  uint64_t data_bytes = 0;     // tensor and object bytes
+  int files = 0;               // data files written
+  double seconds = 0;          // wall time of the whole save
+};
+
+// Saves `state` to `url`. Fails before writing anything on a bad state dict
+// (duplicate FQN, a shard outside its tensor, shards that do not cover a
+// tensor exactly once, a non-host tensor), naming the FQN.
+absl::StatusOr<SaveResult> Save(const StateDict& state, std::string_view url,
+                                const SaveOptions& options = {});
+
+struct LoadOptions {
+  // Every leaf of the destination state dict must be in the checkpoint
+  // (kNotFound naming the FQN otherwise). When false, missing leaves are left
+  // untouched and listed in LoadResult::missing. Default: true.
+  bool strict = true;
+  // Concurrent reads in flight per process. Default: 8.
+  int io_threads = 8;
+  // Check the CRC32C of every chunk and object that is read whole.
+  // Default: true.
+  bool verify_checksums = true;
+  // Needed byte runs of one file closer than this are read with one request.
+  // Default: 64 KiB.
+  uint64_t coalesce_gap_bytes = uint64_t{64} << 10;
+  // Largest single read through a bounce buffer (one per IO thread).
+  // Default: 8 MiB.
+  uint64_t bounce_buffer_bytes = uint64_t{8} << 20;
+};
+
+struct LoadResult {
+  std::vector<std::string> missing;     // requested but absent (non-strict)
+  std::vector<std::string> unexpected;  // in the checkpoint, not requested
+  uint64_t bytes_loaded = 0;     // bytes placed into destinations
+  uint64_t bytes_read = 0;       // bytes read from storage
+  uint64_t chunks_verified = 0;  // chunks and objects whose CRC32C matched
+  double seconds = 0;            // wall time of the whole load
+};
+
+// Loads the checkpoint at `url` into `state`: tensor leaves are filled in
+// place (their dtype and global shape must match the checkpoint: else
+// kFailedPrecondition naming the FQN), object and scalar leaves are replaced
+// by the stored values.
+absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
+                                const LoadOptions& options = {});
+
+// Loads everything into newly allocated whole host tensors and rebuilds the
+// saved nesting of maps and lists.
+absl::StatusOr<StateDict> LoadAll(std::string_view url,
+                                  const LoadOptions& options = {});
+
+// Reads and validates metadata.json. kNotFound when there is no committed
+// checkpoint at `url`.
+absl::StatusOr<Metadata> ReadMetadata(std::string_view url);
+
+}  // namespace cairn
+
+#endif  // CAIRN_CHECKPOINT_H_

@@ -1,0 +1,68 @@
+// Metadata: the in-memory form of a checkpoint's metadata.json, the index of
+// every tensor chunk, object and scalar in the checkpoint. The normative
+// on-disk spec is docs/format.md.
+#ifndef CAIRN_METADATA_H_
+#define CAIRN_METADATA_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cairn/box.h"
+#include "cairn/dtype.h"
+#include "cairn/state_dict.h"
+
+namespace cairn {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr char kMetadataFileName[] = "metadata.json";
+
+// Where a run of bytes lives: a data file of the checkpoint, the absolute
+// offset of its first byte in that file, its length and its CRC32C.
+struct ByteLocation {
+  std::string file;
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  uint32_t crc32c = 0;
+  friend bool operator==(const ByteLocation&, const ByteLocation&) = default;
+};
+
+// One stored box of a tensor, row-major and contiguous in its file.
+struct ChunkMetadata {
+  Box box;
+  ByteLocation location;
+  friend bool operator==(const ChunkMetadata&, const ChunkMetadata&) = default;
+};
+
+struct TensorMetadata {
+  DType dtype = DType::kF32;
+  Shape shape;
+  // Stored boxes; together they cover the shape exactly once.
+  std::vector<ChunkMetadata> chunks;
+  uint64_t nbytes() const;  // bytes of the whole tensor
+  friend bool operator==(const TensorMetadata&, const TensorMetadata&) =
+      default;
+};
+
+struct Metadata {
+  int version = kFormatVersion;
+  std::string created_by;  // "cairn 0.1.0"
+  int world_size = 1;      // ranks that saved the checkpoint
+  std::map<std::string, TensorMetadata> tensors;  // by FQN
+  std::map<std::string, ByteLocation> objects;    // by FQN
+  std::map<std::string, Scalar> scalars;          // by FQN
+  // JSON text of the nesting (see docs/format.md), enough to rebuild the
+  // state dict's maps and lists.
+  std::string structure = "{}";
+  // JSON text of a user-supplied object, stored as given. Default "{}".
+  std::string user = "{}";
+
+  // Bytes of all tensors and objects.
+  uint64_t total_bytes() const;
+  friend bool operator==(const Metadata&, const Metadata&) = default;
+};
+
+}  // namespace cairn
+
+#endif  // CAIRN_METADATA_H_

@@ -1,0 +1,130 @@
+// Storage: where one checkpoint's files live, reached by URL.
+//
+//   /abs/path or file:///abs/path   the local file backend (POSIX files)
+//
+// The interface is narrow and byte-oriented: create a file and write it at
+// positions, read byte ranges, list, remove, and replace a file atomically.
+// Buffering, alignment, checksums and fault injection are layers above it.
+// A backend registers its URL scheme at the bottom of its own .cc file.
+//
+// File names are relative to the checkpoint location: one or more plain
+// components separated by '/', none empty, "." or "..". A name that breaks
+// this rule is kInvalidArgument, so untrusted metadata can never reach a file
+// outside the checkpoint.
+//
+// Thread safety: a Storage, and the files it returns, may be used from many
+// threads at once; WriteAt calls on one file must target disjoint ranges.
+#ifndef CAIRN_STORAGE_H_
+#define CAIRN_STORAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace cairn {
+
+struct StorageOptions {
+  // Write data files with O_DIRECT where the filesystem allows it (the file
+  // then reports an alignment > 1). Default: true.
+  bool direct_io = true;
+};
+
+// A file being written. Not durable until Finish() returns OK.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+
+  // WriteAt's offset, length and buffer address must be multiples of this
+  // (1 when there is no constraint).
+  virtual size_t alignment() const = 0;
+
+  // Writes all of `data` at `offset`. On failure the file's contents are
+  // unspecified. Safe to call from several threads for disjoint ranges.
+  virtual absl::Status WriteAt(uint64_t offset,
+                               std::span<const std::byte> data) = 0;
+
+  // Sets the file size to `size` (cutting alignment padding past it), makes
+  // the data durable (fdatasync) and closes the file. Call exactly once, after
+  // every WriteAt has returned. Destroying an unfinished file closes it
+  // without syncing.
+  virtual absl::Status Finish(uint64_t size) = 0;
+};
+
+// A file opened for reading.
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+
+  // Size in bytes when opened.
+  virtual uint64_t size() const = 0;
+
+  // Reads exactly data.size() bytes at `offset` into `data`. kDataLoss naming
+  // the file and offset if the file ends first. Thread-safe.
+  virtual absl::Status ReadAt(uint64_t offset, std::span<std::byte> data) const = 0;
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  // Opens the checkpoint location at `url` without creating anything.
+  // kInvalidArgument for a malformed URL or an unknown scheme.
+  static absl::StatusOr<std::unique_ptr<Storage>> Open(
+      std::string_view url, const StorageOptions& options = {});
+
+  // Makes `scheme` ("file", "s3", ...) openable by Open. `factory` receives
+  // the whole URL. Called by backends at static-initialisation time.
+  using Factory = std::function<absl::StatusOr<std::unique_ptr<Storage>>(
+      std::string_view url, const StorageOptions& options)>;
+  static void RegisterScheme(std::string scheme, Factory factory);
+
+  // The URL this storage was opened from.
+  virtual std::string url() const = 0;
+
+  // Creates the location (and missing parents). OK if it exists.
+  virtual absl::Status CreateLocation() = 0;
+
+  // Creates `name` (truncating an existing file), ready for positional writes.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(
+      std::string_view name) = 0;
+
+  // Replaces `name` with `contents` atomically and durably: temporary file,
+  // fsync, rename over `name`, fsync of the directory. After a crash, `name`
+  // holds either its old contents (or is absent) or all of `contents`.
+  virtual absl::Status WriteAtomically(std::string_view name,
+                                       std::string_view contents) = 0;
+
+  // Removes `name`; OK if it does not exist. Not durable until Sync().
+  virtual absl::Status Remove(std::string_view name) = 0;
+
+  // Makes creations, renames and removals in the location durable.
+  virtual absl::Status Sync() = 0;
+
+  // Names of all regular files in the location, recursively, sorted.
+  // kNotFound if the location does not exist.
+  virtual absl::StatusOr<std::vector<std::string>> List() = 0;
+
+  // kNotFound naming the file if it does not exist.
+  virtual absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
+      std::string_view name) = 0;
+
+  // Whether `name` exists.
+  virtual absl::StatusOr<bool> Exists(std::string_view name) = 0;
+
+  // Reads all of `name`; kFailedPrecondition if it is larger than
+  // `max_bytes`.
+  absl::StatusOr<std::string> ReadAll(std::string_view name,
+                                      uint64_t max_bytes);
+};
+
+}  // namespace cairn
+
+#endif  // CAIRN_STORAGE_H_

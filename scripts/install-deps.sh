@@ -1,0 +1,23 @@
+#!/bin/sh
+# Installs cairn's build and test dependencies from Debian 12 packages.
+# Run as root (or with sudo). Safe to run again: apt-get skips what is there.
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+PKGS="build-essential cmake ninja-build pkg-config \
+  libabsl-dev nlohmann-json3-dev libisal-dev libcli11-dev \
+  libopenmpi-dev openmpi-bin liburing-dev libdlpack-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "install-deps: installing:$missing"
+  $SUDO apt-get update -q
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -q --no-install-recommends $missing
+else
+  echo "install-deps: all packages present"
+fi

@@ -1,0 +1,21 @@
+// Parallel loops for IO work.
+#ifndef CAIRN_CORE_PARALLEL_H_
+#define CAIRN_CORE_PARALLEL_H_
+
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+
+namespace cairn::internal_core {
+
+// Runs fn(i) for every i in [0, n) on up to `threads` threads (the calling
+// thread is one of them), handing out indices in increasing order. After the
+// first failure no new indices start; returns the failure of the lowest
+// index that failed, or OK. fn must be safe to call concurrently.
+absl::Status ParallelFor(int64_t n, int threads,
+                         absl::FunctionRef<absl::Status(int64_t)> fn);
+
+}  // namespace cairn::internal_core
+
+#endif  // CAIRN_CORE_PARALLEL_H_

@@ -1,0 +1,46 @@
+// metadata.json <-> Metadata. docs/format.md is the normative spec.
+#ifndef CAIRN_FORMAT_METADATA_CODEC_H_
+#define CAIRN_FORMAT_METADATA_CODEC_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "cairn/metadata.h"
+
+namespace cairn::internal_format {
+
+// Largest metadata.json accepted (untrusted input). 1 GiB.
+inline constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
+
+// Deterministic JSON text (keys sorted). `metadata.structure` and
+// `metadata.user` must hold valid JSON (they are embedded as JSON values).
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
+
+// Parses and validates untrusted text. `source` (e.g. the file path) prefixes
+// every error. Rejects: malformed JSON; "format" != "cairn"; a major
+// version other than kFormatVersion (kFailedPrecondition, "unsupported
+// format version"); unsafe file names (ValidateRelativeName); unknown
+// dtypes; negative or overflowing shapes; boxes outside their tensor; nbytes
+// != elements * dtype size; offset + nbytes overflow; bad crc32c hex.
+// Ignores unknown fields. Coverage of each tensor by its chunks is checked
+// by ValidateCoverage, not here.
+absl::StatusOr<Metadata> DecodeMetadata(std::string_view json,
+                                        std::string_view source);
+
+// OK when the chunks of `tensor` cover its shape exactly once (no gap, no
+// overlap). kDataLoss naming `fqn` and the offending boxes otherwise.
+absl::Status ValidateCoverage(std::string_view fqn,
+                              const TensorMetadata& tensor);
+
+// OK when every chunk and object lies inside its file, given the real file
+// sizes by name. kDataLoss naming FQN, file, offset and size otherwise;
+// kNotFound when a referenced file is absent from `file_sizes`.
+absl::Status ValidateAgainstFileSizes(
+    const Metadata& metadata, const std::map<std::string, uint64_t>& file_sizes);
+
+}  // namespace cairn::internal_format
+
+#endif  // CAIRN_FORMAT_METADATA_CODEC_H_

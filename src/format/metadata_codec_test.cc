@@ -1,0 +1,1 @@
+// TODO(skeleton): to be written.

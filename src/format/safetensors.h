@@ -1,0 +1,63 @@
+// The safetensors container: a little-endian u64 header length N, N bytes of
+// JSON header (may be padded with trailing spaces), then the byte buffer.
+// Each header entry is {"dtype", "shape", "data_offsets": [begin, end]} with
+// offsets relative to the buffer; the entries cover the buffer with no holes
+// and no overlaps. "__metadata__" maps strings to strings.
+#ifndef CAIRN_FORMAT_SAFETENSORS_H_
+#define CAIRN_FORMAT_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cairn/box.h"
+#include "cairn/dtype.h"
+
+namespace cairn::internal_format {
+
+// Largest header cairn accepts (the safetensors reference limit).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  uint64_t begin = 0;  // relative to the start of the byte buffer
+  uint64_t end = 0;
+  friend bool operator==(const SafetensorsEntry&, const SafetensorsEntry&) =
+      default;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // sorted by begin
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;  // absolute offset of the byte buffer: 8 + N
+};
+
+// The first data_start bytes of a file: length prefix plus JSON, padded with
+// spaces so that data_start is a multiple of `alignment`. `entries` must be
+// laid out back to back from offset 0 (their order is kept).
+std::string EncodeSafetensorsHeader(
+    const std::vector<SafetensorsEntry>& entries,
+    const std::map<std::string, std::string>& metadata, uint64_t alignment);
+
+// Reads N from the first 8 bytes. kDataLoss / kInvalidArgument (naming
+// `file`) when the file is shorter than 8 bytes, N exceeds
+// kMaxSafetensorsHeaderBytes, or 8 + N exceeds `file_size`.
+absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(std::string_view first8,
+                                                      uint64_t file_size,
+                                                      std::string_view file);
+
+// Parses and validates the N header bytes: well-formed JSON object, known
+// dtypes, non-negative shapes, end - begin == bytes of shape, entries that
+// tile [0, file_size - 8 - N) exactly. Errors name `file` and the entry.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json,
+                                                         uint64_t file_size,
+                                                         std::string_view file);
+
+}  // namespace cairn::internal_format
+
+#endif  // CAIRN_FORMAT_SAFETENSORS_H_

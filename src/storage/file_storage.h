@@ -1,0 +1,30 @@
+// The local file backend: URLs "/abs/path" and "file:///abs/path".
+//
+// Data files are opened with O_DIRECT when StorageOptions::direct_io is set
+// and the filesystem accepts it (tmpfs does not: then buffered writes plus
+// fdatasync in Finish). Reads are positional pread() calls. See
+// file_storage.cc for the durability steps of WriteAtomically.
+#ifndef CAIRN_STORAGE_FILE_STORAGE_H_
+#define CAIRN_STORAGE_FILE_STORAGE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "cairn/storage.h"
+
+namespace cairn::internal_storage {
+
+// Opens the directory `path` (absolute or relative; not created).
+absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorage(
+    std::string path, const StorageOptions& options);
+
+// Registers the "file" scheme (and bare paths) with Storage::Open. Called by
+// Storage::Open itself, so that the backend is linked in even from the static
+// library; idempotent.
+void RegisterFileStorage();
+
+}  // namespace cairn::internal_storage
+
+#endif  // CAIRN_STORAGE_FILE_STORAGE_H_
