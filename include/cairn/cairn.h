@@ -11,6 +11,6 @@
 #include "cairn/storage.h"      // IWYU pragma: export
 #include "cairn/tensor.h"       // IWYU pragma: export
 
-#define CAIRN_VERSION_STRING "0.1.0"
+#include "cairn/version.h"      // IWYU pragma: export
 
 #endif  // CAIRN_CAIRN_H_

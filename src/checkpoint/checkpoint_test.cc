@@ -1,1 +1,357 @@
-// TODO(skeleton): to be written.
+#include "cairn/checkpoint.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cairn/storage.h"
+#include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/fault_injection.h"
+
+namespace cairn {
+namespace {
+
+using internal_storage::FaultInjectionStorage;
+using internal_storage::StorageOp;
+using testing::HasSubstr;
+using testing_util::ByteAt;
+using testing_util::TempDir;
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+// A host tensor filled with deterministic bytes.
+Tensor Filled(DType dtype, Shape shape, uint64_t seed) {
+  Tensor t = *Tensor::Empty(dtype, shape);
+  auto* p = static_cast<std::byte*>(t.data());
+  const size_t es = DTypeSize(dtype);
+  for (int64_t e = 0; e < NumElements(shape); ++e) {
+    for (size_t i = 0; i < es; ++i) p[e * es + i] = ByteAt(dtype, e, i, seed);
+  }
+  return t;
+}
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(CheckpointTest, EveryDtypeRoundTrips) {
+  TempDir tmp;
+  StateDict sd, dst;
+  std::vector<Tensor> sources, dests;
+  for (DType dtype : AllDTypes()) {
+    const std::string name(DTypeName(dtype));
+    sources.push_back(Filled(dtype, {7, 13}, 3));
+    dests.push_back(*Tensor::Zeros(dtype, {7, 13}));
+    sd["by_dtype"][name] = sources.back();
+    dst["by_dtype"][name] = dests.back();
+  }
+  absl::StatusOr<SaveResult> saved = Save(sd, tmp.path());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->files, 1);
+  absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chunks_verified, AllDTypes().size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    EXPECT_TRUE(SameBytes(sources[i], dests[i])) << DTypeName(AllDTypes()[i]);
+  }
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->tensors.at("by_dtype.BF16").dtype, DType::kBF16);
+  EXPECT_EQ(md->tensors.at("by_dtype.BF16").shape, (Shape{7, 13}));
+}
+
+TEST(CheckpointTest, ScalarsObjectsAndNestingRoundTrip) {
+  TempDir tmp;
+  Tensor w = Filled(DType::kF32, {4, 5}, 1);
+  StateDict sd;
+  sd["model"]["w"] = w;
+  sd["step"] = int64_t{1234567890123};
+  sd["lr"] = 0.1;
+  sd["nan"] = std::numeric_limits<double>::quiet_NaN();
+  sd["inf"] = -std::numeric_limits<double>::infinity();
+  sd["flag"] = true;
+  sd["name"] = "run \"7\" \xc3\xa9";
+  sd["rng"] = Object{std::string("\0\x01\xff binary", 10)};
+  sd["empty_object"] = Object{};
+  sd["layers"] = StateDict::List();
+  sd["layers"].Append(StateDict()).operator[]("b") = int64_t{1};
+  sd["layers"].Append(int64_t{2});
+  sd["empty_map"] = StateDict::Map();
+  sd["empty_list"] = StateDict::List();
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+
+  absl::StatusOr<StateDict> all = LoadAll(tmp.path());
+  ASSERT_TRUE(all.ok()) << all.status();
+  const StateDict& r = *all;
+  ASSERT_NE(r.Find("model"), nullptr);
+  const ShardedTensor* rw = r.Find("model")->Find("w")->tensor();
+  ASSERT_NE(rw, nullptr);
+  ASSERT_EQ(rw->shards().size(), 1u);
+  EXPECT_EQ(std::memcmp(rw->shards()[0].view.data(), w.data(), w.nbytes()), 0);
+  EXPECT_EQ(std::get<int64_t>(*r.Find("step")->scalar()), 1234567890123);
+  EXPECT_EQ(std::get<double>(*r.Find("lr")->scalar()), 0.1);
+  EXPECT_TRUE(std::isnan(std::get<double>(*r.Find("nan")->scalar())));
+  EXPECT_EQ(std::get<double>(*r.Find("inf")->scalar()),
+            -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(std::get<bool>(*r.Find("flag")->scalar()), true);
+  EXPECT_EQ(std::get<std::string>(*r.Find("name")->scalar()),
+            "run \"7\" \xc3\xa9");
+  EXPECT_EQ(r.Find("rng")->object()->bytes, std::string("\0\x01\xff binary", 10));
+  EXPECT_EQ(r.Find("empty_object")->object()->bytes, "");
+  ASSERT_TRUE(r.Find("layers")->is_list());
+  ASSERT_EQ(r.Find("layers")->size(), 2u);
+  EXPECT_EQ(std::get<int64_t>(*r.Find("layers")->At(0)->Find("b")->scalar()), 1);
+  EXPECT_EQ(std::get<int64_t>(*r.Find("layers")->At(1)->scalar()), 2);
+  EXPECT_TRUE(r.Find("empty_map")->is_map());
+  EXPECT_EQ(r.Find("empty_map")->size(), 0u);
+  EXPECT_TRUE(r.Find("empty_list")->is_list());
+
+  // Load into an existing state dict replaces scalars and objects.
+  StateDict dst;
+  dst["step"] = int64_t{0};
+  dst["rng"] = Object{"old"};
+  absl::StatusOr<LoadResult> loaded =
+      Load(dst, tmp.path(), LoadOptions{.strict = true});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(std::get<int64_t>(*dst.Find("step")->scalar()), 1234567890123);
+  EXPECT_EQ(dst.Find("rng")->object()->bytes, std::string("\0\x01\xff binary", 10));
+  EXPECT_THAT(loaded->unexpected, testing::Contains("model.w"));
+}
+
+TEST(CheckpointTest, RefusesToOverwriteUnlessAsked) {
+  TempDir tmp;
+  Tensor a = Filled(DType::kI32, {64}, 1), b = Filled(DType::kI32, {64}, 2);
+  StateDict sa, sb;
+  sa["x"] = a;
+  sb["x"] = b;
+  ASSERT_TRUE(Save(sa, tmp.path()).ok());
+  absl::StatusOr<SaveResult> again = Save(sb, tmp.path());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(Msg(again.status()), HasSubstr(tmp.path()));
+  // The refused save left the first checkpoint intact.
+  Tensor out = *Tensor::Zeros(DType::kI32, {64});
+  StateDict dst;
+  dst["x"] = out;
+  ASSERT_TRUE(Load(dst, tmp.path()).ok());
+  EXPECT_TRUE(SameBytes(out, a));
+
+  ASSERT_TRUE(Save(sb, tmp.path(), SaveOptions{.overwrite = true}).ok());
+  ASSERT_TRUE(Load(dst, tmp.path()).ok());
+  EXPECT_TRUE(SameBytes(out, b));
+}
+
+TEST(CheckpointTest, StrictAndNonStrictMissingKeys) {
+  TempDir tmp;
+  Tensor a = Filled(DType::kF32, {8}, 1);
+  StateDict sd;
+  sd["present"] = a;
+  sd["only_saved"] = int64_t{5};
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+
+  Tensor p = *Tensor::Zeros(DType::kF32, {8});
+  Tensor m = *Tensor::Zeros(DType::kF32, {8});
+  StateDict dst;
+  dst["present"] = p;
+  dst["model"]["absent"] = m;
+  absl::StatusOr<LoadResult> strict = Load(dst, tmp.path());
+  EXPECT_EQ(strict.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(strict.status()), HasSubstr("model.absent"));
+
+  absl::StatusOr<LoadResult> lenient =
+      Load(dst, tmp.path(), LoadOptions{.strict = false});
+  ASSERT_TRUE(lenient.ok()) << lenient.status();
+  EXPECT_THAT(lenient->missing, testing::ElementsAre("model.absent"));
+  EXPECT_THAT(lenient->unexpected, testing::ElementsAre("only_saved"));
+  EXPECT_TRUE(SameBytes(p, a));
+}
+
+TEST(CheckpointTest, DtypeShapeAndKindMismatchesNameTheFqn) {
+  TempDir tmp;
+  Tensor a = Filled(DType::kF32, {4, 4}, 1);
+  StateDict sd;
+  sd["w"] = a;
+  sd["step"] = int64_t{1};
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+
+  Tensor wrong_dtype = *Tensor::Zeros(DType::kBF16, {4, 4});
+  StateDict d1;
+  d1["w"] = wrong_dtype;
+  absl::Status s1 = Load(d1, tmp.path()).status();
+  EXPECT_EQ(s1.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s1), HasSubstr("w: dtype mismatch: checkpoint has F32"));
+
+  Tensor wrong_shape = *Tensor::Zeros(DType::kF32, {4, 5});
+  StateDict d2;
+  d2["w"] = wrong_shape;
+  absl::Status s2 = Load(d2, tmp.path()).status();
+  EXPECT_EQ(s2.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s2), HasSubstr("shape mismatch"));
+
+  StateDict d3;
+  d3["step"] = a;  // a tensor where a scalar was saved
+  absl::Status s3 = Load(d3, tmp.path()).status();
+  EXPECT_EQ(s3.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s3), HasSubstr("step"));
+}
+
+TEST(CheckpointTest, SaveChecksCoverageBeforeWritingAnything) {
+  TempDir tmp;
+  std::vector<float> buf(16, 1.0f);
+  TensorView half(buf.data(), DType::kF32, {2, 4});
+  struct Case {
+    const char* what;
+    std::vector<Shard> shards;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"gap", {{Box{{0, 0}, {2, 4}}, half}}, "t"},
+      {"overlap",
+       {{Box{{0, 0}, {2, 4}}, half}, {Box{{1, 0}, {2, 4}}, half},
+        {Box{{2, 0}, {2, 4}}, half}},
+       "t"},
+      {"outside", {{Box{{3, 0}, {2, 4}}, half}}, "t shard"},
+  };
+  for (const Case& c : cases) {
+    StateDict sd;
+    sd["t"] = ShardedTensor(DType::kF32, {4, 4}, c.shards);
+    absl::Status s = Save(sd, tmp.Sub(c.what)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << s;
+    EXPECT_THAT(Msg(s), HasSubstr(c.expect)) << c.what;
+    EXPECT_FALSE(std::filesystem::exists(tmp.Sub(c.what) + "/metadata.json"));
+    EXPECT_FALSE(
+        std::filesystem::exists(tmp.Sub(c.what) + "/data-00000.safetensors"));
+  }
+  // The same box held twice (replicated in one process) is written once.
+  StateDict sd;
+  sd["t"] = ShardedTensor(DType::kF32, {2, 4},
+                          {{Box{{0, 0}, {2, 4}}, half}, {Box{{0, 0}, {2, 4}}, half}});
+  ASSERT_TRUE(Save(sd, tmp.Sub("replicated")).ok());
+  EXPECT_EQ(ReadMetadata(tmp.Sub("replicated"))->tensors.at("t").chunks.size(), 1u);
+}
+
+TEST(CheckpointTest, BadStateDictsAreRejected) {
+  TempDir tmp;
+  std::vector<float> buf(8);
+  StateDict dup;
+  dup["a"]["b"] = int64_t{1};
+  dup["a.b"] = int64_t{2};
+  absl::Status s = Save(dup, tmp.Sub("dup")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("a.b"));
+
+  StateDict device;
+  device["gpu"] = TensorView(buf.data(), DType::kF32, {8}, Device::Cuda(0));
+  EXPECT_EQ(Save(device, tmp.Sub("device")).status().code(),
+            absl::StatusCode::kUnimplemented);
+
+  StateDict wrong_view;
+  wrong_view["t"] = ShardedTensor(
+      DType::kF32, {8}, {{Box{{0}, {8}}, TensorView(buf.data(), DType::kF32, {4})}});
+  EXPECT_EQ(Save(wrong_view, tmp.Sub("view")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  StateDict bad_user;
+  bad_user["x"] = int64_t{1};
+  EXPECT_FALSE(
+      Save(bad_user, tmp.Sub("user"), SaveOptions{.user_metadata = "{nope"}).ok());
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("user") + "/metadata.json"));
+}
+
+TEST(CheckpointTest, NonContiguousSourcesAndSmallBuffers) {
+  TempDir tmp;
+  // A transposed view: shape [6, 10] over memory laid out [10, 6].
+  std::vector<int16_t> mem(60);
+  for (int i = 0; i < 60; ++i) mem[i] = static_cast<int16_t>(i * 7 + 1);
+  TensorView transposed(mem.data(), DType::kI16, {6, 10}, {1, 6});
+  StateDict sd;
+  sd["t"] = transposed;
+  sd["odd"] = Filled(DType::kBool, {3}, 9);  // makes later entries unaligned
+  sd["u"] = Filled(DType::kF64, {1000}, 4);
+  SaveOptions small;
+  small.write_buffer_bytes = 4096;
+  small.io_threads = 3;
+  ASSERT_TRUE(Save(sd, tmp.path(), small).ok());
+
+  std::vector<int16_t> out(60, 0);
+  Tensor u = *Tensor::Zeros(DType::kF64, {1000});
+  StateDict dst;
+  dst["t"] = TensorView(out.data(), DType::kI16, {6, 10});
+  dst["u"] = u;
+  LoadOptions tiny;
+  tiny.bounce_buffer_bytes = 64;
+  tiny.strict = false;
+  absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), tiny);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  for (int i = 0; i < 6; ++i) {
+    for (int j = 0; j < 10; ++j) EXPECT_EQ(out[i * 10 + j], mem[j * 6 + i]);
+  }
+  std::vector<std::byte> expect(8000);
+  for (int e = 0; e < 1000; ++e) {
+    for (int i = 0; i < 8; ++i) expect[e * 8 + i] = ByteAt(DType::kF64, e, i, 4);
+  }
+  EXPECT_EQ(std::memcmp(u.data(), expect.data(), 8000), 0);
+}
+
+// Faults in any storage operation of a save leave no committed checkpoint.
+TEST(CheckpointTest, StorageFailuresNeverCommit) {
+  TempDir tmp;
+  Tensor a = Filled(DType::kF32, {1024, 64}, 1);
+  StateDict sd;
+  sd["a"] = a;
+  const StorageOp ops[] = {StorageOp::kCreate, StorageOp::kWriteAt,
+                           StorageOp::kFinish, StorageOp::kSync,
+                           StorageOp::kWriteAtomically};
+  int i = 0;
+  for (StorageOp op : ops) {
+    const std::string dir = tmp.Sub("f" + std::to_string(i++));
+    absl::StatusOr<std::unique_ptr<Storage>> base = Storage::Open(dir);
+    ASSERT_TRUE(base.ok());
+    FaultInjectionStorage faulty(*std::move(base));
+    faulty.FailNthCall(op, 1, absl::DataLossError("injected"));
+    SaveOptions small;
+    small.write_buffer_bytes = 16384;
+    absl::Status s =
+        internal_checkpoint::SaveToStorage(sd, faulty, small).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << static_cast<int>(op);
+    EXPECT_THAT(Msg(s), HasSubstr("injected"));
+    EXPECT_EQ(ReadMetadata(dir).status().code(), absl::StatusCode::kNotFound);
+  }
+}
+
+// Overwrite un-commits first: if the new save fails midway, no stale
+// metadata.json points at rewritten data.
+TEST(CheckpointTest, FailedOverwriteLeavesNoCommittedCheckpoint) {
+  TempDir tmp;
+  Tensor a = Filled(DType::kF32, {256, 64}, 1), b = Filled(DType::kF32, {256, 64}, 2);
+  StateDict sa, sb;
+  sa["a"] = a;
+  sb["a"] = b;
+  ASSERT_TRUE(Save(sa, tmp.path()).ok());
+  FaultInjectionStorage faulty(*Storage::Open(tmp.path()));
+  faulty.FailNthCall(StorageOp::kWriteAt, 2, absl::UnavailableError("injected"));
+  SaveOptions o;
+  o.overwrite = true;
+  o.write_buffer_bytes = 4096;
+  o.io_threads = 1;
+  EXPECT_FALSE(internal_checkpoint::SaveToStorage(sb, faulty, o).ok());
+  EXPECT_EQ(ReadMetadata(tmp.path()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, LoadOfMissingCheckpointIsNotFound) {
+  TempDir tmp;
+  StateDict dst;
+  absl::Status s = Load(dst, tmp.Sub("nothing")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(s), HasSubstr("metadata.json"));
+}
+
+}  // namespace
+}  // namespace cairn

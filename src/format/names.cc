@@ -1,1 +1,72 @@
-// TODO(skeleton): to be written.
+#include "format/names.h"
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace cairn::internal_format {
+namespace {
+
+constexpr size_t kMaxNameBytes = 4096;
+
+// Quotes `name` for an error message, escaping control characters.
+std::string Quote(std::string_view name) {
+  std::string out = "\"";
+  for (char c : name) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f || c == '"' || c == '\\') {
+      out += absl::StrFormat("\\x%02x", u);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+absl::Status Bad(std::string_view name, std::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unsafe file name %s: %s", Quote(name), why));
+}
+
+}  // namespace
+
+absl::Status ValidateRelativeName(std::string_view name) {
+  if (name.empty()) return Bad(name, "empty");
+  if (name.size() > kMaxNameBytes) return Bad(name.substr(0, 64), "too long");
+  for (char c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return Bad(name, "control character");
+    }
+    if (c == '\\') return Bad(name, "backslash");
+  }
+  if (name.front() == '/') return Bad(name, "absolute path");
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string_view::npos) end = name.size();
+    const std::string_view part = name.substr(start, end - start);
+    if (part.empty()) return Bad(name, "empty path component");
+    if (part == "." || part == "..") {
+      return Bad(name, "'.' or '..' path component");
+    }
+    start = end + 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePlainName(std::string_view name) {
+  if (name.find('/') != std::string_view::npos) {
+    return Bad(name, "must be a plain name inside the checkpoint (no '/')");
+  }
+  return ValidateRelativeName(name);
+}
+
+std::string DataFileName(int index) {
+  return absl::StrFormat("data-%05d.safetensors", index);
+}
+
+std::string EntryName(std::string_view fqn, const Box& box, bool whole) {
+  if (whole) return std::string(fqn);
+  return std::string(fqn) + "@" + absl::StrJoin(box.offsets, ",");
+}
+
+}  // namespace cairn::internal_format

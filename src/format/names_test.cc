@@ -1,1 +1,61 @@
-// TODO(skeleton): to be written.
+#include "format/names.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace cairn::internal_format {
+namespace {
+
+TEST(NamesTest, AcceptsSafeRelativeNames) {
+  for (const char* name :
+       {"metadata.json", "data-00000.safetensors", "rank-00003/metadata.json",
+        "a/b/c", "..hidden", "x..y"}) {
+    EXPECT_TRUE(ValidateRelativeName(name).ok()) << name;
+  }
+}
+
+struct BadName {
+  std::string name;
+  const char* why;
+};
+
+TEST(NamesTest, RejectsUnsafeNames) {
+  const BadName cases[] = {
+      {"", "empty"},
+      {"/etc/passwd", "absolute path"},
+      {"../outside", "'.' or '..'"},
+      {"a/../../b", "'.' or '..'"},
+      {"a/./b", "'.' or '..'"},
+      {".", "'.' or '..'"},
+      {"a//b", "empty path component"},
+      {"a/", "empty path component"},
+      {std::string("a\0b", 3), "control character"},
+      {"a\nb", "control character"},
+      {"a\\b", "backslash"},
+      {std::string(5000, 'x'), "too long"},
+  };
+  for (const BadName& c : cases) {
+    absl::Status s = ValidateRelativeName(c.name);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(s.message().find(c.why), std::string_view::npos) << s;
+  }
+}
+
+TEST(NamesTest, PlainNamesHaveNoSlash) {
+  EXPECT_TRUE(ValidatePlainName("data-00001.safetensors").ok());
+  EXPECT_EQ(ValidatePlainName("sub/data.safetensors").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidatePlainName("..").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NamesTest, DataFileAndEntryNames) {
+  EXPECT_EQ(DataFileName(0), "data-00000.safetensors");
+  EXPECT_EQ(DataFileName(123), "data-00123.safetensors");
+  Box box{{1024, 0}, {512, 4096}};
+  EXPECT_EQ(EntryName("model.wq", box, /*whole=*/false), "model.wq@1024,0");
+  EXPECT_EQ(EntryName("model.wq", box, /*whole=*/true), "model.wq");
+}
+
+}  // namespace
+}  // namespace cairn::internal_format
