@@ -44,7 +44,8 @@ class TensorView {
   TensorView(void* data, DType dtype, Shape shape,
              Device device = Device::Cpu());
   // A strided view; `strides` are in elements, one per dimension, and may
-  // not be negative.
+  // not be negative. A `strides` of the wrong length is a programming error;
+  // since a constructor cannot fail, the view then uses contiguous strides.
   TensorView(void* data, DType dtype, Shape shape, std::vector<int64_t> strides,
              Device device = Device::Cpu());
 

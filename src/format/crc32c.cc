@@ -1,1 +1,120 @@
-// TODO(skeleton): to be written.
+#include "format/crc32c.h"
+
+#include <isa-l/crc.h>
+
+#include <array>
+#include <climits>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "format/json_util.h"
+
+namespace cairn::internal_format {
+namespace {
+
+// ISA-L's crc32_iscsi neither inverts its initial value nor its result: with
+// init 0xFFFFFFFF and a final inversion it computes the standard CRC32C. So
+// the "register" it works on is ~crc, and extending a finished CRC means
+// feeding ~crc back in as init and inverting the result again.
+constexpr size_t kMaxIsalChunk = size_t{1} << 30;  // fits an int
+
+uint32_t Update(uint32_t reg, const void* data, size_t size) {
+  // crc32_iscsi takes a non-const pointer but only reads from it.
+  auto* p = static_cast<unsigned char*>(const_cast<void*>(data));
+  while (size > 0) {
+    const size_t n = size < kMaxIsalChunk ? size : kMaxIsalChunk;
+    reg = crc32_iscsi(p, static_cast<int>(n), reg);
+    p += n;
+    size -= n;
+  }
+  return reg;
+}
+
+// GF(2) polynomials modulo the Castagnoli polynomial, in the reflected bit
+// order of the CRC itself: bit 31 holds the coefficient of x^0, bit 0 that of
+// x^31. 0x82F63B78 is x^32 mod P (P = 0x1EDC6F41 with x^32 implied),
+// reflected.
+constexpr uint32_t kPolyReflected = 0x82F63B78u;
+constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1 (x^0)
+
+// a * b mod P.
+uint32_t MulModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  // Walk a's coefficients from x^0 upwards; b holds b * x^i mod P.
+  for (uint32_t bit = kOne; bit != 0; bit >>= 1) {
+    if (a & bit) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPolyReflected : b >> 1;
+  }
+  return product;
+}
+
+// kPow2[k] = x^(2^k) mod P, for every k a uint64 byte count can need:
+// x^(8 * len) with len < 2^64 uses k up to 3 + 63.
+constexpr int kPow2Count = 67;
+
+const std::array<uint32_t, kPow2Count>& Pow2Table() {
+  static const std::array<uint32_t, kPow2Count> table = [] {
+    std::array<uint32_t, kPow2Count> t{};
+    t[0] = kOne >> 1;  // x^1
+    for (int k = 1; k < kPow2Count; ++k) t[k] = MulModP(t[k - 1], t[k - 1]);
+    return t;
+  }();
+  return table;
+}
+
+// x^(8 * len) mod P, by square-and-multiply over the bits of len.
+uint32_t XPow8N(uint64_t len) {
+  const auto& table = Pow2Table();
+  uint32_t result = kOne;
+  for (int k = 3; len != 0; len >>= 1, ++k) {
+    if (len & 1) result = MulModP(table[k], result);
+  }
+  return result;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+uint32_t Crc32c(const void* data, size_t size) {
+  return Crc32cExtend(0, data, size);
+}
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+  return ~Update(~crc, data, size);
+}
+
+// CRC is affine in its input; the pre- and post-inversions of a and b cancel
+// out, leaving crc(a + b) = crc(a) * x^(8 * |b|) + crc(b) over GF(2).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
+  return MulModP(XPow8N(size_b), crc_a) ^ crc_b;
+}
+
+std::string Crc32cToHex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
+
+absl::StatusOr<uint32_t> Crc32cFromHex(std::string_view hex) {
+  if (hex.size() != 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("crc32c must be 8 hex digits, got \"",
+                     absl::CHexEscape(AsAbsl(hex.substr(0, 64))), "\""));
+  }
+  uint32_t value = 0;
+  for (char c : hex) {
+    const int v = HexValue(c);
+    if (v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("crc32c must be 8 hex digits, got \"",
+                       absl::CHexEscape(AsAbsl(hex)), "\""));
+    }
+    value = (value << 4) | static_cast<uint32_t>(v);
+  }
+  return value;
+}
+
+}  // namespace cairn::internal_format

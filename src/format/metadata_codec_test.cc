@@ -1,1 +1,760 @@
-// TODO(skeleton): to be written.
+#include "format/metadata_codec.h"
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/crc32c.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace cairn::internal_format {
+namespace {
+
+using ::nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr char kSource[] = "/ckpt/step-100/metadata.json";
+
+// A tensor of `shape` split along dim 0 into `parts` chunks stored back to
+// back in `file` from `offset`.
+TensorMetadata RowSharded(DType dtype, Shape shape, int parts,
+                          const std::string& file, uint64_t offset = 4096) {
+  TensorMetadata t;
+  t.dtype = dtype;
+  t.shape = shape;
+  const int64_t rows = shape[0];
+  int64_t row = 0;
+  for (int p = 0; p < parts; ++p) {
+    const int64_t n = rows / parts + (p < rows % parts ? 1 : 0);
+    ChunkMetadata c;
+    c.box.offsets.assign(shape.size(), 0);
+    c.box.offsets[0] = row;
+    c.box.sizes = shape;
+    c.box.sizes[0] = n;
+    c.location.file = file;
+    c.location.offset = offset;
+    c.location.nbytes =
+        static_cast<uint64_t>(c.box.num_elements()) * DTypeSize(dtype);
+    c.location.crc32c = 0x1c291ca3u + static_cast<uint32_t>(p);
+    offset += c.location.nbytes;
+    t.chunks.push_back(c);
+    row += n;
+  }
+  return t;
+}
+
+Metadata SampleMetadata() {
+  Metadata md;
+  md.created_by = "cairn 0.1.0";
+  md.world_size = 4;
+  int i = 0;
+  for (DType dtype : AllDTypes()) {
+    md.tensors["t." + std::string(DTypeName(dtype))] = RowSharded(
+        dtype, {6, 5}, 2, "data-0000" + std::to_string(i % 4) + ".safetensors");
+    ++i;
+  }
+  md.tensors["model.wq"] =
+      RowSharded(DType::kBF16, {4096, 4096}, 4, "data-00000.safetensors", 8192);
+  TensorMetadata rank0;
+  rank0.dtype = DType::kF64;
+  rank0.chunks.push_back(
+      {Box{{}, {}}, ByteLocation{"data-00001.safetensors", 4096, 8, 7}});
+  md.tensors["lr_tensor"] = rank0;
+  TensorMetadata empty;
+  empty.dtype = DType::kF32;
+  empty.shape = {0, 3};
+  empty.chunks.push_back(
+      {Box{{0, 0}, {0, 3}}, ByteLocation{"data-00001.safetensors", 0, 0, 0}});
+  md.tensors["empty"] = empty;
+  md.tensors["ünïcode.ключ"] =
+      RowSharded(DType::kF32, {3}, 1, "rank-00003/data-00000.safetensors");
+
+  md.objects["rng.rank3"] = {"data-00003.safetensors", 0, 5000, 0xdeadbeef};
+  md.objects["opt.pickle"] = {"data-00000.safetensors", 123, 0, 0};
+
+  md.scalars["step"] = int64_t{100};
+  md.scalars["int.min"] = std::numeric_limits<int64_t>::min();
+  md.scalars["int.max"] = std::numeric_limits<int64_t>::max();
+  md.scalars["int.neg"] = int64_t{-5};
+  md.scalars["lr"] = 0.1;
+  md.scalars["third"] = 1.0 / 3.0;
+  md.scalars["tiny"] = std::numeric_limits<double>::denorm_min();
+  md.scalars["huge"] = std::numeric_limits<double>::max();
+  md.scalars["whole"] = 5.0;
+  md.scalars["neg_zero"] = -0.0;
+  md.scalars["inf"] = std::numeric_limits<double>::infinity();
+  md.scalars["ninf"] = -std::numeric_limits<double>::infinity();
+  md.scalars["flag"] = true;
+  md.scalars["off"] = false;
+  md.scalars["name"] = std::string("run \"7\"\n\t\\ ✓");
+  md.scalars["empty_string"] = std::string();
+
+  md.structure = R"({"model":{"layers":[{"wq":"model.layers.0.wq"}]}})";
+  md.user = R"({"git":"abc123","n":3,"tags":["a","b"]})";  // canonical
+  return md;
+}
+
+std::string Encoded(const Metadata& md) {
+  auto text = EncodeMetadata(md);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : std::string();
+}
+
+// The sample's JSON, changed by `edit`, decoded.
+absl::StatusOr<Metadata> DecodeEdited(const std::function<void(json&)>& edit) {
+  json j = json::parse(Encoded(SampleMetadata()));
+  edit(j);
+  return DecodeMetadata(j.dump(), kSource);
+}
+
+void ExpectRejected(const absl::Status& status, const std::string& mention,
+                    absl::StatusCode code = absl::StatusCode::kDataLoss) {
+  EXPECT_EQ(status.code(), code) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(kSource)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(mention)) << status;
+}
+
+json& Chunk0(json& j) { return j["tensors"]["model.wq"]["chunks"][0]; }
+
+// ------------------------------------------------------------ round trip
+
+TEST(MetadataCodecTest, RoundTripEveryDTypeAndScalarType) {
+  const Metadata md = SampleMetadata();
+  auto decoded = DecodeMetadata(Encoded(md), kSource);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, md);
+  // -0.0 == 0.0 for operator==; check the sign survived.
+  EXPECT_TRUE(std::signbit(std::get<double>(decoded->scalars.at("neg_zero"))));
+  EXPECT_EQ(std::get<double>(decoded->scalars.at("whole")), 5.0);
+  for (DType dtype : AllDTypes()) {
+    EXPECT_EQ(decoded->tensors.at("t." + std::string(DTypeName(dtype))).dtype,
+              dtype);
+  }
+}
+
+TEST(MetadataCodecTest, NanRoundTrips) {
+  Metadata md;
+  md.scalars["nan"] = std::numeric_limits<double>::quiet_NaN();
+  const std::string text = Encoded(md);
+  EXPECT_THAT(text, HasSubstr(R"("double":"nan")"));
+  auto decoded = DecodeMetadata(text, kSource);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(std::isnan(std::get<double>(decoded->scalars.at("nan"))));
+}
+
+TEST(MetadataCodecTest, ScalarsAreTyped) {
+  const std::string text = Encoded(SampleMetadata());
+  EXPECT_THAT(text, HasSubstr(R"("step":{"int64":100})"));
+  EXPECT_THAT(text, HasSubstr(R"("lr":{"double":0.1})"));
+  EXPECT_THAT(text, HasSubstr(R"("whole":{"double":5.0})"));
+  EXPECT_THAT(text, HasSubstr(R"("inf":{"double":"inf"})"));
+  EXPECT_THAT(text, HasSubstr(R"("ninf":{"double":"-inf"})"));
+  EXPECT_THAT(text, HasSubstr(R"("flag":{"bool":true})"));
+  EXPECT_THAT(text, HasSubstr(R"("empty_string":{"string":""})"));
+}
+
+TEST(MetadataCodecTest, EncodingIsDeterministicAndFollowsTheSchema) {
+  const std::string a = Encoded(SampleMetadata());
+  EXPECT_EQ(a, Encoded(SampleMetadata()));
+  json j = json::parse(a);
+  EXPECT_EQ(j["format"], "cairn");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["created_by"], "cairn 0.1.0");
+  EXPECT_EQ(j["world_size"], 4);
+  const json& c = Chunk0(j);
+  EXPECT_EQ(c["offsets"], json::parse("[0,0]"));
+  EXPECT_EQ(c["sizes"], json::parse("[1024,4096]"));
+  EXPECT_EQ(c["file"], "data-00000.safetensors");
+  EXPECT_EQ(c["offset"], 8192);
+  EXPECT_EQ(c["nbytes"], 8388608);
+  EXPECT_EQ(c["crc32c"], "1c291ca3");
+  EXPECT_EQ(j["tensors"]["model.wq"]["dtype"], "BF16");
+  EXPECT_EQ(j["objects"]["rng.rank3"]["crc32c"], "deadbeef");
+  EXPECT_EQ(j["structure"]["model"]["layers"][0]["wq"], "model.layers.0.wq");
+  EXPECT_EQ(j["user"]["git"], "abc123");
+}
+
+TEST(MetadataCodecTest, DefaultMetadataRoundTrips) {
+  Metadata md;
+  auto decoded = DecodeMetadata(Encoded(md), kSource);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, md);
+}
+
+TEST(MetadataCodecTest, StructureAndUserAreStoredCanonically) {
+  Metadata md;
+  md.structure = R"( {"b": "b", "a": ["a.0"]} )";
+  md.user = R"({"z": 1, "a": {"y": 2, "x": 1}})";
+  auto decoded = DecodeMetadata(Encoded(md), kSource);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->structure, R"({"a":["a.0"],"b":"b"})");
+  EXPECT_EQ(decoded->user, R"({"a":{"x":1,"y":2},"z":1})");
+}
+
+// The example of docs/format.md section 8, verbatim.
+TEST(MetadataCodecTest, DocsExampleDecodes) {
+  const std::string example = R"json(
+{"created_by":"cairn 0.1.0","format":"cairn",
+ "objects":{"rng":{"crc32c":"5f0a33c1","file":"data-00001.safetensors","nbytes":16,"offset":4104}},
+ "scalars":{"step":{"int64":100}},
+ "structure":{"model":{"wq":"model.wq"},"rng":"rng","step":"step"},
+ "tensors":{"model.wq":{"chunks":[
+   {"crc32c":"1c291ca3","file":"data-00000.safetensors","nbytes":8,"offset":4096,"offsets":[0,0],"sizes":[1,4]},
+   {"crc32c":"09a1f4e2","file":"data-00001.safetensors","nbytes":8,"offset":4096,"offsets":[1,0],"sizes":[1,4]}],
+   "dtype":"BF16","shape":[2,4]}},
+ "user":{},"version":1,"world_size":2}
+)json";
+  auto decoded = DecodeMetadata(example, kSource);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->world_size, 2);
+  const TensorMetadata& wq = decoded->tensors.at("model.wq");
+  EXPECT_TRUE(ValidateCoverage("model.wq", wq).ok());
+  EXPECT_EQ(wq.chunks[1].location.crc32c, 0x09a1f4e2u);
+  EXPECT_EQ(decoded->objects.at("rng").offset, 4104u);
+  EXPECT_EQ(decoded->scalars.at("step"), Scalar(int64_t{100}));
+  EXPECT_TRUE(
+      ValidateAgainstFileSizes(*decoded, {{"data-00000.safetensors", 4104},
+                                          {"data-00001.safetensors", 4120}})
+          .ok());
+  // Re-encoding gives the same JSON value.
+  EXPECT_EQ(json::parse(Encoded(*decoded)), json::parse(example));
+}
+
+TEST(MetadataCodecTest, EncodeRejectsBadInput) {
+  Metadata md;
+  md.structure = "{not json";
+  EXPECT_EQ(EncodeMetadata(md).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  md = Metadata();
+  md.user = "[1, 2]";
+  EXPECT_EQ(EncodeMetadata(md).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  md = Metadata();
+  md.scalars["bad\xff"] = int64_t{1};
+  EXPECT_EQ(EncodeMetadata(md).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  md = Metadata();
+  md.version = 2;
+  EXPECT_EQ(EncodeMetadata(md).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetadataCodecTest, UnknownFieldsAreIgnored) {
+  auto decoded = DecodeEdited([](json& j) {
+    j["future_top_level"] = {{"x", 1}};
+    j["tensors"]["model.wq"]["layout"] = "tiled";
+    Chunk0(j)["compression"] = "none";
+    j["objects"]["rng.rank3"]["codec"] = 5;
+  });
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, SampleMetadata());
+}
+
+// ------------------------------------------------------------ malformed JSON
+
+TEST(MetadataCodecTest, MalformedJson) {
+  for (const std::string& bad : std::vector<std::string>{
+           "", "{", "{\"format\":\"cairn\",", "nope", "{}}", "[1,2",
+           "{\"format\":\"cairn\" \"version\":1}", std::string("{\0}", 3),
+           "\xff"}) {
+    ExpectRejected(DecodeMetadata(bad, kSource).status(), "malformed");
+  }
+}
+
+TEST(MetadataCodecTest, EveryTruncationIsRejected) {
+  const std::string text = Encoded(SampleMetadata());
+  // Stop before the closing brace; the trailing "}\n" cut still parses.
+  for (size_t cut = 0; cut + 2 < text.size(); cut += 7) {
+    auto status = DecodeMetadata(text.substr(0, cut), kSource).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << cut;
+  }
+}
+
+TEST(MetadataCodecTest, DeepNestingIsRejectedWithoutCrashing) {
+  const std::string deep = R"({"format":"cairn","version":1,"structure":)" +
+                           std::string(200000, '[') + std::string(200000, ']') +
+                           "}";
+  ExpectRejected(DecodeMetadata(deep, kSource).status(), "malformed");
+}
+
+TEST(MetadataCodecTest, NotAnObject) {
+  ExpectRejected(DecodeMetadata("[]", kSource).status(), "object");
+  ExpectRejected(DecodeMetadata("\"cairn\"", kSource).status(), "object");
+}
+
+// ------------------------------------------------------------ format/version
+
+TEST(MetadataCodecTest, WrongFormat) {
+  ExpectRejected(DecodeEdited([](json& j) { j["format"] = "dcp"; }).status(),
+                 "not cairn metadata");
+  ExpectRejected(DecodeEdited([](json& j) { j.erase("format"); }).status(),
+                 "not cairn metadata");
+  ExpectRejected(DecodeEdited([](json& j) { j["format"] = 1; }).status(),
+                 "not cairn metadata");
+}
+
+TEST(MetadataCodecTest, UnknownVersion) {
+  for (int v : {0, 2, 100, -1}) {
+    auto status = DecodeEdited([v](json& j) {
+                    j["version"] = v;
+                    // A future version may change everything else too.
+                    j["tensors"] = "something new";
+                  }).status();
+    ExpectRejected(status, "unsupported format version " + std::to_string(v),
+                   absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(MetadataCodecTest, VersionOfWrongType) {
+  ExpectRejected(DecodeEdited([](json& j) { j["version"] = "1"; }).status(),
+                 "version");
+  ExpectRejected(DecodeEdited([](json& j) { j["version"] = 1.0; }).status(),
+                 "version");
+  ExpectRejected(DecodeEdited([](json& j) { j.erase("version"); }).status(),
+                 "version");
+}
+
+// ------------------------------------------------------------ top level
+
+TEST(MetadataCodecTest, MissingOrMistypedTopLevelFields) {
+  for (const char* field : {"created_by", "world_size", "tensors", "objects",
+                            "scalars", "structure", "user"}) {
+    SCOPED_TRACE(field);
+    ExpectRejected(DecodeEdited([field](json& j) { j.erase(field); }).status(),
+                   std::string("missing \"") + field + "\"");
+  }
+  ExpectRejected(DecodeEdited([](json& j) { j["created_by"] = 1; }).status(),
+                 "created_by");
+  ExpectRejected(
+      DecodeEdited([](json& j) { j["tensors"] = json::array(); }).status(),
+      "tensors");
+  ExpectRejected(DecodeEdited([](json& j) { j["objects"] = 3; }).status(),
+                 "objects");
+  ExpectRejected(DecodeEdited([](json& j) { j["scalars"] = nullptr; }).status(),
+                 "scalars");
+  ExpectRejected(DecodeEdited([](json& j) { j["user"] = "x"; }).status(),
+                 "user");
+}
+
+TEST(MetadataCodecTest, BadWorldSize) {
+  for (json bad :
+       {json(0), json(-1), json(2147483648LL), json(1.5), json("4")}) {
+    ExpectRejected(
+        DecodeEdited([&bad](json& j) { j["world_size"] = bad; }).status(),
+        "world_size");
+  }
+}
+
+// ------------------------------------------------------------ file names
+
+TEST(MetadataCodecTest, UnsafeFileNames) {
+  for (const char* name : {"/etc/passwd", "../secret", "a/../b", "..", ".", "",
+                           "a//b", "./a", "a\\b", "a\nb"}) {
+    SCOPED_TRACE(name);
+    auto status =
+        DecodeEdited([name](json& j) { Chunk0(j)["file"] = name; }).status();
+    ExpectRejected(status, "\"model.wq\" chunk 0");
+    EXPECT_THAT(std::string(status.message()), HasSubstr("unsafe file name"));
+    ExpectRejected(DecodeEdited([name](json& j) {
+                     j["objects"]["rng.rank3"]["file"] = name;
+                   }).status(),
+                   "object \"rng.rank3\"");
+  }
+}
+
+TEST(MetadataCodecTest, RelativeSubdirectoryNamesAreAllowed) {
+  auto decoded = DecodeEdited(
+      [](json& j) { Chunk0(j)["file"] = "rank-00003/data-00000.safetensors"; });
+  EXPECT_TRUE(decoded.ok()) << decoded.status();
+}
+
+// ------------------------------------------------------------ tensors
+
+TEST(MetadataCodecTest, BadTensorFields) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string mention;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["tensors"]["model.wq"] = 5; }, "must be an object"},
+      {[](json& j) { j["tensors"]["model.wq"]["dtype"] = "F128"; },
+       "unknown dtype \"F128\""},
+      {[](json& j) { j["tensors"]["model.wq"]["dtype"] = "bf16"; },
+       "unknown dtype"},
+      {[](json& j) { j["tensors"]["model.wq"].erase("dtype"); },
+       "missing \"dtype\""},
+      {[](json& j) {
+         j["tensors"]["model.wq"]["shape"] = {4096, -1};
+       },
+       "\"shape\""},
+      {[](json& j) {
+         j["tensors"]["model.wq"]["shape"] = {4096, 1.5};
+       },
+       "\"shape\""},
+      {[](json& j) { j["tensors"]["model.wq"]["shape"] = "4096"; },
+       "\"shape\" must be an array"},
+      {[](json& j) {
+         j["tensors"]["model.wq"]["shape"] =
+             json::parse("[4096, 9223372036854775808]");
+       },
+       "\"shape\""},
+      {[](json& j) {
+         j["tensors"]["model.wq"]["shape"] =
+             json::parse("[4096, 99999999999999999999999]");
+       },
+       "\"shape\""},
+      {[](json& j) {
+         j["tensors"]["model.wq"]["shape"] = {4294967296LL, 4294967296LL};
+       },
+       "overflows"},
+      {[](json& j) {
+         // 2^62 elements fit int64; their 2^63 bytes do not.
+         j["tensors"]["model.wq"]["shape"] = json::array({1LL << 62});
+       },
+       "overflows"},
+      {[](json& j) { j["tensors"]["model.wq"]["chunks"] = json::object(); },
+       "\"chunks\" must be an array"},
+      {[](json& j) { j["tensors"]["model.wq"]["chunks"][1] = "x"; },
+       "chunk 1: must be an object"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    auto status = DecodeEdited(cases[i].edit).status();
+    ExpectRejected(status, cases[i].mention);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("\"model.wq\""));
+  }
+}
+
+TEST(MetadataCodecTest, BadChunks) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string mention;
+  };
+  const std::vector<Case> cases = {
+      // Boxes outside the tensor.
+      {[](json& j) {
+         Chunk0(j)["offsets"] = {4000, 0};
+       },
+       "does not fit"},
+      {[](json& j) {
+         Chunk0(j)["sizes"] = {1024, 4097};
+       },
+       "does not fit"},
+      {[](json& j) { Chunk0(j)["offsets"] = json::array({0}); },
+       "does not fit"},
+      {[](json& j) {
+         Chunk0(j)["offsets"] = {9223372036854775807LL, 0};
+       },
+       "does not fit"},
+      {[](json& j) {
+         Chunk0(j)["offsets"] = {-1, 0};
+       },
+       "\"offsets\""},
+      {[](json& j) {
+         Chunk0(j)["sizes"] = {1024, "4096"};
+       },
+       "\"sizes\""},
+      {[](json& j) { Chunk0(j).erase("sizes"); }, "missing \"sizes\""},
+      // nbytes mismatch.
+      {[](json& j) { Chunk0(j)["nbytes"] = 8388607; },
+       "nbytes 8388607 != 8388608"},
+      {[](json& j) { Chunk0(j)["nbytes"] = -1; }, "\"nbytes\""},
+      {[](json& j) { Chunk0(j)["nbytes"] = 1e6; }, "\"nbytes\""},
+      {[](json& j) { Chunk0(j).erase("nbytes"); }, "missing \"nbytes\""},
+      // Offsets.
+      {[](json& j) { Chunk0(j)["offset"] = -8; }, "\"offset\""},
+      {[](json& j) {
+         Chunk0(j)["offset"] = json::parse("18446744073709551616");
+       },
+       "\"offset\""},
+      {[](json& j) {
+         Chunk0(j)["offset"] = json::parse("18446744073709551615");
+       },
+       "overflows"},
+      {[](json& j) { Chunk0(j)["file"] = 3; }, "\"file\" must be a string"},
+      // CRC.
+      {[](json& j) { Chunk0(j)["crc32c"] = "1c291ca"; }, "8 hex digits"},
+      {[](json& j) { Chunk0(j)["crc32c"] = "1c291cax"; }, "8 hex digits"},
+      {[](json& j) { Chunk0(j)["crc32c"] = 471276707; }, "\"crc32c\""},
+      {[](json& j) { Chunk0(j).erase("crc32c"); }, "missing \"crc32c\""},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    auto status = DecodeEdited(cases[i].edit).status();
+    ExpectRejected(status, cases[i].mention);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("tensor \"model.wq\" chunk 0"));
+  }
+}
+
+TEST(MetadataCodecTest, BadObjects) {
+  ExpectRejected(
+      DecodeEdited([](json& j) { j["objects"]["rng.rank3"] = "x"; }).status(),
+      "object \"rng.rank3\"");
+  ExpectRejected(DecodeEdited([](json& j) {
+                   j["objects"]["rng.rank3"]["nbytes"] = -1;
+                 }).status(),
+                 "object \"rng.rank3\": \"nbytes\"");
+  ExpectRejected(DecodeEdited([](json& j) {
+                   j["objects"]["rng.rank3"]["offset"] = 1;
+                   j["objects"]["rng.rank3"]["nbytes"] =
+                       json::parse("18446744073709551615");
+                 }).status(),
+                 "overflows");
+  ExpectRejected(DecodeEdited([](json& j) {
+                   j["objects"]["rng.rank3"]["crc32c"] = "DEADBEEF0";
+                 }).status(),
+                 "object \"rng.rank3\"");
+}
+
+TEST(MetadataCodecTest, BadScalars) {
+  const std::vector<json> bad = {
+      json(5),
+      json::parse(R"({})"),
+      json::parse(R"({"int64": 1, "bool": true})"),
+      json::parse(R"({"int64": 1.5})"),
+      json::parse(R"({"int64": 9223372036854775808})"),
+      json::parse(R"({"int64": "5"})"),
+      json::parse(R"({"double": "NaN"})"),
+      json::parse(R"({"double": true})"),
+      json::parse(R"({"bool": 1})"),
+      json::parse(R"({"string": 1})"),
+      json::parse(R"({"float32": 1.0})"),
+  };
+  for (const json& b : bad) {
+    SCOPED_TRACE(b.dump());
+    ExpectRejected(
+        DecodeEdited([&b](json& j) { j["scalars"]["step"] = b; }).status(),
+        "scalar \"step\"");
+  }
+}
+
+TEST(MetadataCodecTest, LenientNumberFormsForDoubles) {
+  auto decoded = DecodeEdited([](json& j) {
+    j["scalars"]["a"] = json::parse(R"({"double": 3})");
+    j["scalars"]["b"] = json::parse(R"({"double": -3})");
+    j["scalars"]["c"] = json::parse(R"({"int64": -9223372036854775808})");
+  });
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->scalars.at("a"), Scalar(3.0));
+  EXPECT_EQ(decoded->scalars.at("b"), Scalar(-3.0));
+  EXPECT_EQ(decoded->scalars.at("c"),
+            Scalar(std::numeric_limits<int64_t>::min()));
+}
+
+TEST(MetadataCodecTest, TooLargeIsRejectedBeforeParsing) {
+  // A view that claims to be larger than the cap; the decoder must not touch
+  // its bytes.
+  static const char kByte = '{';
+  std::string_view huge(&kByte, kMaxMetadataBytes + 1);
+  ExpectRejected(DecodeMetadata(huge, kSource).status(), "exceeds the limit");
+}
+
+// Single-byte corruptions anywhere in a real encoding: OK or a status, never
+// a crash (this is what the ASan build is for).
+TEST(MetadataCodecTest, CorruptionNeverCrashes) {
+  Metadata md;
+  md.world_size = 2;
+  md.tensors["w"] =
+      RowSharded(DType::kF32, {4, 3}, 2, "data-00000.safetensors");
+  md.objects["o"] = {"data-00001.safetensors", 0, 3, 1};
+  md.scalars["s"] = int64_t{1};
+  md.scalars["d"] = 0.5;
+  const std::string text = Encoded(md);
+  const char kBytes[] = {'\0', '"', '{', '}', '[',  ']',    ',',
+                         ':',  '9', '-', '.', '\\', '\xff', 'e'};
+  for (size_t i = 0; i < text.size(); ++i) {
+    for (char b : kBytes) {
+      std::string t = text;
+      t[i] = b;
+      auto decoded = DecodeMetadata(t, kSource);
+      if (!decoded.ok()) {
+        EXPECT_THAT(std::string(decoded.status().message()),
+                    HasSubstr(kSource));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------ coverage
+
+TEST(MetadataCodecTest, CoverageAcceptsExactTilings) {
+  EXPECT_TRUE(
+      ValidateCoverage("w", RowSharded(DType::kF32, {10, 3}, 1, "f")).ok());
+  EXPECT_TRUE(
+      ValidateCoverage("w", RowSharded(DType::kF32, {10, 3}, 3, "f")).ok());
+  const Metadata md = SampleMetadata();
+  for (const auto& [fqn, t] : md.tensors) {
+    EXPECT_TRUE(ValidateCoverage(fqn, t).ok()) << fqn;
+  }
+  // A zero-size tensor needs no chunk.
+  TensorMetadata empty;
+  empty.shape = {0, 4};
+  EXPECT_TRUE(ValidateCoverage("e", empty).ok());
+}
+
+TensorMetadata Grid(int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+  TensorMetadata t;
+  t.dtype = DType::kU8;
+  t.shape = {rows, cols};
+  for (int64_t r = 0; r < rows; r += br) {
+    for (int64_t c = 0; c < cols; c += bc) {
+      ChunkMetadata chunk;
+      chunk.box = {{r, c}, {std::min(br, rows - r), std::min(bc, cols - c)}};
+      chunk.location = {"f", 0, static_cast<uint64_t>(chunk.box.num_elements()),
+                        0};
+      t.chunks.push_back(chunk);
+    }
+  }
+  return t;
+}
+
+TEST(MetadataCodecTest, CoverageGrid) {
+  TensorMetadata t = Grid(100, 90, 7, 11);
+  EXPECT_TRUE(ValidateCoverage("g", t).ok());
+  // Shuffled order does not matter.
+  std::mt19937 rng(1);
+  std::shuffle(t.chunks.begin(), t.chunks.end(), rng);
+  EXPECT_TRUE(ValidateCoverage("g", t).ok());
+}
+
+TEST(MetadataCodecTest, CoverageGap) {
+  TensorMetadata t = RowSharded(DType::kF32, {10, 3}, 3, "f");
+  t.chunks.erase(t.chunks.begin() + 1);
+  auto status = ValidateCoverage("model.w", t);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("model.w"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("in no chunk"));
+  TensorMetadata none;
+  none.shape = {2};
+  EXPECT_EQ(ValidateCoverage("n", none).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(MetadataCodecTest, CoverageOverlap) {
+  TensorMetadata t = RowSharded(DType::kF32, {10, 3}, 2, "f");
+  t.chunks[1].box.offsets[0] -= 1;  // rows 4..8 overlap row 4 of chunk 0
+  auto status = ValidateCoverage("model.w", t);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("overlap"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("model.w"));
+
+  // Same volume as the tensor, yet a duplicate chunk and a gap.
+  TensorMetadata dup = RowSharded(DType::kF32, {4}, 2, "f");
+  dup.chunks[1] = dup.chunks[0];
+  EXPECT_THAT(std::string(ValidateCoverage("d", dup).message()),
+              HasSubstr("overlap"));
+
+  // Rank 0: two chunks.
+  TensorMetadata r0;
+  r0.chunks.push_back({Box{}, {}});
+  EXPECT_TRUE(ValidateCoverage("r", r0).ok());
+  r0.chunks.push_back({Box{}, {}});
+  EXPECT_THAT(std::string(ValidateCoverage("r", r0).message()),
+              HasSubstr("overlap"));
+}
+
+TEST(MetadataCodecTest, CoverageOverlapInGrid) {
+  TensorMetadata t = Grid(64, 64, 8, 8);
+  // Grow one chunk into its right neighbour and drop a far one so the
+  // volumes still add up.
+  t.chunks[9].box.sizes[1] += 1;
+  t.chunks.back().box.sizes[1] -= 1;
+  EXPECT_THAT(std::string(ValidateCoverage("g", t).message()),
+              HasSubstr("overlap"));
+}
+
+TEST(MetadataCodecTest, CoverageChunkOutsideShape) {
+  TensorMetadata t = RowSharded(DType::kF32, {10, 3}, 2, "f");
+  t.chunks[1].box.sizes[0] += 1;
+  auto status = ValidateCoverage("model.w", t);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("outside"));
+  t = RowSharded(DType::kF32, {10, 3}, 2, "f");
+  t.chunks[0].box.offsets = {0};
+  EXPECT_EQ(ValidateCoverage("model.w", t).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(MetadataCodecTest, CoverageIsFastForThousandsOfChunks) {
+  const auto start = std::chrono::steady_clock::now();
+  // 16384 row shards, a 128 x 128 grid and 8192 column shards.
+  TensorMetadata rows = RowSharded(DType::kU8, {16384, 4}, 16384, "f");
+  EXPECT_TRUE(ValidateCoverage("rows", rows).ok());
+  TensorMetadata grid = Grid(1280, 1280, 10, 10);
+  EXPECT_TRUE(ValidateCoverage("grid", grid).ok());
+  TensorMetadata cols = Grid(4, 8192, 4, 1);
+  EXPECT_TRUE(ValidateCoverage("cols", cols).ok());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_LT(seconds, 5.0);  // quadratic would be ~10^8+ box compares
+}
+
+// ------------------------------------------------------------ file sizes
+
+TEST(MetadataCodecTest, AgainstFileSizes) {
+  Metadata md;
+  md.tensors["w"] = RowSharded(DType::kF32, {4, 2}, 2, "data-00000.safetensors",
+                               4096);  // [4096, 4112), [4112, 4128)
+  md.objects["o"] = {"data-00001.safetensors", 100, 50, 0};
+  std::map<std::string, uint64_t> sizes = {{"data-00000.safetensors", 4128},
+                                           {"data-00001.safetensors", 150}};
+  EXPECT_TRUE(ValidateAgainstFileSizes(md, sizes).ok());
+
+  auto short_sizes = sizes;
+  short_sizes["data-00000.safetensors"] = 4127;
+  auto status = ValidateAgainstFileSizes(md, short_sizes);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("w@2,0"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("offset 4112"));
+
+  short_sizes = sizes;
+  short_sizes["data-00001.safetensors"] = 149;
+  status = ValidateAgainstFileSizes(md, short_sizes);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("object \"o\""));
+
+  auto missing = sizes;
+  missing.erase("data-00001.safetensors");
+  status = ValidateAgainstFileSizes(md, missing);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("data-00001.safetensors"));
+
+  // Offsets that would overflow (never produced by DecodeMetadata, but the
+  // check must not wrap).
+  md.objects["o"].offset = ~uint64_t{0};
+  EXPECT_EQ(ValidateAgainstFileSizes(md, sizes).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// ------------------------------------------------------------ metadata.cc
+
+TEST(MetadataTest, NBytesAndTotalBytes) {
+  TensorMetadata t;
+  t.dtype = DType::kBF16;
+  t.shape = {4096, 4096};
+  EXPECT_EQ(t.nbytes(), uint64_t{4096} * 4096 * 2);
+  t.shape = {};
+  EXPECT_EQ(t.nbytes(), 2u);
+  t.shape = {3, 0};
+  EXPECT_EQ(t.nbytes(), 0u);
+  t.shape = {int64_t{1} << 62, 8};
+  EXPECT_EQ(t.nbytes(), ~uint64_t{0});  // saturates
+
+  const Metadata md = SampleMetadata();
+  uint64_t expected = 0;
+  for (const auto& [fqn, tensor] : md.tensors) expected += tensor.nbytes();
+  for (const auto& [fqn, object] : md.objects) expected += object.nbytes;
+  EXPECT_EQ(md.total_bytes(), expected);
+}
+
+}  // namespace
+}  // namespace cairn::internal_format

@@ -1,1 +1,280 @@
-// TODO(skeleton): to be written.
+#include "format/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "format/json_util.h"
+#include "nlohmann/json.hpp"
+
+namespace cairn::internal_format {
+namespace {
+
+using json_util::Describe;
+using json_util::Find;
+using json_util::GetUint;
+using nlohmann::json;
+
+constexpr char kMetadataKey[] = "__metadata__";
+constexpr uint64_t kInt64Max =
+    static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+absl::Status Corrupt(absl::string_view file, absl::string_view what) {
+  return absl::DataLossError(
+      absl::StrCat("invalid safetensors file ", file, ": ", what));
+}
+
+absl::Status BadEntry(absl::string_view file, absl::string_view entry,
+                      absl::string_view what) {
+  return absl::DataLossError(
+      absl::StrCat("invalid safetensors file ", file, ": entry \"",
+                   absl::CHexEscape(entry.substr(0, 256)), "\": ", what));
+}
+
+// Bytes of `shape` elements of `dtype`; nullopt on overflow: the element
+// count and the byte count must both fit int64, as everywhere in cairn.
+std::optional<uint64_t> ShapeBytes(const Shape& shape, DType dtype) {
+  uint64_t elements = 1;
+  bool zero = false;
+  for (int64_t d : shape) {
+    if (d == 0) zero = true;
+  }
+  if (zero) return 0;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements) ||
+        elements > kInt64Max) {
+      return std::nullopt;
+    }
+  }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(elements, uint64_t{DTypeSize(dtype)}, &bytes) ||
+      bytes > kInt64Max) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
+                                            const json& value,
+                                            absl::string_view file) {
+  if (!value.is_object()) {
+    return BadEntry(file, name,
+                    absl::StrCat("expected an object, got ", Describe(value)));
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+
+  const json* dtype = Find(value, "dtype");
+  if (dtype == nullptr || !dtype->is_string()) {
+    return BadEntry(file, name, "\"dtype\" missing or not a string");
+  }
+  auto parsed_dtype = DTypeFromName(dtype->get_ref<const std::string&>());
+  if (!parsed_dtype.ok()) {
+    return BadEntry(
+        file, name,
+        absl::StrCat("unknown dtype \"",
+                     absl::CHexEscape(
+                         dtype->get_ref<const std::string&>().substr(0, 64)),
+                     "\""));
+  }
+  entry.dtype = *parsed_dtype;
+
+  const json* shape = Find(value, "shape");
+  if (shape == nullptr || !shape->is_array()) {
+    return BadEntry(file, name, "\"shape\" missing or not an array");
+  }
+  for (const json& dim : *shape) {
+    auto d = GetUint(dim, kInt64Max);
+    if (!d) {
+      return BadEntry(file, name,
+                      absl::StrCat("shape dimension must be an integer in "
+                                   "[0, 2^63), got ",
+                                   Describe(dim)));
+    }
+    entry.shape.push_back(static_cast<int64_t>(*d));
+  }
+
+  const json* offsets = Find(value, "data_offsets");
+  if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2) {
+    return BadEntry(file, name,
+                    "\"data_offsets\" missing or not an array of 2 integers");
+  }
+  auto begin = GetUint((*offsets)[0]);
+  auto end = GetUint((*offsets)[1]);
+  if (!begin || !end) {
+    return BadEntry(file, name,
+                    "\"data_offsets\" must be non-negative 64-bit integers");
+  }
+  if (*begin > *end) {
+    return BadEntry(file, name,
+                    absl::StrCat("data_offsets [", *begin, ", ", *end,
+                                 "] end before begin"));
+  }
+  entry.begin = *begin;
+  entry.end = *end;
+
+  auto bytes = ShapeBytes(entry.shape, entry.dtype);
+  if (!bytes) {
+    return BadEntry(file, name, "shape size overflows");
+  }
+  if (entry.end - entry.begin != *bytes) {
+    return BadEntry(file, name,
+                    absl::StrCat("data_offsets [", entry.begin, ", ", entry.end,
+                                 "] hold ", entry.end - entry.begin,
+                                 " bytes but the shape needs ", *bytes));
+  }
+  return entry;
+}
+
+}  // namespace
+
+std::string EncodeSafetensorsHeader(
+    const std::vector<SafetensorsEntry>& entries,
+    const std::map<std::string, std::string>& metadata, uint64_t alignment) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
+    header[kMetadataKey] = std::move(meta);
+  }
+  for (const SafetensorsEntry& e : entries) {
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = std::string(DTypeName(e.dtype));
+    entry["shape"] = e.shape;
+    entry["data_offsets"] = {e.begin, e.end};
+    header[e.name] = std::move(entry);
+  }
+  // Names are expected to be valid UTF-8 (metadata encoding rejects others);
+  // `replace` keeps this function total instead of throwing.
+  std::string text = header.dump(
+      -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  if (alignment == 0) alignment = 1;
+  const uint64_t unpadded = 8 + text.size();
+  const uint64_t padded = (unpadded + alignment - 1) / alignment * alignment;
+  text.append(padded - unpadded, ' ');
+
+  std::string out(8, '\0');
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  }
+  out += text;
+  return out;
+}
+
+absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(
+    std::string_view first8, uint64_t file_size, std::string_view file_sv) {
+  const absl::string_view file = AsAbsl(file_sv);
+  if (first8.size() < 8 || file_size < 8) {
+    return Corrupt(
+        file,
+        absl::StrCat("file too short for a header length (",
+                     std::min<uint64_t>(first8.size(), file_size), " bytes)"));
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) {
+    n = (n << 8) | static_cast<unsigned char>(first8[i]);
+  }
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return Corrupt(file,
+                   absl::StrCat("header length ", n, " exceeds the limit of ",
+                                kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (n > file_size - 8) {
+    return Corrupt(file, absl::StrCat("header length ", n,
+                                      " runs past the end of the file (size ",
+                                      file_size, ")"));
+  }
+  return n;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
+    std::string_view json_text, uint64_t file_size, std::string_view file_sv) {
+  const absl::string_view file = AsAbsl(file_sv);
+  if (json_text.size() > kMaxSafetensorsHeaderBytes) {
+    return Corrupt(file, absl::StrCat("header length ", json_text.size(),
+                                      " exceeds the limit of ",
+                                      kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (file_size < 8 || json_text.size() > file_size - 8) {
+    return Corrupt(file,
+                   absl::StrCat("header of ", json_text.size(),
+                                " bytes runs past the end of the file (size ",
+                                file_size, ")"));
+  }
+  SafetensorsHeader header;
+  header.data_start = 8 + json_text.size();
+  const uint64_t buffer_size = file_size - header.data_start;
+
+  std::optional<json> parsed = json_util::Parse(json_text);
+  if (!parsed) {
+    return Corrupt(
+        file, "header is not well-formed UTF-8 JSON (or nests too deeply)");
+  }
+  if (!parsed->is_object()) {
+    return Corrupt(file, absl::StrCat("header must be a JSON object, got ",
+                                      Describe(*parsed)));
+  }
+  for (const auto& [name, value] : parsed->items()) {
+    if (name == kMetadataKey) {
+      if (!value.is_object()) {
+        return Corrupt(file, "\"__metadata__\" must be an object of strings");
+      }
+      for (const auto& [key, v] : value.items()) {
+        if (!v.is_string()) {
+          return Corrupt(
+              file, absl::StrCat("\"__metadata__\" value of \"",
+                                 absl::CHexEscape(key.substr(0, 256)),
+                                 "\" must be a string, got ", Describe(v)));
+        }
+        header.metadata[key] = v.get_ref<const std::string&>();
+      }
+      continue;
+    }
+    CAIRN_ASSIGN_OR_RETURN(SafetensorsEntry entry,
+                           ParseEntry(name, value, file));
+    if (entry.end > buffer_size) {
+      return BadEntry(
+          file, name,
+          absl::StrCat("data_offsets [", entry.begin, ", ", entry.end,
+                       "] run past the end of the byte buffer (", buffer_size,
+                       " bytes from offset ", header.data_start, ")"));
+    }
+    header.entries.push_back(std::move(entry));
+  }
+
+  std::sort(header.entries.begin(), header.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return std::tie(a.begin, a.end, a.name) <
+                     std::tie(b.begin, b.end, b.name);
+            });
+  // Tiling: each entry starts where the previous one ended.
+  uint64_t pos = 0;
+  for (const SafetensorsEntry& e : header.entries) {
+    if (e.begin > pos) {
+      return BadEntry(file, e.name,
+                      absl::StrCat("hole in the byte buffer: [", pos, ", ",
+                                   e.begin, ") belongs to no entry"));
+    }
+    if (e.begin < pos) {
+      return BadEntry(
+          file, e.name,
+          absl::StrCat("data_offsets [", e.begin, ", ", e.end,
+                       "] overlap another entry (which ends at ", pos, ")"));
+    }
+    pos = e.end;
+  }
+  if (pos != buffer_size) {
+    return Corrupt(file,
+                   absl::StrCat("entries cover ", pos, " of the ", buffer_size,
+                                " bytes of the byte buffer (trailing bytes)"));
+  }
+  return header;
+}
+
+}  // namespace cairn::internal_format

@@ -1,13 +1,15 @@
 // FaultInjectionStorage: a Storage decorator for tests. It forwards every
 // call to a wrapped Storage, counts calls and bytes per operation, and can be
 // told to fail the n-th call of an operation with a given status, or to
-// corrupt/short the bytes of reads. Thread-safe.
+// corrupt/short the bytes of reads. Thread-safe. The files it returns wrap
+// the base's files and must not outlive this object.
 #ifndef CAIRN_STORAGE_FAULT_INJECTION_H_
 #define CAIRN_STORAGE_FAULT_INJECTION_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,6 +43,12 @@ class FaultInjectionStorage : public Storage {
   void FailNthCall(StorageOp op, int64_t nth, absl::Status status);
   // Every call of `op` from now on fails with `status` (until Clear()).
   void FailAlways(StorageOp op, absl::Status status);
+  // The `nth` successful ReadAt (1-based, counted from now on) returns OK
+  // with one byte of its output flipped (the middle one): what a checksum
+  // must catch. One pending corruption; a new call replaces it. (A short
+  // read is a failed ReadAt: FailNthCall(kReadAt, n, DataLossError(...)).)
+  void CorruptNthRead(int64_t nth);
+  // Drops every pending fault and corruption; counters keep counting.
   void Clear();
 
   int64_t calls(StorageOp op) const;
@@ -64,6 +72,9 @@ class FaultInjectionStorage : public Storage {
   // For the wrapped files: counts the call and returns the injected fault,
   // if this call is the one to fail; OK otherwise.
   absl::Status MaybeFail(StorageOp op);
+  // For the wrapped readable files, after a ReadAt succeeded: counts it
+  // and flips a byte of `data` if it is the read to corrupt.
+  void AfterRead(std::span<std::byte> data);
   void AddBytesRead(uint64_t n);
   void AddBytesWritten(uint64_t n);
 
@@ -71,8 +82,11 @@ class FaultInjectionStorage : public Storage {
   std::unique_ptr<Storage> base_;
   mutable absl::Mutex mu_;
   int64_t calls_[static_cast<int>(StorageOp::kNumOps)] = {};
-  int64_t fail_at_[static_cast<int>(StorageOp::kNumOps)] = {};  // 0: none, -1: always
+  int64_t fail_at_[static_cast<int>(StorageOp::kNumOps)] =
+      {};  // 0: none, -1: always
   absl::Status fail_status_[static_cast<int>(StorageOp::kNumOps)];
+  int64_t reads_done_ = 0;    // successful ReadAt calls
+  int64_t corrupt_read_ = 0;  // reads_done_ value to corrupt; 0: none
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> bytes_written_{0};
 };

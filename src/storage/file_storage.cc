@@ -1,1 +1,645 @@
-// TODO(skeleton): to be written.
+// The local file backend.
+//
+// WriteAtomically(name, contents) is the commit primitive of a checkpoint
+// (metadata.json). Its durability steps, in order:
+//
+//   1. Validate `name` and create its parent directories inside the location
+//      (each new directory is recorded so that Sync() makes its entry
+//      durable).
+//   2. Create `<name>.tmp-<pid>-<random>` in the same directory as `name`
+//      with O_CREAT|O_EXCL, so two writers never share a temporary file and
+//      the later rename never crosses filesystems.
+//   3. Write all of `contents` to it.
+//   4. fsync the temporary file: its bytes are on disk before any name points
+//      at them.
+//   5. close it, checking the result (NFS reports write errors at close).
+//   6. rename it over `name`: atomic, so readers see the old file (or none)
+//      or the complete new one, never a mix.
+//   7. fsync the directory holding `name`: the rename itself survives a
+//      crash.
+//   If any step before 6 fails, the temporary file is unlinked (best effort)
+//   and `name` is untouched.
+//
+// Data files (Create / WriteAt / Finish): opened with O_DIRECT when
+// StorageOptions::direct_io is set and the filesystem accepts it (tmpfs
+// before Linux 6.6 answers EINVAL: we fall back to buffered IO and report
+// alignment 1).
+// Finish(size) = ftruncate(size) to cut alignment padding, fdatasync, close.
+// Directory entries of created and removed files become durable at Sync().
+//
+// Every name passes internal_format::ValidateRelativeName before any syscall;
+// every errno becomes a Status in internal_core::StatusFromErrno; every file
+// descriptor is opened with O_CLOEXEC.
+#include "storage/file_storage.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+#include "format/names.h"
+
+namespace cairn::internal_storage {
+namespace {
+
+using internal_core::StatusFromErrno;
+
+// Alignment O_DIRECT needs for offsets, lengths and buffer addresses. 4096
+// covers every logical block size in use (512 and 4096).
+constexpr size_t kDirectIoAlignment = 4096;
+
+// pwrite/pread move at most this much per call on Linux anyway.
+constexpr size_t kMaxIoChunk = size_t{1} << 30;
+
+// Closes `fd`, retrying nothing: on Linux the descriptor is released even
+// when close() reports EINTR, so retrying could close someone else's fd.
+absl::Status CloseFd(int fd, std::string_view path) {
+  if (::close(fd) != 0 && errno != EINTR) {
+    return StatusFromErrno(errno, "close", path);
+  }
+  return absl::OkStatus();
+}
+
+// fsync of a directory: makes entries created, renamed or removed in it
+// durable.
+absl::Status SyncDirectory(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return StatusFromErrno(errno, "open directory", path);
+  absl::Status status;
+  // Some filesystems cannot fsync a directory and say EINVAL; their entries
+  // are as durable as they will ever be.
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    status = StatusFromErrno(errno, "fsync directory", path);
+  }
+  absl::Status closed = CloseFd(fd, path);
+  return status.ok() ? closed : status;
+}
+
+// Writes all of `data` at `offset`, handling short writes and EINTR.
+absl::Status PwriteAll(int fd, const std::string& path, uint64_t offset,
+                       const std::byte* data, size_t size) {
+  while (size > 0) {
+    const size_t chunk = std::min(size, kMaxIoChunk);
+    const ssize_t n = ::pwrite(fd, data, chunk, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(
+          errno, absl::StrFormat("pwrite %d bytes at offset %d", chunk, offset),
+          path);
+    }
+    if (n == 0) {
+      // No progress and no errno: the device is full in all but name.
+      return StatusFromErrno(
+          ENOSPC,
+          absl::StrFormat("pwrite %d bytes at offset %d (wrote 0)", chunk,
+                          offset),
+          path);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// A random 64-bit value for temporary names: unique across threads and
+// processes sharing a pid namespace.
+uint64_t RandomU64() {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng([] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd();
+  }());
+  return rng() ^ counter.fetch_add(0x9e3779b97f4a7c15ULL);
+}
+
+class FileWritableFile final : public WritableFile {
+ public:
+  FileWritableFile(int fd, std::string path, size_t alignment)
+      : fd_(fd), path_(std::move(path)), alignment_(alignment) {}
+
+  ~FileWritableFile() override {
+    if (fd_ >= 0) (void)CloseFd(fd_, path_);
+  }
+
+  size_t alignment() const override { return alignment_; }
+
+  absl::Status WriteAt(uint64_t offset,
+                       std::span<const std::byte> data) override {
+    if (fd_ < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("WriteAt on finished file ", path_));
+    }
+    if (alignment_ > 1) {
+      const auto address = reinterpret_cast<uintptr_t>(data.data());
+      if (offset % alignment_ != 0 || data.size() % alignment_ != 0 ||
+          address % alignment_ != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "WriteAt %s: offset %d, length %d and buffer address %#x must be "
+            "multiples of %d (O_DIRECT)",
+            path_, offset, data.size(), address, alignment_));
+      }
+    }
+    return PwriteAll(fd_, path_, offset, data.data(), data.size());
+  }
+
+  absl::Status Finish(uint64_t size) override {
+    if (fd_ < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Finish called twice on ", path_));
+    }
+    const int fd = std::exchange(fd_, -1);
+    absl::Status status;
+    if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("Finish %s: size %d too large", path_, size));
+    } else if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      status =
+          StatusFromErrno(errno, absl::StrCat("ftruncate to ", size), path_);
+    } else if (::fdatasync(fd) != 0) {
+      status = StatusFromErrno(errno, "fdatasync", path_);
+    }
+    absl::Status closed = CloseFd(fd, path_);
+    return status.ok() ? closed : status;
+  }
+
+ private:
+  int fd_;
+  const std::string path_;
+  const size_t alignment_;
+};
+
+class FileReadableFile final : public ReadableFile {
+ public:
+  FileReadableFile(int fd, std::string path, uint64_t size)
+      : fd_(fd), path_(std::move(path)), size_(size) {}
+
+  ~FileReadableFile() override { (void)CloseFd(fd_, path_); }
+
+  uint64_t size() const override { return size_; }
+
+  absl::Status ReadAt(uint64_t offset,
+                      std::span<std::byte> data) const override {
+    std::byte* out = data.data();
+    size_t left = data.size();
+    uint64_t position = offset;
+    while (left > 0) {
+      const size_t chunk = std::min(left, kMaxIoChunk);
+      const ssize_t n = ::pread(fd_, out, chunk, static_cast<off_t>(position));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return StatusFromErrno(
+            errno,
+            absl::StrFormat("pread %d bytes at offset %d", chunk, position),
+            path_);
+      }
+      if (n == 0) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s ends at offset %d: reading %d bytes at offset %d got only %d "
+            "(file size %d when opened)",
+            path_, position, data.size(), offset, data.size() - left, size_));
+      }
+      out += n;
+      left -= static_cast<size_t>(n);
+      position += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fd_;
+  const std::string path_;
+  const uint64_t size_;
+};
+
+class FileStorage final : public Storage {
+ public:
+  FileStorage(std::string url, std::string root, const StorageOptions& options,
+              const FileStorageTestOptions& test_options = {})
+      : url_(std::move(url)),
+        root_(std::move(root)),
+        options_(options),
+        test_options_(test_options) {}
+
+  std::string url() const override { return url_; }
+
+  absl::Status CreateLocation() override { return MakeDirectories(root_); }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> Create(
+      std::string_view name) override {
+    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    CAIRN_RETURN_IF_ERROR(MakeParentsOf(name));
+    const std::string path = PathOf(name);
+    const int base_flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    if (options_.direct_io && direct_io_supported_.load()) {
+      int fd;
+      do {
+        if (test_options_.refuse_direct_io) {
+          fd = -1;
+          errno = EINVAL;
+        } else {
+          fd = ::open(path.c_str(), base_flags | O_DIRECT, 0644);
+        }
+      } while (fd < 0 && errno == EINTR);
+      if (fd >= 0) {
+        MarkDirty(DirName(path));
+        return std::make_unique<FileWritableFile>(fd, path, kDirectIoAlignment);
+      }
+      if (errno != EINVAL) return StatusFromErrno(errno, "create", path);
+      // The filesystem refuses O_DIRECT (old tmpfs): buffered from now on.
+      direct_io_supported_.store(false);
+    }
+    int fd;
+    do {
+      fd = ::open(path.c_str(), base_flags, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return StatusFromErrno(errno, "create", path);
+    MarkDirty(DirName(path));
+    return std::make_unique<FileWritableFile>(fd, path, 1);
+  }
+
+  absl::Status WriteAtomically(std::string_view name,
+                               std::string_view contents) override {
+    // Step 1.
+    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    CAIRN_RETURN_IF_ERROR(MakeParentsOf(name));
+    const std::string path = PathOf(name);
+    // Step 2.
+    const std::string temp =
+        absl::StrFormat("%s.tmp-%d-%016x", path, ::getpid(), RandomU64());
+    int fd;
+    do {
+      fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return StatusFromErrno(errno, "create", temp);
+    // Steps 3-5.
+    absl::Status status = PwriteAll(
+        fd, temp, 0, reinterpret_cast<const std::byte*>(contents.data()),
+        contents.size());
+    if (status.ok() && ::fsync(fd) != 0) {
+      status = StatusFromErrno(errno, "fsync", temp);
+    }
+    absl::Status closed = CloseFd(fd, temp);
+    if (status.ok()) status = closed;
+    // Step 6.
+    if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
+      status =
+          StatusFromErrno(errno, absl::StrCat("rename ", temp, " to"), path);
+    }
+    if (!status.ok()) {
+      (void)::unlink(temp.c_str());
+      return status;
+    }
+    // Step 7.
+    return SyncDirectory(DirName(path));
+  }
+
+  absl::Status Remove(std::string_view name) override {
+    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    const std::string path = PathOf(name);
+    if (::unlink(path.c_str()) != 0) {
+      if (errno == ENOENT) return absl::OkStatus();
+      return StatusFromErrno(errno, "unlink", path);
+    }
+    MarkDirty(DirName(path));
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    std::set<std::string> dirs;
+    {
+      absl::MutexLock lock(&mu_);
+      dirs.swap(dirty_dirs_);
+    }
+    dirs.insert(root_);
+    absl::Status status;
+    for (const std::string& dir : dirs) {
+      absl::Status s = SyncDirectory(dir);
+      if (!s.ok() && status.ok()) status = s;
+    }
+    if (!status.ok()) {
+      // Not durable yet: let the next Sync try again.
+      absl::MutexLock lock(&mu_);
+      dirty_dirs_.insert(dirs.begin(), dirs.end());
+    }
+    return status;
+  }
+
+  absl::StatusOr<std::vector<std::string>> List() override {
+    std::vector<std::string> names;
+    CAIRN_RETURN_IF_ERROR(ListDirectory(root_, "", names));
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
+      std::string_view name) override {
+    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    const std::string path = PathOf(name);
+    int fd;
+    do {
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return StatusFromErrno(errno, "open", path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      absl::Status status = StatusFromErrno(errno, "fstat", path);
+      (void)CloseFd(fd, path);
+      return status;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      (void)CloseFd(fd, path);
+      return absl::FailedPreconditionError(
+          absl::StrCat("open ", path, ": not a regular file"));
+    }
+    return std::make_unique<FileReadableFile>(
+        fd, path, static_cast<uint64_t>(st.st_size));
+  }
+
+  absl::StatusOr<bool> Exists(std::string_view name) override {
+    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    const std::string path = PathOf(name);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      return StatusFromErrno(errno, "stat", path);
+    }
+    // Like List(): only regular files are files of the checkpoint.
+    return S_ISREG(st.st_mode);
+  }
+
+ private:
+  std::string PathOf(std::string_view name) const {
+    return absl::StrFormat("%s/%s", root_ == "/" ? "" : root_, name);
+  }
+
+  void MarkDirty(std::string dir) {
+    absl::MutexLock lock(&mu_);
+    dirty_dirs_.insert(std::move(dir));
+  }
+
+  // mkdir -p `path`. Each directory created marks its parent dirty.
+  absl::Status MakeDirectories(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+      return StatusFromErrno(ENOTDIR, "mkdir", path);
+    }
+    if (errno != ENOENT) return StatusFromErrno(errno, "stat", path);
+    const std::string parent = DirName(path);
+    if (parent != path) CAIRN_RETURN_IF_ERROR(MakeDirectories(parent));
+    if (::mkdir(path.c_str(), 0755) != 0) {
+      if (errno == EEXIST && ::stat(path.c_str(), &st) == 0 &&
+          S_ISDIR(st.st_mode)) {
+        return absl::OkStatus();  // Created concurrently.
+      }
+      return StatusFromErrno(errno, "mkdir", path);
+    }
+    MarkDirty(parent);
+    return absl::OkStatus();
+  }
+
+  // Creates the directories of a nested `name` ("rank-00003/data...") inside
+  // the location, which must exist already.
+  absl::Status MakeParentsOf(std::string_view name) {
+    const size_t slash = name.rfind('/');
+    if (slash == std::string_view::npos) return absl::OkStatus();
+    std::string path = root_ == "/" ? "" : root_;
+    size_t start = 0;
+    while (start < slash) {
+      size_t end = name.find('/', start);
+      path += '/';
+      path += name.substr(start, end - start);
+      if (::mkdir(path.c_str(), 0755) == 0) {
+        MarkDirty(DirName(path));
+      } else if (errno != EEXIST) {
+        return StatusFromErrno(errno, "mkdir", path);
+      }
+      start = end + 1;
+    }
+    return absl::OkStatus();
+  }
+
+  // Appends the regular files under `dir` to `names`, as `prefix` + relative
+  // name. Symbolic links are not followed.
+  absl::Status ListDirectory(const std::string& dir, const std::string& prefix,
+                             std::vector<std::string>& names) {
+    int fd;
+    do {
+      fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return StatusFromErrno(errno, "open directory", dir);
+    DIR* d = ::fdopendir(fd);
+    if (d == nullptr) {
+      absl::Status status = StatusFromErrno(errno, "fdopendir", dir);
+      (void)CloseFd(fd, dir);
+      return status;
+    }
+    std::vector<std::string> subdirs;
+    absl::Status status;
+    while (true) {
+      errno = 0;
+      struct dirent* entry = ::readdir(d);
+      if (entry == nullptr) {
+        if (errno != 0) status = StatusFromErrno(errno, "readdir", dir);
+        break;
+      }
+      const std::string_view entry_name = entry->d_name;
+      if (entry_name == "." || entry_name == "..") continue;
+      unsigned char type = entry->d_type;
+      if (type == DT_UNKNOWN) {
+        struct stat st;
+        if (::fstatat(fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+          if (errno == ENOENT) continue;  // Removed while listing.
+          status = StatusFromErrno(errno, "stat",
+                                   absl::StrFormat("%s/%s", dir, entry_name));
+          break;
+        }
+        type = S_ISREG(st.st_mode)   ? DT_REG
+               : S_ISDIR(st.st_mode) ? DT_DIR
+                                     : DT_UNKNOWN;
+      }
+      if (type == DT_REG) {
+        names.push_back(prefix + std::string(entry_name));
+      } else if (type == DT_DIR) {
+        subdirs.emplace_back(entry_name);
+      }
+    }
+    ::closedir(d);  // Also closes fd.
+    if (!status.ok()) return status;
+    for (const std::string& sub : subdirs) {
+      absl::Status s = ListDirectory(absl::StrCat(dir, "/", sub),
+                                     absl::StrCat(prefix, sub, "/"), names);
+      // A subdirectory removed while listing simply has no files.
+      if (!s.ok() && !absl::IsNotFound(s)) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string url_;
+  const std::string root_;  // Absolute, no trailing '/' (unless "/").
+  const StorageOptions options_;
+  const FileStorageTestOptions test_options_;
+  std::atomic<bool> direct_io_supported_{true};
+  absl::Mutex mu_;
+  // Directories whose entries changed since the last Sync().
+  std::set<std::string> dirty_dirs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Decodes %XX escapes of a file URL's path.
+absl::StatusOr<std::string> PercentDecode(std::string_view in,
+                                          std::string_view url) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out.push_back(in[i]);
+      continue;
+    }
+    if (i + 2 >= in.size() || hex(in[i + 1]) < 0 || hex(in[i + 2]) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("bad percent escape in URL \"%s\"", url));
+    }
+    out.push_back(static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2])));
+    i += 2;
+  }
+  return out;
+}
+
+// `path` made absolute and without trailing slashes.
+absl::StatusOr<std::string> ResolvePath(std::string path) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError("empty storage path");
+  }
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "storage path \"", absl::CEscape(path), "\" contains a NUL character"));
+  }
+  if (path[0] != '/') {
+    // Resolved now, so that a later chdir() does not move the checkpoint.
+    std::string cwd(4096, '\0');
+    while (::getcwd(cwd.data(), cwd.size()) == nullptr) {
+      if (errno != ERANGE) return StatusFromErrno(errno, "getcwd", path);
+      cwd.resize(cwd.size() * 2);
+    }
+    cwd.resize(std::strlen(cwd.c_str()));
+    path = absl::StrCat(cwd == "/" ? "" : cwd, "/", path);
+  }
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// The local path a "file" URL or a bare path names.
+absl::StatusOr<std::string> PathFromUrl(std::string_view url) {
+  std::string path;
+  constexpr std::string_view kScheme = "file://";
+  std::string head(url.substr(0, kScheme.size()));
+  for (char& c : head) {
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (head == kScheme) {  // Schemes are case-insensitive (RFC 3986).
+    std::string_view rest = url.substr(kScheme.size());
+    constexpr std::string_view kLocalhost = "localhost";
+    if (rest.substr(0, kLocalhost.size()) == kLocalhost) {
+      rest.remove_prefix(kLocalhost.size());
+    }
+    if (rest.empty() || rest[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "file URL \"%s\" must name an absolute path on this host "
+          "(file:///abs/path)",
+          url));
+    }
+    if (rest.find_first_of("?#") != std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "file URL \"%s\" has a query or fragment; escape '?' and '#' as "
+          "%%3F and %%23",
+          url));
+    }
+    CAIRN_ASSIGN_OR_RETURN(path, PercentDecode(rest, url));
+  } else {
+    path = std::string(url);
+  }
+  return ResolvePath(std::move(path));
+}
+
+absl::StatusOr<std::unique_ptr<Storage>> OpenFileUrl(
+    std::string_view url, const StorageOptions& options) {
+  CAIRN_ASSIGN_OR_RETURN(std::string path, PathFromUrl(url));
+  return std::make_unique<FileStorage>(std::string(url), std::move(path),
+                                       options);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorage(
+    std::string path, const StorageOptions& options) {
+  std::string url = path;
+  CAIRN_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(std::move(path)));
+  return std::make_unique<FileStorage>(std::move(url), std::move(resolved),
+                                       options);
+}
+
+absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorageForTesting(
+    std::string path, const StorageOptions& options,
+    const FileStorageTestOptions& test_options) {
+  std::string url = path;
+  CAIRN_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(std::move(path)));
+  return std::make_unique<FileStorage>(std::move(url), std::move(resolved),
+                                       options, test_options);
+}
+
+void RegisterFileStorage() {
+  static std::once_flag once;
+  std::call_once(once, [] { Storage::RegisterScheme("file", OpenFileUrl); });
+}
+
+namespace {
+// Registration when this object file is linked in; Storage::Open also calls
+// RegisterFileStorage() since a static library may drop this file's
+// initialisers.
+[[maybe_unused]] const bool kRegistered = [] {
+  RegisterFileStorage();
+  return true;
+}();
+}  // namespace
+
+}  // namespace cairn::internal_storage

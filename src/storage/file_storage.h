@@ -1,9 +1,9 @@
 // The local file backend: URLs "/abs/path" and "file:///abs/path".
 //
 // Data files are opened with O_DIRECT when StorageOptions::direct_io is set
-// and the filesystem accepts it (tmpfs does not: then buffered writes plus
-// fdatasync in Finish). Reads are positional pread() calls. See
-// file_storage.cc for the durability steps of WriteAtomically.
+// and the filesystem accepts it (tmpfs before Linux 6.6 does not: then
+// buffered writes plus fdatasync in Finish). Reads are positional pread()
+// calls. See file_storage.cc for the durability steps of WriteAtomically.
 #ifndef CAIRN_STORAGE_FILE_STORAGE_H_
 #define CAIRN_STORAGE_FILE_STORAGE_H_
 
@@ -19,6 +19,17 @@ namespace cairn::internal_storage {
 // Opens the directory `path` (absolute or relative; not created).
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorage(
     std::string path, const StorageOptions& options);
+
+// Test seams of the file backend; production code never sets them.
+struct FileStorageTestOptions {
+  // Create's open(O_DIRECT) fails with EINVAL without being tried, as on a
+  // filesystem that refuses O_DIRECT (tmpfs before Linux 6.6; since 6.6
+  // tmpfs accepts it, so /dev/shm no longer exercises the fallback).
+  bool refuse_direct_io = false;
+};
+absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorageForTesting(
+    std::string path, const StorageOptions& options,
+    const FileStorageTestOptions& test_options);
 
 // Registers the "file" scheme (and bare paths) with Storage::Open. Called by
 // Storage::Open itself, so that the backend is linked in even from the static

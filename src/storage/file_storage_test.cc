@@ -1,1 +1,343 @@
-// TODO(skeleton): to be written.
+// File-backend specifics: URL parsing, O_DIRECT alignment, the scheme
+// registry. Behaviour every backend shares is in storage_conformance_test.cc.
+#include "storage/file_storage.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cairn/storage.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cairn::internal_storage {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& parent = "/tmp") {
+    std::string templ = parent + "/cairn-file-storage-test-XXXXXX";
+    if (::mkdtemp(templ.data()) != nullptr) path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string ReadFileDirectly(const std::string& path) {
+  std::string out;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return "<missing>";
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+// Writes through `url` and checks the bytes landed in `expected_dir`.
+void ExpectUrlReaches(const std::string& url, const std::string& expected_dir) {
+  SCOPED_TRACE(url);
+  auto storage = Storage::Open(url, StorageOptions{.direct_io = false});
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  EXPECT_EQ((*storage)->url(), url);
+  ASSERT_TRUE((*storage)->CreateLocation().ok());
+  ASSERT_TRUE((*storage)->WriteAtomically("probe", url).ok());
+  EXPECT_EQ(ReadFileDirectly(expected_dir + "/probe"), url);
+  ASSERT_TRUE((*storage)->Remove("probe").ok());
+}
+
+TEST(FileStorageTest, OpensAbsolutePathsAndFileUrls) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ExpectUrlReaches(dir.path(), dir.path());
+  ExpectUrlReaches(dir.path() + "/", dir.path());
+  ExpectUrlReaches("file://" + dir.path(), dir.path());
+  ExpectUrlReaches("file://localhost" + dir.path(), dir.path());
+  ExpectUrlReaches("FILE://" + dir.path() + "/a/b", dir.path() + "/a/b");
+}
+
+TEST(FileStorageTest, FileUrlsArePercentDecoded) {
+  TempDir dir;
+  ExpectUrlReaches("file://" + dir.path() + "/with%20space%25",
+                   dir.path() + "/with space%");
+  // A bare path is taken literally.
+  ExpectUrlReaches(dir.path() + "/lit%20eral", dir.path() + "/lit%20eral");
+}
+
+TEST(FileStorageTest, RelativePathsResolveAgainstTheCurrentDirectory) {
+  TempDir dir;
+  char old_cwd[4096];
+  ASSERT_NE(::getcwd(old_cwd, sizeof(old_cwd)), nullptr);
+  ASSERT_EQ(::chdir(dir.path().c_str()), 0);
+  auto storage = Storage::Open("rel/ckpt", StorageOptions{.direct_io = false});
+  // Resolved at Open: a later chdir does not move the checkpoint.
+  ASSERT_EQ(::chdir(old_cwd), 0);
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  EXPECT_EQ((*storage)->url(), "rel/ckpt");
+  ASSERT_TRUE((*storage)->CreateLocation().ok());
+  ASSERT_TRUE((*storage)->WriteAtomically("m", "rel").ok());
+  EXPECT_EQ(ReadFileDirectly(dir.path() + "/rel/ckpt/m"), "rel");
+}
+
+TEST(FileStorageTest, MalformedUrlsAreInvalidArgument) {
+  for (const std::string url :
+       {"", "file://", "file://relative/path", "file://otherhost/abs",
+        "file:///a%2", "file:///a%zz", "file:///a?query", "file:///a#frag",
+        "file:///a%00b", "://x", "1s3://bucket"}) {
+    auto storage = Storage::Open(url);
+    EXPECT_EQ(storage.status().code(), absl::StatusCode::kInvalidArgument)
+        << "url \"" << url << "\": " << storage.status();
+  }
+  auto nul = Storage::Open(std::string("/tmp/a\0b", 8));
+  EXPECT_EQ(nul.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FileStorageTest, UnknownSchemeNamesTheRegisteredOnes) {
+  auto storage = Storage::Open("s3://bucket/run/step-100");
+  EXPECT_EQ(storage.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(storage.status().message(), HasSubstr("\"s3\""));
+  EXPECT_THAT(storage.status().message(), HasSubstr("registered schemes"));
+  EXPECT_THAT(storage.status().message(), HasSubstr("file"));
+}
+
+TEST(FileStorageTest, RegisterSchemeMakesAUrlOpenable) {
+  std::string seen_url;
+  Storage::RegisterScheme(
+      "cairn-test",
+      [&seen_url](std::string_view url, const StorageOptions& options)
+          -> absl::StatusOr<std::unique_ptr<Storage>> {
+        seen_url = std::string(url);
+        return absl::UnimplementedError("test backend");
+      });
+  auto storage = Storage::Open("cairn-test://bucket/x");
+  EXPECT_EQ(storage.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(seen_url, "cairn-test://bucket/x");
+  // And it is listed in the unknown-scheme message.
+  auto unknown = Storage::Open("nope://x");
+  EXPECT_THAT(unknown.status().message(), HasSubstr("cairn-test"));
+}
+
+TEST(FileStorageTest, OpenFileStorageTakesAPath) {
+  TempDir dir;
+  auto storage = OpenFileStorage(dir.path() + "/p", StorageOptions{});
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  EXPECT_EQ((*storage)->url(), dir.path() + "/p");
+  EXPECT_EQ(OpenFileStorage("", StorageOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Whether `dir`'s filesystem accepts O_DIRECT, asked directly.
+bool DirectIoWorksIn(const std::string& dir) {
+  const std::string probe = dir + "/direct-probe";
+  int fd =
+      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return fd >= 0;
+}
+
+TEST(FileStorageTest, DirectIoReportsAlignment4096WhereSupported) {
+  TempDir dir;
+  const bool supported = DirectIoWorksIn(dir.path());
+  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->alignment(), supported ? 4096u : 1u);
+  EXPECT_TRUE((*file)->Finish(0).ok());
+}
+
+TEST(FileStorageTest, BufferedIoReportsAlignment1) {
+  TempDir dir;
+  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = false});
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->alignment(), 1u);
+  // Any offset, length and address.
+  const char text[] = "unaligned";
+  EXPECT_TRUE((*file)->WriteAt(3, std::as_bytes(std::span(text, 9))).ok());
+  EXPECT_TRUE((*file)->Finish(12).ok());
+  EXPECT_EQ(ReadFileDirectly(dir.path() + "/f"),
+            std::string("\0\0\0unaligned", 12));
+}
+
+TEST(FileStorageTest, TmpfsAlignmentMatchesWhatTheKernelAccepts) {
+  struct stat st;
+  if (::stat("/dev/shm", &st) != 0) GTEST_SKIP() << "/dev/shm is absent";
+  TempDir dir("/dev/shm");
+  ASSERT_FALSE(dir.path().empty());
+  // tmpfs accepts O_DIRECT since Linux 6.6; before, Create falls back.
+  const bool supported = DirectIoWorksIn(dir.path());
+  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->alignment(), supported ? 4096u : 1u);
+  EXPECT_TRUE((*file)->Finish(0).ok());
+}
+
+TEST(FileStorageTest, RefusedDirectIoFallsBackToBufferedIo) {
+  TempDir dir;
+  auto storage = OpenFileStorageForTesting(
+      dir.path(), StorageOptions{.direct_io = true},
+      FileStorageTestOptions{.refuse_direct_io = true});
+  ASSERT_TRUE(storage.ok());
+  for (int i = 0; i < 2; ++i) {  // The second Create skips the O_DIRECT try.
+    auto file = (*storage)->Create("f" + std::to_string(i));
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->alignment(), 1u);
+    EXPECT_TRUE((*file)->WriteAt(1, std::as_bytes(std::span("x", 1))).ok());
+    EXPECT_TRUE((*file)->Finish(2).ok());
+    EXPECT_EQ(ReadFileDirectly(dir.path() + "/f" + std::to_string(i)),
+              std::string("\0x", 2));
+  }
+}
+
+TEST(FileStorageTest, UnalignedDirectWriteIsInvalidArgument) {
+  TempDir dir;
+  if (!DirectIoWorksIn(dir.path())) GTEST_SKIP() << "no O_DIRECT here";
+  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_EQ((*file)->alignment(), 4096u);
+  auto* buffer = static_cast<std::byte*>(std::aligned_alloc(4096, 8192));
+  std::memset(buffer, 1, 8192);
+  const std::span<const std::byte> aligned(buffer, 4096);
+  EXPECT_TRUE((*file)->WriteAt(4096, aligned).ok());
+  absl::Status offset = (*file)->WriteAt(100, aligned);
+  EXPECT_EQ(offset.code(), absl::StatusCode::kInvalidArgument) << offset;
+  EXPECT_THAT(offset.message(), HasSubstr("4096"));
+  EXPECT_EQ((*file)->WriteAt(0, aligned.first(100)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      (*file)->WriteAt(0, std::span<const std::byte>(buffer + 1, 4096)).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*file)->Finish(5000).ok());
+  std::free(buffer);
+  struct stat st;
+  ASSERT_EQ(::stat((dir.path() + "/f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 5000);
+}
+
+TEST(FileStorageTest, FinishTwiceIsFailedPrecondition) {
+  TempDir dir;
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE((*file)->Finish(0).ok());
+  EXPECT_EQ((*file)->Finish(0).code(), absl::StatusCode::kFailedPrecondition);
+  const std::byte b[1] = {};
+  EXPECT_EQ((*file)->WriteAt(0, b).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(FileStorageTest, CreateNeedsTheLocation) {
+  TempDir dir;
+  auto storage = Storage::Open(dir.path() + "/not-created");
+  ASSERT_TRUE(storage.ok());
+  EXPECT_EQ((*storage)->Create("f").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*storage)->Create("a/f").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(FileStorageTest, LocationThatIsAFileIsAnError) {
+  TempDir dir;
+  const std::string file_path = dir.path() + "/plain";
+  FILE* f = std::fopen(file_path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  auto storage = Storage::Open(file_path);
+  ASSERT_TRUE(storage.ok());
+  EXPECT_FALSE((*storage)->CreateLocation().ok());
+}
+
+TEST(FileStorageTest, FailedWriteAtomicallyLeavesNoTempFile) {
+  TempDir dir;
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  // "sub" is a non-empty directory: renaming a file over it fails.
+  ASSERT_TRUE((*storage)->WriteAtomically("sub/x", "x").ok());
+  EXPECT_FALSE((*storage)->WriteAtomically("sub", "y").ok());
+  auto names = (*storage)->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("sub/x"));
+}
+
+TEST(FileStorageTest, DirectoriesAndSymlinksAreNotFiles) {
+  TempDir dir;
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  ASSERT_TRUE((*storage)->WriteAtomically("d/real", "r").ok());
+  ASSERT_EQ(::symlink((dir.path() + "/d/real").c_str(),
+                      (dir.path() + "/link").c_str()),
+            0);
+  ASSERT_EQ(::symlink(dir.path().c_str(), (dir.path() + "/loop").c_str()), 0);
+  auto names = (*storage)->List();
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names, ElementsAre("d/real"));
+  auto d = (*storage)->Exists("d");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(*d);
+  EXPECT_EQ((*storage)->OpenForRead("d").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+int CountOpenFds() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n;
+}
+
+TEST(FileStorageTest, NoFileDescriptorLeaks) {
+  TempDir dir;
+  const int before = CountOpenFds();
+  {
+    auto storage = Storage::Open(dir.path());
+    ASSERT_TRUE(storage.ok());
+    for (int i = 0; i < 10; ++i) {
+      ASSERT_TRUE((*storage)->WriteAtomically("n/m", "x").ok());
+      auto file = (*storage)->Create("f");
+      ASSERT_TRUE(file.ok());
+      if (i % 2 == 0) {
+        ASSERT_TRUE((*file)->Finish(0).ok());
+      }
+      auto reader = (*storage)->OpenForRead("n/m");
+      ASSERT_TRUE(reader.ok());
+      ASSERT_TRUE((*storage)->List().ok());
+      ASSERT_TRUE((*storage)->Sync().ok());
+      EXPECT_FALSE((*storage)->OpenForRead("missing").ok());
+    }
+  }
+  EXPECT_EQ(CountOpenFds(), before);
+}
+
+}  // namespace
+}  // namespace cairn::internal_storage

@@ -1,1 +1,464 @@
-// TODO(skeleton): to be written.
+// The conformance suite every Storage backend runs, under each of its modes
+// (TensorStore's RegisterKeyValueStoreOpsTests). A new backend adds one
+// StorageCase to the instantiation at the bottom.
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cairn/storage.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/fault_injection.h"
+#include "storage/file_storage.h"
+
+namespace cairn::internal_storage {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+// One backend in one mode.
+struct StorageCase {
+  std::string name;
+  // Parent of the per-test temporary directory.
+  std::string temp_parent;
+  // Opens a storage for `path` (which may not exist yet).
+  std::function<absl::StatusOr<std::unique_ptr<Storage>>(const std::string&)>
+      open;
+};
+
+std::string PrintCase(const ::testing::TestParamInfo<StorageCase>& info) {
+  return info.param.name;
+}
+
+StorageCase FileCase(std::string name, std::string temp_parent,
+                     bool direct_io) {
+  return {std::move(name), std::move(temp_parent),
+          [direct_io](const std::string& path) {
+            StorageOptions options;
+            options.direct_io = direct_io;
+            return Storage::Open(path, options);
+          }};
+}
+
+// The O_DIRECT fallback, on any kernel: open(O_DIRECT) answers EINVAL.
+StorageCase RefusedDirectIoCase() {
+  return {"FileDirectIoRefused", "/tmp", [](const std::string& path) {
+            return OpenFileStorageForTesting(
+                path, StorageOptions{.direct_io = true},
+                FileStorageTestOptions{.refuse_direct_io = true});
+          }};
+}
+
+StorageCase FaultInjectionCase() {
+  return {
+      "FaultInjectionNoFaults", "/tmp",
+      [](const std::string& path) -> absl::StatusOr<std::unique_ptr<Storage>> {
+        auto base = Storage::Open(path, StorageOptions{});
+        if (!base.ok()) return base.status();
+        return std::make_unique<FaultInjectionStorage>(*std::move(base));
+      }};
+}
+
+// Owned memory aligned for O_DIRECT.
+struct AlignedBytes {
+  explicit AlignedBytes(size_t n)
+      : size(n),
+        data(static_cast<std::byte*>(std::aligned_alloc(4096, RoundUp(n)))) {}
+  static size_t RoundUp(size_t n) {
+    return std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
+  }
+  std::span<std::byte> span() { return {data.get(), size}; }
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  size_t size;
+  std::unique_ptr<std::byte, Free> data;
+};
+
+// Deterministic, position-dependent bytes, so misplaced writes show up.
+void Fill(std::span<std::byte> out, uint64_t seed) {
+  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (auto& b : out) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<std::byte>(x);
+  }
+}
+
+class StorageConformanceTest : public ::testing::TestWithParam<StorageCase> {
+ protected:
+  void SetUp() override {
+    const StorageCase& c = GetParam();
+    struct stat st;
+    if (::stat(c.temp_parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      GTEST_SKIP() << c.temp_parent << " is absent: skipping " << c.name;
+    }
+    std::string templ = c.temp_parent + "/cairn-storage-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr) << std::strerror(errno);
+    temp_ = templ;
+    // A location that does not exist yet: CreateLocation makes it.
+    location_ = temp_ + "/ckpt/step-100";
+    auto storage = c.open(location_);
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    storage_ = *std::move(storage);
+    ASSERT_TRUE(storage_->CreateLocation().ok());
+  }
+
+  void TearDown() override {
+    storage_.reset();
+    if (!temp_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(temp_, ec);
+    }
+  }
+
+  // Writes `contents` to `name` through Create/WriteAt/Finish, padding the
+  // last block to the file's alignment.
+  void WriteFile(const std::string& name, std::span<const std::byte> contents) {
+    auto file = storage_->Create(name);
+    ASSERT_TRUE(file.ok()) << file.status();
+    const size_t a = (*file)->alignment();
+    const size_t padded = (contents.size() + a - 1) / a * a;
+    AlignedBytes buffer(padded);
+    std::memcpy(buffer.data.get(), contents.data(), contents.size());
+    std::memset(buffer.data.get() + contents.size(), 0,
+                padded - contents.size());
+    if (padded > 0) {
+      ASSERT_TRUE((*file)->WriteAt(0, buffer.span()).ok());
+    }
+    ASSERT_TRUE((*file)->Finish(contents.size()).ok());
+  }
+
+  void WriteString(const std::string& name, std::string_view s) {
+    WriteFile(name, std::as_bytes(std::span<const char>(s.data(), s.size())));
+  }
+
+  // "yes", "no" or the error, so a failure shows its cause.
+  std::string ExistsText(const std::string& name) {
+    auto exists = storage_->Exists(name);
+    if (!exists.ok()) return exists.status().ToString();
+    return *exists ? "yes" : "no";
+  }
+
+  std::string ReadString(const std::string& name) {
+    auto contents = storage_->ReadAll(name, 1 << 30);
+    EXPECT_TRUE(contents.ok()) << contents.status();
+    return contents.ok() ? *contents : std::string();
+  }
+
+  std::string temp_;
+  std::string location_;
+  std::unique_ptr<Storage> storage_;
+};
+
+TEST_P(StorageConformanceTest, UrlIsWhatItWasOpenedFrom) {
+  EXPECT_EQ(storage_->url(), location_);
+}
+
+TEST_P(StorageConformanceTest, CreateLocationIsIdempotent) {
+  EXPECT_TRUE(storage_->CreateLocation().ok());
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names, IsEmpty());
+}
+
+TEST_P(StorageConformanceTest, WriteAtAlignedPositionsOutOfOrderAndReadBack) {
+  auto file = storage_->Create("data-00000.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const size_t a = std::max<size_t>((*file)->alignment(), 4096);
+  ASSERT_EQ(a % (*file)->alignment(), 0u);
+  const size_t block = 4 * a;
+  AlignedBytes expected(3 * block);
+  Fill(expected.span(), 7);
+  // Blocks 2, 0, 1.
+  for (size_t b : {2, 0, 1}) {
+    std::span<std::byte> part = expected.span().subspan(b * block, block);
+    AlignedBytes buffer(block);
+    std::memcpy(buffer.data.get(), part.data(), block);
+    ASSERT_TRUE((*file)->WriteAt(b * block, buffer.span()).ok());
+  }
+  ASSERT_TRUE((*file)->Finish(3 * block).ok());
+
+  auto reader = storage_->OpenForRead("data-00000.safetensors");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->size(), 3 * block);
+  std::vector<std::byte> got(3 * block);
+  ASSERT_TRUE((*reader)->ReadAt(0, got).ok());
+  EXPECT_EQ(std::memcmp(got.data(), expected.data.get(), got.size()), 0);
+  // An unaligned sub-range.
+  std::vector<std::byte> part(1000);
+  ASSERT_TRUE((*reader)->ReadAt(block + 17, part).ok());
+  EXPECT_EQ(std::memcmp(part.data(), expected.data.get() + block + 17, 1000),
+            0);
+  // An empty read at EOF.
+  EXPECT_TRUE((*reader)->ReadAt(3 * block, {}).ok());
+}
+
+TEST_P(StorageConformanceTest, ConcurrentDisjointWrites) {
+  constexpr int kThreads = 8;
+  constexpr size_t kBlock = 64 << 10;
+  constexpr int kBlocksPerThread = 4;
+  const size_t total = kThreads * kBlocksPerThread * kBlock;
+  AlignedBytes expected(total);
+  Fill(expected.span(), 11);
+  auto file = storage_->Create("rank-00003/data-00000.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(kBlock % (*file)->alignment(), 0u);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Interleaved blocks: thread t writes blocks t, t + kThreads, ...
+      for (int i = 0; i < kBlocksPerThread; ++i) {
+        const size_t offset = (i * kThreads + t) * kBlock;
+        absl::Status s = (*file)->WriteAt(
+            offset,
+            std::span<const std::byte>(expected.data.get() + offset, kBlock));
+        if (!s.ok()) {
+          results[t] = s;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE((*file)->Finish(total).ok());
+  auto reader = storage_->OpenForRead("rank-00003/data-00000.safetensors");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_EQ((*reader)->size(), total);
+  // Concurrent reads, each checking its own range.
+  std::vector<std::thread> readers;
+  std::vector<int> mismatches(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    readers.emplace_back([&, t] {
+      const size_t n = total / kThreads;
+      std::vector<std::byte> got(n);
+      if (!(*reader)->ReadAt(t * n, got).ok() ||
+          std::memcmp(got.data(), expected.data.get() + t * n, n) != 0) {
+        mismatches[t] = 1;
+      }
+    });
+  }
+  for (auto& th : readers) th.join();
+  EXPECT_THAT(mismatches, ::testing::Each(0));
+}
+
+TEST_P(StorageConformanceTest, FinishCutsAlignmentPadding) {
+  std::string payload(5000, 'x');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = 'a' + i % 26;
+  WriteString("padded", payload);
+  auto reader = storage_->OpenForRead("padded");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->size(), 5000u);
+  EXPECT_EQ(ReadString("padded"), payload);
+}
+
+TEST_P(StorageConformanceTest, LargeFileRoundTrips) {
+  AlignedBytes data(24 << 20);
+  Fill(data.span(), 3);
+  WriteFile("large", data.span());
+  auto reader = storage_->OpenForRead("large");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::byte> got(data.size);
+  ASSERT_TRUE((*reader)->ReadAt(0, got).ok());
+  EXPECT_EQ(std::memcmp(got.data(), data.data.get(), data.size), 0);
+}
+
+TEST_P(StorageConformanceTest, CreateTruncatesAnExistingFile) {
+  WriteString("f", std::string(10000, 'z'));
+  auto file = storage_->Create("f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->Finish(0).ok());
+  EXPECT_EQ(ReadString("f"), "");
+}
+
+TEST_P(StorageConformanceTest, UnfinishedFileIsClosedOnDestruction) {
+  {
+    auto file = storage_->Create("unfinished");
+    ASSERT_TRUE(file.ok()) << file.status();
+  }
+  EXPECT_EQ(ExistsText("unfinished"), "yes");
+}
+
+TEST_P(StorageConformanceTest, ReadPastEndIsDataLossNamingFileAndOffset) {
+  WriteString("short.bin", std::string(100, 's'));
+  auto reader = storage_->OpenForRead("short.bin");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::byte> buffer(100);
+  absl::Status s = (*reader)->ReadAt(50, buffer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("short.bin"));
+  EXPECT_THAT(s.message(), HasSubstr("50"));
+  EXPECT_THAT(s.message(), HasSubstr("100"));
+  s = (*reader)->ReadAt(1000, std::span<std::byte>(buffer).first(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE((*reader)->ReadAt(0, buffer).ok());
+}
+
+TEST_P(StorageConformanceTest, OpenForReadOfMissingFileIsNotFound) {
+  auto reader = storage_->OpenForRead("missing.json");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound)
+      << reader.status();
+  EXPECT_THAT(reader.status().message(), HasSubstr("missing.json"));
+  auto nested = storage_->OpenForRead("no-such-dir/missing.json");
+  EXPECT_EQ(nested.status().code(), absl::StatusCode::kNotFound)
+      << nested.status();
+}
+
+TEST_P(StorageConformanceTest, ListIsRecursiveSortedAndFilesOnly) {
+  WriteString("metadata.json", "{}");
+  WriteString("data-00001.safetensors", "1");
+  WriteString("data-00000.safetensors", "0");
+  WriteString("rank-00003/metadata.json", "{}");
+  WriteString("rank-00003/data-00000.safetensors", "3");
+  WriteString("rank-00001/deep/er/x", "x");
+  WriteString("gone/y", "y");
+  ASSERT_TRUE(storage_->Remove("gone/y").ok());  // Leaves an empty folder.
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names,
+              ElementsAre("data-00000.safetensors", "data-00001.safetensors",
+                          "metadata.json", "rank-00001/deep/er/x",
+                          "rank-00003/data-00000.safetensors",
+                          "rank-00003/metadata.json"));
+}
+
+TEST_P(StorageConformanceTest, ListOfMissingLocationIsNotFound) {
+  auto missing = GetParam().open(temp_ + "/never-created");
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  auto names = (*missing)->List();
+  EXPECT_EQ(names.status().code(), absl::StatusCode::kNotFound)
+      << names.status();
+}
+
+TEST_P(StorageConformanceTest, RemoveAndExists) {
+  WriteString("a", "1");
+  WriteString("sub/b", "2");
+  EXPECT_EQ(ExistsText("a"), "yes");
+  EXPECT_EQ(ExistsText("sub/b"), "yes");
+  EXPECT_EQ(ExistsText("c"), "no");
+  EXPECT_EQ(ExistsText("c/d"), "no");
+  EXPECT_EQ(ExistsText("a/d"), "no");
+  EXPECT_TRUE(storage_->Remove("a").ok());
+  EXPECT_EQ(ExistsText("a"), "no");
+  EXPECT_TRUE(storage_->Remove("a").ok()) << "removing twice is OK";
+  EXPECT_TRUE(storage_->Remove("never/there").ok());
+  EXPECT_TRUE(storage_->Remove("sub/b").ok());
+  EXPECT_TRUE(storage_->Sync().ok());
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, IsEmpty());
+}
+
+TEST_P(StorageConformanceTest, WriteAtomicallyReplacesAndLeavesNoTempFile) {
+  ASSERT_TRUE(storage_->WriteAtomically("metadata.json", "version 1").ok());
+  EXPECT_EQ(ReadString("metadata.json"), "version 1");
+  ASSERT_TRUE(storage_->WriteAtomically("metadata.json", "v2").ok());
+  EXPECT_EQ(ReadString("metadata.json"), "v2");
+  ASSERT_TRUE(storage_->WriteAtomically("rank-00002/metadata.json", "").ok());
+  EXPECT_EQ(ReadString("rank-00002/metadata.json"), "");
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("metadata.json", "rank-00002/metadata.json"));
+}
+
+TEST_P(StorageConformanceTest, ConcurrentWriteAtomicallyLeavesOneWholeVersion) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> versions;
+  for (int t = 0; t < 4; ++t)
+    versions.push_back(std::string(10000 + t, 'a' + t));
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_TRUE(storage_->WriteAtomically("m", versions[t]).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_THAT(versions, ::testing::Contains(ReadString("m")));
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("m"));
+}
+
+TEST_P(StorageConformanceTest, SyncSucceeds) {
+  WriteString("nested/dir/file", "x");
+  EXPECT_TRUE(storage_->Sync().ok());
+  EXPECT_TRUE(storage_->Sync().ok());
+}
+
+TEST_P(StorageConformanceTest, ReadAllHonoursMaxBytes) {
+  WriteString("ten", "0123456789");
+  auto all = storage_->ReadAll("ten", 10);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, "0123456789");
+  auto too_big = storage_->ReadAll("ten", 9);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kFailedPrecondition)
+      << too_big.status();
+  EXPECT_THAT(too_big.status().message(), HasSubstr("ten"));
+  EXPECT_EQ(storage_->ReadAll("none", 10).status().code(),
+            absl::StatusCode::kNotFound);
+  WriteString("empty", "");
+  auto empty = storage_->ReadAll("empty", 0);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, "");
+}
+
+TEST_P(StorageConformanceTest, BadNamesAreInvalidArgumentForEveryMethod) {
+  // A file beside the location that "../x" would reach.
+  const std::vector<std::string> bad = {
+      "../x", "/abs", "a//b", "a/./b",  "",
+      ".",    "..",   "a/",   "a/../b", std::string("a\0b", 3),
+      "./a"};
+  for (const std::string& name : bad) {
+    SCOPED_TRACE(testing::Message() << "name \"" << name << "\"");
+    auto is_invalid = [](const absl::Status& s) {
+      return s.code() == absl::StatusCode::kInvalidArgument;
+    };
+    EXPECT_TRUE(is_invalid(storage_->Create(name).status()));
+    EXPECT_TRUE(is_invalid(storage_->WriteAtomically(name, "x")));
+    EXPECT_TRUE(is_invalid(storage_->Remove(name)));
+    EXPECT_TRUE(is_invalid(storage_->OpenForRead(name).status()));
+    EXPECT_TRUE(is_invalid(storage_->Exists(name).status()));
+    EXPECT_TRUE(is_invalid(storage_->ReadAll(name, 100).status()));
+  }
+  // Nothing escaped the location.
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, IsEmpty());
+  EXPECT_FALSE(std::filesystem::exists(temp_ + "/ckpt/x"));
+  EXPECT_FALSE(std::filesystem::exists("/abs"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllBackends, StorageConformanceTest,
+    ::testing::Values(FileCase("FileDirectIo", "/tmp", /*direct_io=*/true),
+                      FileCase("FileBuffered", "/tmp", /*direct_io=*/false),
+                      // tmpfs refuses O_DIRECT before Linux 6.6: there
+                      // this exercises the buffered fallback.
+                      FileCase("FileDirectIoOnTmpfs", "/dev/shm",
+                               /*direct_io=*/true),
+                      RefusedDirectIoCase(), FaultInjectionCase()),
+    PrintCase);
+
+}  // namespace
+}  // namespace cairn::internal_storage
