@@ -1,1 +1,207 @@
-// TODO(skeleton)
+// cairn inspect CKPT [--json] [--chunks]: what a checkpoint holds, from its
+// metadata.json alone (no data file is read).
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cairn/cairn.h"
+#include "cli_util.h"
+#include "commands.h"
+
+namespace cairn::tools {
+namespace {
+
+struct InspectOptions {
+  std::string url;
+  bool json = false;
+  bool chunks = false;
+};
+
+nlohmann::json ScalarJson(const Scalar& s) {
+  return std::visit([](const auto& v) { return nlohmann::json(v); }, s);
+}
+
+std::string ScalarText(const Scalar& s) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return nlohmann::json(v).dump();  // quoted, escaped
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, double>) {
+          return absl::StrFormat("%.17g", v);
+        } else {
+          return absl::StrCat(v);
+        }
+      },
+      s);
+}
+
+const char* ScalarType(const Scalar& s) {
+  static const char* const kNames[] = {"int64", "double", "bool", "string"};
+  return kNames[s.index()];
+}
+
+std::string ShapeText(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int RunInspect(const InspectOptions& o) {
+  absl::StatusOr<Metadata> md = ReadMetadata(NormalizeUrl(o.url));
+  if (!md.ok()) {
+    PrintError("inspect", md.status());
+    return 1;
+  }
+  std::set<std::string> files;
+  uint64_t tensor_bytes = 0, object_bytes = 0, num_chunks = 0;
+  for (const auto& [fqn, t] : md->tensors) {
+    tensor_bytes += t.nbytes();
+    num_chunks += t.chunks.size();
+    for (const ChunkMetadata& c : t.chunks) files.insert(c.location.file);
+  }
+  for (const auto& [fqn, loc] : md->objects) {
+    object_bytes += loc.nbytes;
+    files.insert(loc.file);
+  }
+
+  if (o.json) {
+    nlohmann::json j;
+    j["url"] = o.url;
+    j["version"] = md->version;
+    j["created_by"] = md->created_by;
+    j["world_size"] = md->world_size;
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto& [fqn, t] : md->tensors) {
+      nlohmann::json e = {{"fqn", fqn},
+                          {"dtype", std::string(DTypeName(t.dtype))},
+                          {"shape", t.shape},
+                          {"chunks", t.chunks.size()},
+                          {"bytes", t.nbytes()}};
+      if (o.chunks) {
+        nlohmann::json cs = nlohmann::json::array();
+        for (const ChunkMetadata& c : t.chunks) {
+          cs.push_back(
+              {{"offsets", c.box.offsets},
+               {"sizes", c.box.sizes},
+               {"file", c.location.file},
+               {"offset", c.location.offset},
+               {"nbytes", c.location.nbytes},
+               {"crc32c", absl::StrFormat("%08x", c.location.crc32c)}});
+        }
+        e["chunk_list"] = std::move(cs);
+      }
+      tensors.push_back(std::move(e));
+    }
+    j["tensors"] = std::move(tensors);
+    nlohmann::json objects = nlohmann::json::array();
+    for (const auto& [fqn, loc] : md->objects) {
+      objects.push_back({{"fqn", fqn},
+                         {"bytes", loc.nbytes},
+                         {"file", loc.file},
+                         {"offset", loc.offset},
+                         {"crc32c", absl::StrFormat("%08x", loc.crc32c)}});
+    }
+    j["objects"] = std::move(objects);
+    nlohmann::json scalars = nlohmann::json::object();
+    for (const auto& [fqn, s] : md->scalars) scalars[fqn] = ScalarJson(s);
+    j["scalars"] = std::move(scalars);
+    j["totals"] = {
+        {"tensors", md->tensors.size()},        {"chunks", num_chunks},
+        {"objects", md->objects.size()},        {"scalars", md->scalars.size()},
+        {"tensor_bytes", tensor_bytes},         {"object_bytes", object_bytes},
+        {"bytes", tensor_bytes + object_bytes}, {"files", files.size()}};
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+
+  std::cout << absl::StrFormat(
+      "checkpoint %s: format v%d, %s, world size %d\n", o.url, md->version,
+      md->created_by.empty() ? "(unknown writer)" : md->created_by,
+      md->world_size);
+  if (!md->tensors.empty()) {
+    size_t w_fqn = 6, w_shape = 5;
+    for (const auto& [fqn, t] : md->tensors) {
+      w_fqn = std::max(w_fqn, fqn.size());
+      w_shape = std::max(w_shape, ShapeText(t.shape).size());
+    }
+    std::cout << absl::StrFormat(
+        "\n%-*s  %-7s  %-*s  %6s  %12s\n", static_cast<int>(w_fqn), "TENSOR",
+        "DTYPE", static_cast<int>(w_shape), "SHAPE", "CHUNKS", "BYTES");
+    for (const auto& [fqn, t] : md->tensors) {
+      std::cout << absl::StrFormat(
+          "%-*s  %-7s  %-*s  %6d  %12s\n", static_cast<int>(w_fqn), fqn,
+          DTypeName(t.dtype), static_cast<int>(w_shape), ShapeText(t.shape),
+          t.chunks.size(), HumanBytes(t.nbytes()));
+      if (o.chunks) {
+        for (const ChunkMetadata& c : t.chunks) {
+          std::cout << absl::StrFormat(
+              "    %s  %s @ %d, %d bytes, crc32c %08x\n", c.box.ToString(),
+              c.location.file, c.location.offset, c.location.nbytes,
+              c.location.crc32c);
+        }
+      }
+    }
+  }
+  if (!md->objects.empty()) {
+    size_t w = 6;
+    for (const auto& [fqn, loc] : md->objects) w = std::max(w, fqn.size());
+    std::cout << absl::StrFormat("\n%-*s  %12s  %s\n", static_cast<int>(w),
+                                 "OBJECT", "BYTES", "FILE");
+    for (const auto& [fqn, loc] : md->objects) {
+      std::cout << absl::StrFormat("%-*s  %12s  %s @ %d\n", static_cast<int>(w),
+                                   fqn, HumanBytes(loc.nbytes), loc.file,
+                                   loc.offset);
+    }
+  }
+  if (!md->scalars.empty()) {
+    size_t w = 6;
+    for (const auto& [fqn, s] : md->scalars) w = std::max(w, fqn.size());
+    std::cout << absl::StrFormat("\n%-*s  %-6s  %s\n", static_cast<int>(w),
+                                 "SCALAR", "TYPE", "VALUE");
+    for (const auto& [fqn, s] : md->scalars) {
+      std::cout << absl::StrFormat("%-*s  %-6s  %s\n", static_cast<int>(w), fqn,
+                                   ScalarType(s), ScalarText(s));
+    }
+  }
+  std::cout << absl::StrFormat(
+      "\ntotal: %s in %s, %s, %s; %s (%d bytes) in %s\n",
+      Plural(md->tensors.size(), "tensor"), Plural(num_chunks, "chunk"),
+      Plural(md->objects.size(), "object"),
+      Plural(md->scalars.size(), "scalar"),
+      HumanBytes(tensor_bytes + object_bytes), tensor_bytes + object_bytes,
+      Plural(files.size(), "data file"));
+  return 0;
+}
+
+}  // namespace
+
+void RegisterInspect(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect",
+      "List a checkpoint's tensors, objects and scalars, with totals");
+  cmd->add_option("CKPT", o->url, "checkpoint directory or URL (file:///...)")
+      ->required();
+  cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
+  cmd->add_flag("--chunks", o->chunks,
+                "also list every chunk: box, file, offset, bytes, crc32c");
+  cmd->footer(
+      "Lists every tensor (dtype, shape, chunk count, bytes), object and\n"
+      "scalar, and the totals. Reads metadata.json only, no data file.\n\n"
+      "Examples:\n"
+      "  cairn inspect /ckpt/step-100\n"
+      "  cairn inspect --json file:///ckpt/step-100 | jq .totals");
+  cmd->callback([o] {
+    if (int rc = RunInspect(*o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace cairn::tools

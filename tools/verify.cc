@@ -1,1 +1,467 @@
-// TODO(skeleton)
+// cairn verify CKPT: proves that a checkpoint's bytes are what its metadata
+// says, without loading any tensor.
+//
+//  1. Read and validate metadata.json (ReadMetadata).
+//  2. Open every data file the metadata references; a missing file is a
+//     problem naming the file and the first FQN stored in it.
+//  3. Check that each tensor's chunks cover it exactly once, and that every
+//     chunk and object lies inside its file (a truncated file is a problem
+//     naming the FQN, the file, the offset and the real size).
+//  4. Parse each data file's safetensors header and check that it lists every
+//     chunk and object at the metadata's offset, with its length, name,
+//     dtype and shape.
+//  5. Read every chunk and object in pieces of at most --buffer bytes on
+//     --threads threads (memory stays bounded at threads * buffer), CRC32C
+//     each piece, combine the pieces of each chunk in order and compare with
+//     the stored checksum.
+//
+// Every problem is reported (not only the first); any problem exits 1.
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cairn/cairn.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "core/parallel.h"
+#include "format/crc32c.h"
+#include "format/metadata_codec.h"
+#include "format/names.h"
+#include "format/safetensors.h"
+
+namespace cairn::tools {
+namespace {
+
+using internal_format::Crc32c;
+using internal_format::Crc32cCombine;
+using internal_format::Crc32cToHex;
+
+struct VerifyOptions {
+  std::string url;
+  bool json = false;
+  int threads = 8;
+  std::string buffer = "8MiB";
+};
+
+// One thing wrong with the checkpoint.
+struct Problem {
+  std::string kind;  // missing_file, truncated, coverage, header, read, crc32c
+  std::string fqn;   // empty when the problem is a whole file
+  std::string file;
+  std::optional<uint64_t> offset;
+  std::string message;  // self-contained: names FQN, file and offset
+};
+
+// A chunk or an object: a run of bytes with a checksum.
+struct Item {
+  std::string fqn;
+  std::string label;  // "fqn@[0:4, 0:8]" for chunks, fqn for objects
+  const ByteLocation* location = nullptr;
+  // For the safetensors cross-check.
+  std::string entry_name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  bool is_object = false;
+};
+
+// Read buffers, handed out to whichever IO thread asks; at most one per
+// concurrent reader is ever allocated.
+class BufferPool {
+ public:
+  explicit BufferPool(size_t size) : size_(size) {}
+  std::unique_ptr<std::byte[]> Get() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        auto b = std::move(free_.back());
+        free_.pop_back();
+        return b;
+      }
+    }
+    return std::unique_ptr<std::byte[]>(new std::byte[size_]);
+  }
+  void Put(std::unique_ptr<std::byte[]> b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(std::move(b));
+  }
+
+ private:
+  size_t size_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<std::byte[]>> free_;
+};
+
+std::string Where(const Item& item) {
+  return absl::StrFormat("%s (%s, offset %d, %d bytes)", item.label,
+                         item.location->file, item.location->offset,
+                         item.location->nbytes);
+}
+
+// Step 4 for one file: its header must list each of `items` where the
+// metadata says.
+void CheckHeader(const ReadableFile& file, const std::string& name,
+                 const std::vector<const Item*>& items,
+                 std::vector<Problem>& problems) {
+  const uint64_t size = file.size();
+  auto header_problem = [&](const absl::Status& s) {
+    problems.push_back(
+        {"header", "", name, std::nullopt,
+         absl::StrCat(name, ": bad safetensors header: ", s.ToString())});
+  };
+  std::string first8(8, '\0');
+  if (size >= 8) {
+    absl::Status s = file.ReadAt(
+        0,
+        std::span<std::byte>(reinterpret_cast<std::byte*>(first8.data()), 8));
+    if (!s.ok()) return header_problem(s);
+  } else {
+    first8.resize(size);
+    if (size > 0) {
+      absl::Status s = file.ReadAt(
+          0, std::span<std::byte>(reinterpret_cast<std::byte*>(first8.data()),
+                                  size));
+      if (!s.ok()) return header_problem(s);
+    }
+  }
+  absl::StatusOr<uint64_t> n =
+      internal_format::ParseSafetensorsHeaderLength(first8, size, name);
+  if (!n.ok()) return header_problem(n.status());
+  std::string json(*n, '\0');
+  if (*n > 0) {
+    absl::Status s = file.ReadAt(
+        8, std::span<std::byte>(reinterpret_cast<std::byte*>(json.data()),
+                                json.size()));
+    if (!s.ok()) return header_problem(s);
+  }
+  absl::StatusOr<internal_format::SafetensorsHeader> header =
+      internal_format::ParseSafetensorsHeader(json, size, name);
+  if (!header.ok()) return header_problem(header.status());
+  std::map<uint64_t, const internal_format::SafetensorsEntry*> by_offset;
+  for (const auto& e : header->entries) {
+    // Zero-length entries share offsets with their neighbours; keep the
+    // first non-empty one at each offset.
+    auto [it, inserted] = by_offset.emplace(header->data_start + e.begin, &e);
+    if (!inserted && it->second->end == it->second->begin) it->second = &e;
+  }
+  for (const Item* item : items) {
+    const ByteLocation& loc = *item->location;
+    auto it = by_offset.find(loc.offset);
+    std::string wrong;
+    if (loc.nbytes == 0) continue;  // nothing stored, nothing to list
+    if (it == by_offset.end()) {
+      wrong = "its safetensors header lists no entry at that offset";
+    } else {
+      const auto& e = *it->second;
+      if (e.end - e.begin != loc.nbytes) {
+        wrong = absl::StrFormat("its safetensors entry '%s' there is %d bytes",
+                                e.name, e.end - e.begin);
+      } else if (e.name != item->entry_name) {
+        wrong = absl::StrFormat(
+            "its safetensors entry there is named '%s', expected '%s'", e.name,
+            item->entry_name);
+      } else if (e.dtype != item->dtype || e.shape != item->shape) {
+        wrong = absl::StrFormat(
+            "its safetensors entry '%s' is %s [%s], expected %s [%s]", e.name,
+            DTypeName(e.dtype), absl::StrJoin(e.shape, ", "),
+            DTypeName(item->dtype), absl::StrJoin(item->shape, ", "));
+      }
+    }
+    if (!wrong.empty()) {
+      problems.push_back(
+          {"header", item->fqn, name, loc.offset,
+           absl::StrCat("header mismatch for ", Where(*item), ": ", wrong)});
+    }
+  }
+}
+
+int RunVerify(const VerifyOptions& o) {
+  Stopwatch clock;
+  absl::StatusOr<uint64_t> buffer_bytes = ParseByteSize(o.buffer);
+  if (!buffer_bytes.ok()) {
+    PrintError("verify", buffer_bytes.status());
+    return 2;
+  }
+  if (o.threads < 1) {
+    PrintError("verify", absl::InvalidArgumentError("--threads must be >= 1"));
+    return 2;
+  }
+  absl::StatusOr<Metadata> md = ReadMetadata(NormalizeUrl(o.url));
+  if (!md.ok()) {
+    PrintError("verify", md.status());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<Storage>> storage =
+      Storage::Open(NormalizeUrl(o.url));
+  if (!storage.ok()) {
+    PrintError("verify", storage.status());
+    return 1;
+  }
+
+  // Everything that has a checksum.
+  std::vector<Item> items;
+  for (const auto& [fqn, t] : md->tensors) {
+    const Box full = Box::Full(t.shape);
+    for (const ChunkMetadata& c : t.chunks) {
+      const bool whole = c.box == full;
+      items.push_back(
+          {fqn, whole ? fqn : absl::StrCat(fqn, "@", c.box.ToString()),
+           &c.location, internal_format::EntryName(fqn, c.box, whole), t.dtype,
+           c.box.sizes, false});
+    }
+  }
+  for (const auto& [fqn, loc] : md->objects) {
+    items.push_back({fqn, fqn, &loc, fqn, DType::kU8,
+                     Shape{static_cast<int64_t>(loc.nbytes)}, true});
+  }
+  // Read in file order, for sequential IO.
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.location->file, a.location->offset) <
+           std::tie(b.location->file, b.location->offset);
+  });
+
+  std::vector<Problem> problems;
+
+  // Step 2: open the files.
+  std::map<std::string, std::vector<const Item*>> by_file;
+  for (const Item& item : items) by_file[item.location->file].push_back(&item);
+  std::map<std::string, std::unique_ptr<ReadableFile>> files;
+  std::map<std::string, uint64_t> sizes;
+  for (const auto& [name, in_file] : by_file) {
+    absl::StatusOr<std::unique_ptr<ReadableFile>> f =
+        (*storage)->OpenForRead(name);
+    if (!f.ok()) {
+      problems.push_back(
+          {"missing_file", in_file.front()->fqn, name, std::nullopt,
+           absl::StrFormat("%s: cannot open data file (%d chunks/objects, "
+                           "first %s): %s",
+                           name, in_file.size(), in_file.front()->label,
+                           f.status().ToString())});
+      continue;
+    }
+    sizes[name] = (*f)->size();
+    files[name] = *std::move(f);
+  }
+
+  // Step 3: coverage and bounds.
+  for (const auto& [fqn, t] : md->tensors) {
+    if (absl::Status s = internal_format::ValidateCoverage(fqn, t); !s.ok()) {
+      problems.push_back({"coverage", fqn, "", std::nullopt, s.ToString()});
+    }
+  }
+  // One line per short file first; the chunks it cuts off follow.
+  for (const auto& [name, in_file] : by_file) {
+    auto size = sizes.find(name);
+    if (size == sizes.end()) continue;
+    uint64_t needed = 0;
+    size_t cut = 0;
+    for (const Item* item : in_file) {
+      const uint64_t end = item->location->offset + item->location->nbytes;
+      needed = std::max(needed, end);
+      cut += end > size->second;
+    }
+    if (needed > size->second) {
+      problems.push_back(
+          {"truncated", "", name, size->second,
+           absl::StrFormat("%s: truncated: %d bytes on disk, but the metadata "
+                           "places data up to byte %d (%d of its %d "
+                           "chunks/objects cut off)",
+                           name, size->second, needed, cut, in_file.size())});
+    }
+  }
+  std::vector<const Item*> readable;
+  for (const Item& item : items) {
+    const ByteLocation& loc = *item.location;
+    auto size = sizes.find(loc.file);
+    if (size == sizes.end()) continue;  // missing, reported above
+    if (loc.offset > size->second || loc.nbytes > size->second - loc.offset) {
+      problems.push_back(
+          {"truncated", item.fqn, loc.file, loc.offset,
+           absl::StrFormat("truncated: %s ends past the end of %s (%d bytes)",
+                           Where(item), loc.file, size->second)});
+      continue;
+    }
+    readable.push_back(&item);
+  }
+  if (problems.empty()) {
+    // Belt and braces: the library's own bounds check must agree.
+    if (absl::Status s = internal_format::ValidateAgainstFileSizes(*md, sizes);
+        !s.ok()) {
+      problems.push_back({"truncated", "", "", std::nullopt, s.ToString()});
+    }
+  }
+
+  // Step 4: safetensors headers.
+  for (const auto& [name, file] : files) {
+    CheckHeader(*file, name, by_file[name], problems);
+  }
+
+  // Step 5: checksums, piece by piece.
+  struct Piece {
+    size_t item;  // index into readable
+    uint64_t offset;
+    uint64_t length;
+  };
+  std::vector<Piece> pieces;
+  uint64_t total_bytes = 0;
+  for (size_t i = 0; i < readable.size(); ++i) {
+    const ByteLocation& loc = *readable[i]->location;
+    total_bytes += loc.nbytes;
+    for (uint64_t off = 0; off < loc.nbytes; off += *buffer_bytes) {
+      pieces.push_back(
+          {i, loc.offset + off, std::min(*buffer_bytes, loc.nbytes - off)});
+    }
+  }
+  std::vector<uint32_t> piece_crc(pieces.size(), 0);
+  std::vector<absl::Status> piece_status(pieces.size());
+  BufferPool pool(static_cast<size_t>(*buffer_bytes));
+  {
+    ProgressLine progress("verify", total_bytes);
+    absl::Status s = internal_core::ParallelFor(
+        static_cast<int64_t>(pieces.size()), o.threads,
+        [&](int64_t p) -> absl::Status {
+          const Piece& piece = pieces[static_cast<size_t>(p)];
+          const ReadableFile& f =
+              *files.at(readable[piece.item]->location->file);
+          std::unique_ptr<std::byte[]> buf = pool.Get();
+          absl::Status rs = f.ReadAt(
+              piece.offset, std::span<std::byte>(
+                                buf.get(), static_cast<size_t>(piece.length)));
+          if (rs.ok()) {
+            piece_crc[static_cast<size_t>(p)] =
+                Crc32c(buf.get(), static_cast<size_t>(piece.length));
+          } else {
+            piece_status[static_cast<size_t>(p)] = rs;
+          }
+          pool.Put(std::move(buf));
+          progress.Add(piece.length);
+          return absl::OkStatus();  // a read error is a problem, not a stop
+        });
+    if (!s.ok()) {
+      PrintError("verify", s);
+      return 1;
+    }
+  }
+  std::vector<uint32_t> item_crc(readable.size(), 0);
+  std::vector<absl::Status> item_status(readable.size());
+  std::vector<bool> started(readable.size(), false);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const size_t i = pieces[p].item;
+    if (!piece_status[p].ok()) {
+      if (item_status[i].ok()) item_status[i] = piece_status[p];
+      continue;
+    }
+    item_crc[i] =
+        started[i] ? Crc32cCombine(item_crc[i], piece_crc[p], pieces[p].length)
+                   : piece_crc[p];
+    started[i] = true;
+  }
+  uint64_t num_chunks = 0, num_objects = 0;
+  for (size_t i = 0; i < readable.size(); ++i) {
+    const Item& item = *readable[i];
+    const ByteLocation& loc = *item.location;
+    ++(item.is_object ? num_objects : num_chunks);
+    if (!item_status[i].ok()) {
+      problems.push_back({"read", item.fqn, loc.file, loc.offset,
+                          absl::StrCat("cannot read ", Where(item), ": ",
+                                       item_status[i].ToString())});
+    } else if (item_crc[i] != loc.crc32c) {
+      problems.push_back(
+          {"crc32c", item.fqn, loc.file, loc.offset,
+           absl::StrFormat("crc32c mismatch in %s: stored %s, computed %s",
+                           Where(item), Crc32cToHex(loc.crc32c),
+                           Crc32cToHex(item_crc[i]))});
+    }
+  }
+  const double seconds = clock.Seconds();
+  const double gbps = GigabytesPerSecond(total_bytes, seconds);
+
+  if (o.json) {
+    nlohmann::json j;
+    j["url"] = o.url;
+    j["ok"] = problems.empty();
+    j["tensors"] = md->tensors.size();
+    j["chunks"] = num_chunks;
+    j["objects"] = num_objects;
+    j["files"] = by_file.size();
+    j["bytes"] = total_bytes;
+    j["seconds"] = seconds;
+    j["gbps"] = gbps;
+    nlohmann::json list = nlohmann::json::array();
+    for (const Problem& p : problems) {
+      nlohmann::json e = {{"kind", p.kind},
+                          {"fqn", p.fqn},
+                          {"file", p.file},
+                          {"message", p.message}};
+      e["offset"] = p.offset ? nlohmann::json(*p.offset) : nlohmann::json();
+      list.push_back(std::move(e));
+    }
+    j["problems"] = std::move(list);
+    std::cout << j.dump() << std::endl;
+  } else {
+    for (const Problem& p : problems) std::cout << p.message << "\n";
+    if (problems.empty()) {
+      std::cout << absl::StrFormat(
+          "OK: %s and %s in %s, %s (%d bytes) checked in %.3f s (%.2f "
+          "GB/s)\n",
+          Plural(num_chunks, "chunk"), Plural(num_objects, "object"),
+          Plural(by_file.size(), "data file"), HumanBytes(total_bytes),
+          total_bytes, seconds, gbps);
+    }
+    std::cout << std::flush;
+  }
+  if (!problems.empty()) {
+    std::map<std::string, int> kinds;
+    for (const Problem& p : problems) ++kinds[p.kind];
+    std::string summary;
+    for (const auto& [kind, n] : kinds) {
+      absl::StrAppend(&summary, summary.empty() ? "" : ", ", n, " ", kind);
+    }
+    PrintError("verify", absl::DataLossError(absl::StrFormat(
+                             "%s: %d problem%s (%s)", o.url, problems.size(),
+                             problems.size() == 1 ? "" : "s", summary)));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterVerify(CLI::App& app) {
+  auto o = std::make_shared<VerifyOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "verify",
+      "Check every chunk's checksum, the data files' headers and sizes");
+  cmd->add_option("CKPT", o->url, "checkpoint directory or URL (file:///...)")
+      ->required();
+  cmd->add_flag("--json", o->json, "print one JSON object instead of text");
+  cmd->add_option("--threads", o->threads, "concurrent reads")
+      ->capture_default_str();
+  cmd->add_option("--buffer", o->buffer,
+                  "bytes per read (one buffer per thread), e.g. 8MiB")
+      ->capture_default_str();
+  cmd->footer(
+      "Recomputes the CRC32C of every chunk and object from the data files,\n"
+      "checks that each data file's safetensors header lists every chunk at\n"
+      "the metadata's offset, and reports missing or truncated files.\n"
+      "Reports every problem (FQN, file, offset) and exits 1 if there is\n"
+      "any; otherwise prints a one-line summary and exits 0.\n\n"
+      "Examples:\n"
+      "  cairn verify /ckpt/step-100\n"
+      "  cairn verify --json --threads 16 file:///ckpt/step-100");
+  cmd->callback([o] {
+    if (int rc = RunVerify(*o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace cairn::tools

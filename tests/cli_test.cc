@@ -1,0 +1,313 @@
+// Drives the built `cairn` binary (CAIRN_BINARY) end to end: demo, inspect,
+// verify (good, corrupted, truncated, missing files), help and usage errors.
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cairn/cairn.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#ifndef CAIRN_BINARY
+#error "CAIRN_BINARY must name the cairn executable"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  int rc = -1;
+  std::string out;
+  std::string err;
+  std::string all() const { return out + err; }
+};
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/cairn-cli-test-XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // Runs `cairn args` with stdout and stderr captured separately. The
+  // demo's temporary directories go under this test's root.
+  Result Run(const std::string& args) {
+    const fs::path out = root_ / "stdout", err = root_ / "stderr";
+    const std::string cmd = "TMPDIR='" + root_.string() +
+                            "' '" CAIRN_BINARY "' " + args + " >'" +
+                            out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    r.out = ReadFile(out);
+    r.err = ReadFile(err);
+    return r;
+  }
+
+  // A small demo checkpoint at root_/ckpt, saved at step 42.
+  fs::path SaveDemo() {
+    const fs::path dir = root_ / "ckpt";
+    Result r = Run("demo -q --size 4MiB --phase save --step 42 --dir '" +
+                   dir.string() + "'");
+    EXPECT_EQ(r.rc, 0) << r.all();
+    return dir;
+  }
+
+  fs::path root_;
+};
+
+nlohmann::json ParseJson(const Result& r) {
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r.out;
+  return j;
+}
+
+TEST_F(CliTest, DemoJsonVerifiesEveryElement) {
+  Result r = Run("demo --size 8MiB --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true);
+  const double bytes = j["bytes"].get<double>();
+  EXPECT_NEAR(bytes, 8.0 * (1 << 20), 0.02 * 8 * (1 << 20));
+  for (const char* key :
+       {"save_seconds", "load_seconds", "save_gbps", "load_gbps"}) {
+    ASSERT_TRUE(j.contains(key)) << key;
+    EXPECT_GT(j[key].get<double>(), 0) << key;
+  }
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["kept"], false);
+  // The default temporary directory is gone afterwards.
+  EXPECT_FALSE(fs::exists(j["dir"].get<std::string>()));
+  // Progress lines go to stderr.
+  EXPECT_THAT(r.err, HasSubstr("cairn demo: "));
+}
+
+TEST_F(CliTest, DemoTableSaysVerified) {
+  Result r = Run("demo -q --size 2MiB --layers 2");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("verified: yes"));
+  EXPECT_THAT(r.out, HasSubstr("save"));
+  EXPECT_THAT(r.out, HasSubstr("load"));
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(CliTest, DemoSaveThenLoadInSeparateInvocations) {
+  const fs::path dir = SaveDemo();
+  ASSERT_TRUE(fs::exists(dir / "metadata.json"));
+  Result r = Run("demo -q --phase load --json --dir '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["step"], 42);
+  // The checkpoint is the user's: kept.
+  EXPECT_TRUE(fs::exists(dir / "metadata.json"));
+
+  // Expecting another step: the first element is named as wrong.
+  r = Run("demo -q --phase load --step 43 --dir '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("verified: NO"));
+  EXPECT_THAT(r.err, HasSubstr("cairn demo: DATA_LOSS: verification failed"));
+  EXPECT_THAT(r.err, HasSubstr("expected"));
+  EXPECT_THAT(r.err, HasSubstr("(element "));
+}
+
+TEST_F(CliTest, DemoRefusesToOverwriteUnlessAsked) {
+  const fs::path dir = SaveDemo();
+  Result r =
+      Run("demo -q --size 4MiB --phase save --dir '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("already holds a checkpoint"));
+  EXPECT_THAT(r.err, HasSubstr("--overwrite"));
+  r = Run("demo -q --size 4MiB --overwrite --step 5 --dir '" + dir.string() +
+          "'");
+  EXPECT_EQ(r.rc, 0) << r.all();
+  r = Run("demo -q --phase load --json --dir '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(ParseJson(r)["step"], 5);
+}
+
+TEST_F(CliTest, DemoUsageErrors) {
+  EXPECT_EQ(Run("demo --size lots").rc, 2);
+  EXPECT_EQ(Run("demo --phase sideways").rc, 2);
+  Result r = Run("demo --phase load");  // no --dir
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("--dir"));
+  r = Run("demo -q --phase load --dir '" + (root_ / "nothing").string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("cairn demo: NOT_FOUND"));
+}
+
+TEST_F(CliTest, InspectListsTensorsObjectsAndScalars) {
+  const fs::path dir = SaveDemo();
+  Result r = Run("inspect --json '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  bool found = false;
+  for (const auto& t : j["tensors"]) {
+    if (t["fqn"] == "model.layers.0.attn.wq") {
+      found = true;
+      EXPECT_EQ(t["dtype"], "F32");
+      EXPECT_EQ(t["chunks"], 4);
+      EXPECT_EQ(t["shape"].size(), 2u);
+    }
+    if (t["fqn"] == "optim.exp_avg.model.norm") {
+      EXPECT_EQ(t["chunks"], 1);
+    }
+  }
+  EXPECT_TRUE(found) << r.out;
+  EXPECT_EQ(j["scalars"]["step"], 42);
+  ASSERT_EQ(j["objects"].size(), 1u);
+  EXPECT_EQ(j["objects"][0]["fqn"], "rng");
+  EXPECT_GT(j["totals"]["bytes"].get<double>(), 3.0 * (1 << 20));
+  EXPECT_EQ(j["totals"]["tensors"], j["tensors"].size());
+
+  r = Run("inspect '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("model.layers.0.mlp.w2"));
+  EXPECT_THAT(r.out, HasSubstr("step"));
+  EXPECT_THAT(r.out, HasSubstr("total:"));
+
+  r = Run("inspect '" + (root_ / "nothing").string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("cairn inspect: NOT_FOUND"));
+}
+
+TEST_F(CliTest, VerifyPassesOnAGoodCheckpoint) {
+  const fs::path dir = SaveDemo();
+  Result r = Run("verify '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("OK: "));
+  EXPECT_THAT(r.out, HasSubstr("GB/s"));
+  r = Run("verify --json 'file://" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["objects"], 1);
+  EXPECT_TRUE(j["problems"].empty());
+}
+
+// Flips one byte in the middle of a chunk of `fqn` (chunk `index`).
+cairn::ByteLocation FlipByteIn(const fs::path& dir, const std::string& fqn,
+                               size_t index) {
+  auto md = cairn::ReadMetadata(dir.string());
+  EXPECT_TRUE(md.ok()) << md.status();
+  const cairn::ByteLocation loc = md->tensors.at(fqn).chunks.at(index).location;
+  std::fstream f(dir / loc.file,
+                 std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = static_cast<std::streamoff>(loc.offset + loc.nbytes / 2);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(at);
+  f.write(&c, 1);
+  return loc;
+}
+
+TEST_F(CliTest, VerifyNamesEveryCorruptChunk) {
+  const fs::path dir = SaveDemo();
+  const cairn::ByteLocation a = FlipByteIn(dir, "model.layers.1.mlp.w2", 1);
+  const cairn::ByteLocation b =
+      FlipByteIn(dir, "optim.exp_avg_sq.model.embed", 3);
+  Result r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  for (const auto& [fqn, loc] :
+       {std::pair{std::string("model.layers.1.mlp.w2"), a},
+        std::pair{std::string("optim.exp_avg_sq.model.embed"), b}}) {
+    EXPECT_THAT(r.out, HasSubstr("crc32c mismatch in " + fqn)) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(loc.file));
+    EXPECT_THAT(r.out, HasSubstr("offset " + std::to_string(loc.offset)));
+  }
+  EXPECT_THAT(r.out, Not(HasSubstr("OK: ")));
+  EXPECT_THAT(r.err, HasSubstr("cairn verify: DATA_LOSS"));
+  EXPECT_THAT(r.err, HasSubstr("2 problems"));
+
+  r = Run("verify --json '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["ok"], false);
+  ASSERT_EQ(j["problems"].size(), 2u);
+  for (const auto& p : j["problems"]) {
+    EXPECT_EQ(p["kind"], "crc32c");
+    EXPECT_TRUE(p["offset"].is_number());
+  }
+}
+
+TEST_F(CliTest, VerifyNamesATruncatedFile) {
+  const fs::path dir = SaveDemo();
+  auto md = cairn::ReadMetadata(dir.string());
+  ASSERT_TRUE(md.ok());
+  const std::string file =
+      md->tensors.at("model.layers.0.attn.wq").chunks.at(0).location.file;
+  fs::resize_file(dir / file, fs::file_size(dir / file) / 2);
+  Result r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.out, HasSubstr(file));
+  EXPECT_THAT(r.out, HasSubstr("truncated"));
+}
+
+TEST_F(CliTest, VerifyNamesAMissingFile) {
+  const fs::path dir = SaveDemo();
+  auto md = cairn::ReadMetadata(dir.string());
+  ASSERT_TRUE(md.ok());
+  const std::string file = md->objects.at("rng").file;
+  fs::remove(dir / file);
+  Result r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.out, HasSubstr(file));
+  EXPECT_THAT(r.out, HasSubstr("cannot open data file"));
+}
+
+TEST_F(CliTest, HelpWorksForEveryCommand) {
+  Result r = Run("--help");
+  EXPECT_EQ(r.rc, 0);
+  for (const char* cmd : {"inspect", "verify", "demo", "Examples"}) {
+    EXPECT_THAT(r.out, HasSubstr(cmd));
+  }
+  for (const char* cmd : {"inspect", "verify", "demo"}) {
+    r = Run(std::string(cmd) + " --help");
+    EXPECT_EQ(r.rc, 0) << cmd;
+    EXPECT_THAT(r.out, HasSubstr("Examples")) << cmd;
+    EXPECT_THAT(r.out, HasSubstr("--json")) << cmd;
+  }
+  r = Run("--version");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_THAT(r.out, HasSubstr(CAIRN_VERSION_STRING));
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  Result r = Run("");
+  EXPECT_EQ(r.rc, 2);
+  r = Run("frobnicate");
+  EXPECT_EQ(r.rc, 2);
+  r = Run("verify");  // CKPT is required
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("cairn verify:"));
+  r = Run("inspect --bogus x");
+  EXPECT_EQ(r.rc, 2);
+}
+
+}  // namespace

@@ -1,0 +1,19 @@
+// The subcommands of the `cairn` tool. Each Register* adds one subcommand
+// (its options, help text and callback) to the top-level app. A callback
+// prints its own errors as "cairn <cmd>: <status>" on stderr and reports a
+// non-zero exit status by throwing CLI::RuntimeError(code), which main()
+// turns into the process exit status without printing anything more.
+#ifndef CAIRN_TOOLS_COMMANDS_H_
+#define CAIRN_TOOLS_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+
+namespace cairn::tools {
+
+void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
+void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]
+void RegisterDemo(CLI::App& app);     // cairn demo [--size ...] [--phase ...]
+
+}  // namespace cairn::tools
+
+#endif  // CAIRN_TOOLS_COMMANDS_H_
