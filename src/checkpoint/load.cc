@@ -67,12 +67,17 @@ struct ReadTask {
   uint64_t span = 0;         // bytes from file_offset to the last byte needed
   std::string what;          // for errors: entry name
   // kDirect: read `span` bytes into dst.
-  // kSpan / kRuns: read into a bounce buffer, then copy `shape` elements to
-  // dst with the strides below (bytes).
   std::byte* dst = nullptr;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> src_strides;
-  std::vector<int64_t> dst_strides;
+  // kSpan / kRuns: read into a bounce buffer, then make each copy out of it.
+  // Several copies when several destination boxes share the slab.
+  struct Copy {
+    uint64_t src_offset = 0;  // bytes into the bounce buffer
+    std::byte* dst = nullptr;
+    std::vector<int64_t> shape;
+    std::vector<int64_t> dst_strides;  // bytes
+  };
+  std::vector<Copy> copies;
+  std::vector<int64_t> src_strides;  // bytes, shared by the copies
   size_t elem_size = 1;
   internal_core::RunPattern runs;  // kRuns: runs relative to file_offset
   std::string* object = nullptr;   // kObject: destination string
@@ -160,6 +165,12 @@ absl::StatusOr<DataFile> OpenDataFile(Storage& storage,
   }
   return df;
 }
+
+// A destination box and the part of one stored chunk it needs.
+struct Target {
+  const Shard* shard;
+  Box overlap;
+};
 
 class Loader {
  public:
@@ -252,13 +263,38 @@ class Loader {
         return Stored(fqn) ? WrongKind(fqn, "a tensor") : Missing(fqn, "tensor");
       }
       CAIRN_RETURN_IF_ERROR(ValidateDestination(fqn, *t, it->second));
-      for (const Shard& shard : t->shards()) {
-        if (shard.box.empty()) continue;
-        for (const ChunkMetadata& chunk : it->second.chunks) {
-          std::optional<Box> overlap = Intersect(shard.box, chunk.box);
-          if (!overlap) continue;
+      for (const ChunkMetadata& chunk : it->second.chunks) {
+        std::vector<Target> targets;
+        for (const Shard& shard : t->shards()) {
+          if (shard.box.empty()) continue;
+          if (std::optional<Box> o = Intersect(shard.box, chunk.box)) {
+            targets.push_back(Target{&shard, *o});
+          }
+        }
+        if (targets.empty()) continue;
+        // Several destination boxes of this process in one chunk (e.g.
+        // column shards of a row chunk): read the chunk region they span
+        // once and copy to each, when that wastes at most half the bytes.
+        Box region = targets[0].overlap;
+        int64_t needed = 0;
+        for (const Target& tg : targets) {
+          needed += tg.overlap.num_elements();
+          for (int d = 0; d < region.rank(); ++d) {
+            const int64_t end =
+                std::max(region.offsets[d] + region.sizes[d],
+                         tg.overlap.offsets[d] + tg.overlap.sizes[d]);
+            region.offsets[d] = std::min(region.offsets[d], tg.overlap.offsets[d]);
+            region.sizes[d] = end - region.offsets[d];
+          }
+        }
+        if (targets.size() > 1 && 2 * needed >= region.num_elements()) {
           CAIRN_RETURN_IF_ERROR(
-              PlanOverlap(fqn, it->second, chunk, shard, *overlap));
+              PlanRegion(fqn, it->second, chunk, region, targets));
+        } else {
+          for (const Target& tg : targets) {
+            CAIRN_RETURN_IF_ERROR(
+                PlanRegion(fqn, it->second, chunk, tg.overlap, {tg}));
+          }
         }
       }
       return absl::OkStatus();
@@ -280,11 +316,11 @@ class Loader {
     return static_cast<int>(checks_.size()) - 1;
   }
 
-  // Cuts `overlap` (the part of `chunk` that `shard` needs) into slabs whose
-  // file span fits a bounce buffer, and makes one read task per slab.
-  absl::Status PlanOverlap(const std::string& fqn, const TensorMetadata& tm,
-                           const ChunkMetadata& chunk, const Shard& shard,
-                           const Box& overlap) {
+  // Cuts `overlap` (a region of `chunk` holding what `targets` need) into
+  // slabs whose file span fits a bounce buffer; one read task per slab.
+  absl::Status PlanRegion(const std::string& fqn, const TensorMetadata& tm,
+                          const ChunkMetadata& chunk, const Box& overlap,
+                          const std::vector<Target>& targets) {
     const size_t es = DTypeSize(tm.dtype);
     const int rank = overlap.rank();
     const bool whole_chunk = overlap == chunk.box;
@@ -339,7 +375,7 @@ class Loader {
           slab.sizes[k] = std::min(n, k_end - pos);
         }
         CAIRN_RETURN_IF_ERROR(
-            AddSlabTask(fqn, chunk, shard, slab, file, check, what, es, cs));
+            AddSlabTask(chunk, targets, slab, file, check, what, es, cs));
       }
       int d = k - 1;
       for (; d >= 0; --d) {
@@ -351,15 +387,11 @@ class Loader {
     return absl::OkStatus();
   }
 
-  absl::Status AddSlabTask(const std::string& fqn, const ChunkMetadata& chunk,
-                           const Shard& shard, const Box& slab, int file,
-                           int check, const std::string& what, size_t es,
-                           const std::vector<int64_t>& cs) {
+  absl::Status AddSlabTask(const ChunkMetadata& chunk,
+                           const std::vector<Target>& targets, const Box& slab,
+                           int file, int check, const std::string& what,
+                           size_t es, const std::vector<int64_t>& cs) {
     const int rank = slab.rank();
-    Box local = slab;  // relative to the destination shard
-    for (int d = 0; d < rank; ++d) local.offsets[d] -= shard.box.offsets[d];
-    CAIRN_ASSIGN_OR_RETURN(TensorView dst, shard.view.Slice(local));
-
     internal_core::RunPattern runs =
         internal_core::SubBoxRuns(chunk.box, slab, es);
     uint64_t in_chunk = 0;
@@ -373,26 +405,47 @@ class Loader {
     task.file_offset = chunk.location.offset + in_chunk;
     task.span = span;
     task.what = what;
-    task.dst = static_cast<std::byte*>(dst.data());
     task.elem_size = es;
     task.check = check;
     task.check_offset = in_chunk;
-    const uint64_t slab_bytes = static_cast<uint64_t>(slab.num_elements()) * es;
-    result_.bytes_loaded += slab_bytes;
-    if (runs.num_runs() == 1 && dst.is_contiguous()) {
-      task.mode = ReadTask::Mode::kDirect;
-    } else {
-      task.shape = slab.sizes;
-      for (int64_t s : dst.strides()) {
-        task.dst_strides.push_back(s * static_cast<int64_t>(es));
+    task.src_strides = cs;
+    // One copy per destination box that meets the slab.
+    for (const Target& tg : targets) {
+      std::optional<Box> part =
+          rank == 0 ? std::optional<Box>(slab) : Intersect(slab, tg.overlap);
+      if (!part) continue;
+      Box local = *part;  // relative to the destination shard
+      for (int d = 0; d < rank; ++d) local.offsets[d] -= tg.shard->box.offsets[d];
+      CAIRN_ASSIGN_OR_RETURN(TensorView dst, tg.shard->view.Slice(local));
+      ReadTask::Copy copy;
+      for (int d = 0; d < rank; ++d) {
+        copy.src_offset += (part->offsets[d] - slab.offsets[d]) * cs[d];
       }
+      copy.dst = static_cast<std::byte*>(dst.data());
+      copy.shape = part->sizes;
+      for (int64_t st : dst.strides()) {
+        copy.dst_strides.push_back(st * static_cast<int64_t>(es));
+      }
+      result_.bytes_loaded += static_cast<uint64_t>(part->num_elements()) * es;
+      task.copies.push_back(std::move(copy));
+    }
+    if (task.copies.empty()) return absl::OkStatus();
+    if (task.copies.size() == 1 && runs.num_runs() == 1 &&
+        task.copies[0].shape == slab.sizes &&
+        IsDense(task.copies[0].shape, task.copies[0].dst_strides, es)) {
+      // Contiguous in the file and in the destination: no bounce buffer.
+      task.mode = ReadTask::Mode::kDirect;
+      task.dst = task.copies[0].dst;
+      task.copies.clear();
+    } else {
       const int64_t gap = runs.strides.empty()
                               ? 0
                               : runs.strides.back() - runs.run_bytes;
-      if (gap <= static_cast<int64_t>(options_.coalesce_gap_bytes)) {
+      if (task.copies.size() > 1 ||
+          gap <= static_cast<int64_t>(options_.coalesce_gap_bytes)) {
         task.mode = ReadTask::Mode::kSpan;
-        task.src_strides = cs;
       } else {
+        // Far-apart runs of one destination: read each run, packed.
         task.mode = ReadTask::Mode::kRuns;
         task.runs = runs;
         task.runs.first_offset -= static_cast<int64_t>(in_chunk);
@@ -401,6 +454,17 @@ class Loader {
     }
     tasks_.push_back(std::move(task));
     return absl::OkStatus();
+  }
+
+  // True when a block of `shape` with byte `strides` is row-major dense.
+  static bool IsDense(const std::vector<int64_t>& shape,
+                      const std::vector<int64_t>& strides, size_t es) {
+    int64_t expect = static_cast<int64_t>(es);
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (shape[d] != 1 && strides[d] != expect) return false;
+      expect *= shape[d];
+    }
+    return true;
   }
 
   // Step 3: every needed byte range is an entry of its file's header.
@@ -476,10 +540,13 @@ class Loader {
           });
           CAIRN_RETURN_IF_ERROR(Annotate(status, context()));
         }
-        internal_core::CopyStrided(buf.data(), t.src_strides.data(), t.dst,
-                                   t.dst_strides.data(), t.shape.data(),
-                                   static_cast<int>(t.shape.size()),
-                                   t.elem_size);
+        for (const ReadTask::Copy& c : t.copies) {
+          internal_core::CopyStrided(buf.data() + c.src_offset,
+                                     t.src_strides.data(), c.dst,
+                                     c.dst_strides.data(), c.shape.data(),
+                                     static_cast<int>(c.shape.size()),
+                                     t.elem_size);
+        }
         if (checked != nullptr && t.check >= 0) {
           crc->crc = internal_format::Crc32c(checked, t.span);
         }

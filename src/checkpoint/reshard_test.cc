@@ -290,5 +290,49 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   EXPECT_LE(coalesced, kRows * kCols * 4 + header_bytes);
 }
 
+// Regression: column shards of row-chunked tensors, all in one process, read
+// each chunk once (not once per destination), and the chunks read whole are
+// still checksummed.
+TEST(ReshardTest, SeveralDestinationsInOneChunkReadItOnce) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 384;
+  std::vector<float> full(kRows * kCols);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  std::vector<Shard> rows;
+  for (int r = 0; r < 4; ++r) {
+    rows.push_back({Box{{r * 64, 0}, {64, kCols}},
+                    TensorView(full.data() + r * 64 * kCols, DType::kF32,
+                               {64, kCols})});
+  }
+  StateDict sd;
+  sd["w"] = ShardedTensor(DType::kF32, {kRows, kCols}, rows);
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+
+  std::vector<std::vector<float>> cols(3, std::vector<float>(kRows * 128));
+  std::vector<Shard> dst;
+  for (int c = 0; c < 3; ++c) {
+    dst.push_back({Box{{0, c * 128}, {kRows, 128}},
+                   TensorView(cols[c].data(), DType::kF32, {kRows, 128})});
+  }
+  StateDict load_sd;
+  load_sd["w"] = ShardedTensor(DType::kF32, {kRows, kCols}, dst);
+  internal_storage::FaultInjectionStorage counting(*Storage::Open(tmp.path()));
+  LoadOptions small;
+  small.bounce_buffer_bytes = 16384;  // many slabs per chunk
+  absl::StatusOr<LoadResult> r =
+      internal_checkpoint::LoadFromStorage(load_sd, counting, small);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes_read, kRows * kCols * 4);
+  EXPECT_EQ(r->bytes_loaded, kRows * kCols * 4);
+  EXPECT_EQ(r->chunks_verified, 4u);
+  for (int c = 0; c < 3; ++c) {
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t j = 0; j < 128; ++j) {
+        ASSERT_EQ(cols[c][i * 128 + j], full[i * kCols + c * 128 + j]);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cairn
