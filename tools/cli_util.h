@@ -18,14 +18,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/checked.h"
 
 namespace cairn::tools {
 
 // Debian 12's Abseil has its own absl::string_view class (not an alias of
 // std::string_view), so std::string_view must be converted explicitly.
-inline absl::string_view AsAbsl(std::string_view s) {
-  return absl::string_view(s.data(), s.size());
-}
+using internal_core::AsAbsl;
 
 // "256MiB", "2GiB", "1.5G", "500M", "4096", "10KB": K/M/G/T with or without
 // "iB" are powers of 1024, KB/MB/GB/TB powers of 1000; case-insensitive.

@@ -11,18 +11,15 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
+#include "core/checked.h"
 #include "nlohmann/json.hpp"
 
 namespace cairn::internal_format {
 
 // Debian 12's Abseil is built with its own absl::string_view class, not an
 // alias of std::string_view, and the two do not convert implicitly.
-inline absl::string_view AsAbsl(std::string_view s) {
-  return absl::string_view(s.data(), s.size());
-}
-inline std::string_view AsStd(absl::string_view s) {
-  return std::string_view(s.data(), s.size());
-}
+using internal_core::AsAbsl;
+using internal_core::AsStd;
 
 namespace json_util {
 

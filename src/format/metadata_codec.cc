@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "cairn/box.h"
 #include "cairn/dtype.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "format/crc32c.h"
 #include "format/json_util.h"
@@ -38,29 +39,6 @@ using nlohmann::json;
 constexpr char kFormatName[] = "cairn";
 constexpr uint64_t kInt64Max =
     static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-
-// Bytes of a block of `sizes` elements of `dtype`, or nullopt when the
-// element count or the byte count does not fit int64.
-std::optional<uint64_t> BlockBytes(const std::vector<int64_t>& sizes,
-                                   DType dtype) {
-  for (int64_t d : sizes) {
-    if (d < 0) return std::nullopt;
-    if (d == 0) return 0;
-  }
-  uint64_t elements = 1;
-  for (int64_t d : sizes) {
-    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements) ||
-        elements > kInt64Max) {
-      return std::nullopt;
-    }
-  }
-  uint64_t bytes = 0;
-  if (__builtin_mul_overflow(elements, uint64_t{DTypeSize(dtype)}, &bytes) ||
-      bytes > kInt64Max) {
-    return std::nullopt;
-  }
-  return bytes;
-}
 
 std::string Quote(std::string_view s_std) {
   const absl::string_view s = AsAbsl(s_std);
@@ -233,7 +211,7 @@ absl::StatusOr<TensorMetadata> Decoder::Tensor(const json& j,
   }
   tensor.dtype = *dtype;
   CAIRN_ASSIGN_OR_RETURN(tensor.shape, Dims(j, "shape", where));
-  if (!BlockBytes(tensor.shape, tensor.dtype)) {
+  if (!internal_core::CheckedBytes(tensor.shape, tensor.dtype)) {
     return Error(where, absl::StrCat("shape of ", tensor.shape.size(),
                                      " dimensions overflows"));
   }
@@ -262,7 +240,7 @@ absl::StatusOr<TensorMetadata> Decoder::Tensor(const json& j,
     CAIRN_ASSIGN_OR_RETURN(chunk.location, Location(c, chunk_where));
     // Inside the shape, so the box's bytes cannot exceed the tensor's.
     const uint64_t expected =
-        BlockBytes(chunk.box.sizes, tensor.dtype).value_or(0);
+        internal_core::CheckedBytes(chunk.box.sizes, tensor.dtype).value_or(0);
     if (chunk.location.nbytes != expected) {
       return Error(chunk_where,
                    absl::StrCat("nbytes ", chunk.location.nbytes, " != ",
@@ -517,7 +495,7 @@ absl::Status ValidateCoverage(std::string_view fqn,
           box.ToString(), " lies outside the shape: ", s.message()));
     }
   }
-  std::optional<uint64_t> total_opt = BlockBytes(shape, DType::kU8);
+  std::optional<uint64_t> total_opt = internal_core::CheckedBytes(shape, DType::kU8);
   if (!total_opt) {
     return absl::DataLossError(absl::StrCat(where, ": shape overflows"));
   }
@@ -574,7 +552,7 @@ absl::Status ValidateCoverage(std::string_view fqn,
   // Disjoint boxes inside the shape: the sum cannot exceed `total`.
   uint64_t covered = 0;
   for (const Box* box : boxes)
-    covered += BlockBytes(box->sizes, DType::kU8).value_or(0);
+    covered += internal_core::CheckedBytes(box->sizes, DType::kU8).value_or(0);
   if (covered != total) {
     return absl::DataLossError(absl::StrCat(
         where, ": chunks cover ", covered, " of ", total, " elements; ",

@@ -1,5 +1,7 @@
 #include "format/safetensors.h"
 
+#include "core/checked.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -34,29 +36,6 @@ absl::Status BadEntry(absl::string_view file, absl::string_view entry,
   return absl::DataLossError(
       absl::StrCat("invalid safetensors file ", file, ": entry \"",
                    absl::CHexEscape(entry.substr(0, 256)), "\": ", what));
-}
-
-// Bytes of `shape` elements of `dtype`; nullopt on overflow: the element
-// count and the byte count must both fit int64, as everywhere in cairn.
-std::optional<uint64_t> ShapeBytes(const Shape& shape, DType dtype) {
-  uint64_t elements = 1;
-  bool zero = false;
-  for (int64_t d : shape) {
-    if (d == 0) zero = true;
-  }
-  if (zero) return 0;
-  for (int64_t d : shape) {
-    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements) ||
-        elements > kInt64Max) {
-      return std::nullopt;
-    }
-  }
-  uint64_t bytes = 0;
-  if (__builtin_mul_overflow(elements, uint64_t{DTypeSize(dtype)}, &bytes) ||
-      bytes > kInt64Max) {
-    return std::nullopt;
-  }
-  return bytes;
 }
 
 absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
@@ -118,7 +97,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
   entry.begin = *begin;
   entry.end = *end;
 
-  auto bytes = ShapeBytes(entry.shape, entry.dtype);
+  auto bytes = internal_core::CheckedBytes(entry.shape, entry.dtype);
   if (!bytes) {
     return BadEntry(file, name, "shape size overflows");
   }

@@ -1,0 +1,55 @@
+// Small helpers every area needs: overflow-checked sizes, and the bridge
+// between std::string_view and Debian 12's absl::string_view (a distinct
+// type there, since that absl is built with ABSL_OPTION_USE_STD_STRING_VIEW
+// = 0: absl::StrCat and friends do not take std::string_view).
+#ifndef CAIRN_CORE_CHECKED_H_
+#define CAIRN_CORE_CHECKED_H_
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string_view>
+
+#include "absl/strings/string_view.h"
+#include "cairn/box.h"
+#include "cairn/dtype.h"
+
+namespace cairn::internal_core {
+
+inline absl::string_view AsAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
+inline std::string_view AsStd(absl::string_view s) {
+  return std::string_view(s.data(), s.size());
+}
+
+// Bytes of a row-major block of `sizes` elements of `dtype`, or nullopt when
+// a size is negative or the element or byte count does not fit int64. Any
+// zero size gives 0, whatever the others.
+inline std::optional<uint64_t> CheckedBytes(const Shape& sizes, DType dtype) {
+  constexpr uint64_t kMax =
+      static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  for (int64_t d : sizes) {
+    if (d < 0) return std::nullopt;
+  }
+  for (int64_t d : sizes) {
+    if (d == 0) return 0;
+  }
+  uint64_t elements = 1;
+  for (int64_t d : sizes) {
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements) ||
+        elements > kMax) {
+      return std::nullopt;
+    }
+  }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(elements, uint64_t{DTypeSize(dtype)}, &bytes) ||
+      bytes > kMax) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+}  // namespace cairn::internal_core
+
+#endif  // CAIRN_CORE_CHECKED_H_
