@@ -7,8 +7,14 @@ build="$1"
 src="$2"
 work="$(mktemp -d "${TMPDIR:-/tmp}/cairn-install-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
-cmake -S "$src/tests/install_consumer" -B "$work/build" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log"
-cmake --build "$work/build" > "$work/build.log"
+step() {  # step NAME COMMAND...: run, and show its log if it fails
+  name="$1"; shift
+  if ! "$@" > "$work/$name.log" 2>&1; then
+    echo "install_test: $name failed:"; cat "$work/$name.log"; exit 1
+  fi
+}
+step install cmake --install "$build" --prefix "$work/prefix"
+step configure cmake -S "$src/tests/install_consumer" -B "$work/build" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$work/prefix"
+step build cmake --build "$work/build"
 "$work/build/consumer" "$work/ckpt"
