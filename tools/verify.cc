@@ -34,6 +34,7 @@
 #include "cairn/cairn.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "core/buffer_pool.h"
 #include "core/parallel.h"
 #include "format/crc32c.h"
 #include "format/metadata_codec.h"
@@ -75,33 +76,6 @@ struct Item {
   bool is_object = false;
 };
 
-// Read buffers, handed out to whichever IO thread asks; at most one per
-// concurrent reader is ever allocated.
-class BufferPool {
- public:
-  explicit BufferPool(size_t size) : size_(size) {}
-  std::unique_ptr<std::byte[]> Get() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        auto b = std::move(free_.back());
-        free_.pop_back();
-        return b;
-      }
-    }
-    return std::unique_ptr<std::byte[]>(new std::byte[size_]);
-  }
-  void Put(std::unique_ptr<std::byte[]> b) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(std::move(b));
-  }
-
- private:
-  size_t size_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<std::byte[]>> free_;
-};
-
 std::string Where(const Item& item) {
   return absl::StrFormat("%s (%s, offset %d, %d bytes)", item.label,
                          item.location->file, item.location->offset,
@@ -113,39 +87,13 @@ std::string Where(const Item& item) {
 void CheckHeader(const ReadableFile& file, const std::string& name,
                  const std::vector<const Item*>& items,
                  std::vector<Problem>& problems) {
-  const uint64_t size = file.size();
   auto header_problem = [&](const absl::Status& s) {
     problems.push_back(
         {"header", "", name, std::nullopt,
          absl::StrCat(name, ": bad safetensors header: ", s.ToString())});
   };
-  std::string first8(8, '\0');
-  if (size >= 8) {
-    absl::Status s = file.ReadAt(
-        0,
-        std::span<std::byte>(reinterpret_cast<std::byte*>(first8.data()), 8));
-    if (!s.ok()) return header_problem(s);
-  } else {
-    first8.resize(size);
-    if (size > 0) {
-      absl::Status s = file.ReadAt(
-          0, std::span<std::byte>(reinterpret_cast<std::byte*>(first8.data()),
-                                  size));
-      if (!s.ok()) return header_problem(s);
-    }
-  }
-  absl::StatusOr<uint64_t> n =
-      internal_format::ParseSafetensorsHeaderLength(first8, size, name);
-  if (!n.ok()) return header_problem(n.status());
-  std::string json(*n, '\0');
-  if (*n > 0) {
-    absl::Status s = file.ReadAt(
-        8, std::span<std::byte>(reinterpret_cast<std::byte*>(json.data()),
-                                json.size()));
-    if (!s.ok()) return header_problem(s);
-  }
   absl::StatusOr<internal_format::SafetensorsHeader> header =
-      internal_format::ParseSafetensorsHeader(json, size, name);
+      internal_format::ReadSafetensorsHeader(file, name);
   if (!header.ok()) return header_problem(header.status());
   std::map<uint64_t, const internal_format::SafetensorsEntry*> by_offset;
   for (const auto& e : header->entries) {
@@ -324,7 +272,8 @@ int RunVerify(const VerifyOptions& o) {
   }
   std::vector<uint32_t> piece_crc(pieces.size(), 0);
   std::vector<absl::Status> piece_status(pieces.size());
-  BufferPool pool(static_cast<size_t>(*buffer_bytes));
+  internal_core::BufferPool pool(static_cast<size_t>(*buffer_bytes),
+                                 o.threads);
   {
     ProgressLine progress("verify", total_bytes);
     absl::Status s = internal_core::ParallelFor(
@@ -333,17 +282,17 @@ int RunVerify(const VerifyOptions& o) {
           const Piece& piece = pieces[static_cast<size_t>(p)];
           const ReadableFile& f =
               *files.at(readable[piece.item]->location->file);
-          std::unique_ptr<std::byte[]> buf = pool.Get();
+          absl::StatusOr<internal_core::PooledBuffer> buf = pool.Acquire();
+          if (!buf.ok()) return buf.status();  // out of memory: stop
           absl::Status rs = f.ReadAt(
               piece.offset, std::span<std::byte>(
-                                buf.get(), static_cast<size_t>(piece.length)));
+                                buf->data(), static_cast<size_t>(piece.length)));
           if (rs.ok()) {
             piece_crc[static_cast<size_t>(p)] =
-                Crc32c(buf.get(), static_cast<size_t>(piece.length));
+                Crc32c(buf->data(), static_cast<size_t>(piece.length));
           } else {
             piece_status[static_cast<size_t>(p)] = rs;
           }
-          pool.Put(std::move(buf));
           progress.Add(piece.length);
           return absl::OkStatus();  // a read error is a problem, not a stop
         });

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "cairn/checkpoint.h"
@@ -30,13 +31,14 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state, Storage& storage,
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
                                              const LoadOptions& options);
 
+// OK when `shard` of tensor `fqn` can be saved from or loaded into: its box
+// lies inside the tensor, its view is host memory with the box's shape and
+// the tensor's dtype, and has data. Errors name the FQN and the box.
+absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
+                           const Shard& shard);
+
 // Reads, decodes and validates metadata.json (including chunk coverage).
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);
-
-// Copies bytes [begin, end) of the row-major image of `view` to `dst`,
-// honouring the view's strides. The range may split elements.
-void CopyRowMajorBytes(const TensorView& view, uint64_t begin, uint64_t end,
-                       std::byte* dst);
 
 }  // namespace cairn::internal_checkpoint
 

@@ -251,6 +251,13 @@ TEST(CheckpointTest, BadStateDictsAreRejected) {
   device["gpu"] = TensorView(buf.data(), DType::kF32, {8}, Device::Cuda(0));
   EXPECT_EQ(Save(device, tmp.Sub("device")).status().code(),
             absl::StatusCode::kUnimplemented);
+  // Loading into device memory is refused the same way.
+  StateDict host;
+  host["gpu"] = TensorView(buf.data(), DType::kF32, {8});
+  ASSERT_TRUE(Save(host, tmp.Sub("host")).ok());
+  absl::Status to_device = Load(device, tmp.Sub("host")).status();
+  EXPECT_EQ(to_device.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Msg(to_device), HasSubstr("gpu shard"));
 
   StateDict wrong_view;
   wrong_view["t"] = ShardedTensor(

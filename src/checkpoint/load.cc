@@ -31,8 +31,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cairn/checkpoint.h"
-#include "checkpoint/buffer_pool.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "core/buffer_pool.h"
 #include "core/flatten.h"
 #include "core/parallel.h"
 #include "core/status.h"
@@ -46,6 +46,8 @@ namespace cairn::internal_checkpoint {
 namespace {
 
 using internal_core::Annotate;
+using internal_core::BufferPool;
+using internal_core::PooledBuffer;
 
 struct DataFile {
   std::unique_ptr<ReadableFile> file;
@@ -85,12 +87,6 @@ struct ReadTask {
   uint64_t check_offset = 0;       // offset of this piece within the chunk
 };
 
-struct CrcResult {
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  uint32_t crc = 0;
-};
-
 std::vector<int64_t> RowMajorByteStrides(const Shape& sizes, size_t es) {
   std::vector<int64_t> s(sizes.size());
   int64_t acc = static_cast<int64_t>(es);
@@ -116,28 +112,7 @@ absl::Status ValidateDestination(const std::string& fqn,
         absl::StrJoin(t.global_shape(), ", ")));
   }
   for (const Shard& s : t.shards()) {
-    const std::string where =
-        absl::StrCat(fqn, " destination shard ", s.box.ToString());
-    CAIRN_RETURN_IF_ERROR(Annotate(ValidateBox(s.box, t.global_shape()), where));
-    if (s.view.shape() != s.box.sizes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: view shape [%s] differs from box sizes", where,
-          absl::StrJoin(s.view.shape(), ", ")));
-    }
-    if (s.view.dtype() != t.dtype()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: view dtype %s differs from tensor dtype %s", where,
-          DTypeName(s.view.dtype()), DTypeName(t.dtype())));
-    }
-    if (!s.view.device().is_cpu()) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "%s: destination on %s; this build loads into host memory only",
-          where, s.view.device().ToString()));
-    }
-    if (s.view.data() == nullptr && s.view.num_elements() > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: view has no data pointer", where));
-    }
+    CAIRN_RETURN_IF_ERROR(ValidateShard(fqn, t, s));
   }
   return absl::OkStatus();
 }
@@ -147,19 +122,8 @@ absl::StatusOr<DataFile> OpenDataFile(Storage& storage,
                                       const std::string& name) {
   DataFile df;
   CAIRN_ASSIGN_OR_RETURN(df.file, storage.OpenForRead(name));
-  const uint64_t size = df.file->size();
-  std::string first8(std::min<uint64_t>(8, size), '\0');
-  CAIRN_RETURN_IF_ERROR(df.file->ReadAt(
-      0, std::as_writable_bytes(std::span<char>(first8.data(), first8.size()))));
-  CAIRN_ASSIGN_OR_RETURN(
-      uint64_t header_len,
-      internal_format::ParseSafetensorsHeaderLength(first8, size, name));
-  std::string json(header_len, '\0');
-  CAIRN_RETURN_IF_ERROR(df.file->ReadAt(
-      8, std::as_writable_bytes(std::span<char>(json.data(), json.size()))));
-  CAIRN_ASSIGN_OR_RETURN(
-      internal_format::SafetensorsHeader header,
-      internal_format::ParseSafetensorsHeader(json, size, name));
+  CAIRN_ASSIGN_OR_RETURN(internal_format::SafetensorsHeader header,
+                         internal_format::ReadSafetensorsHeader(*df.file, name));
   for (const internal_format::SafetensorsEntry& e : header.entries) {
     df.entries.insert({header.data_start + e.begin, header.data_start + e.end});
   }
@@ -246,7 +210,7 @@ class Loader {
       }
       ReadTask task;
       task.mode = ReadTask::Mode::kObject;
-      CAIRN_ASSIGN_OR_RETURN(task.file, FileIndex(it->second.file, fqn));
+      task.file = FileIndex(it->second.file);
       task.file_offset = it->second.offset;
       task.span = it->second.nbytes;
       task.what = fqn;
@@ -302,8 +266,7 @@ class Loader {
     return absl::InternalError(absl::StrCat("non-leaf at ", fqn));
   }
 
-  absl::StatusOr<int> FileIndex(const std::string& name,
-                                const std::string& fqn) {
+  int FileIndex(const std::string& name) {
     auto [it, inserted] =
         file_index_.try_emplace(name, static_cast<int>(file_names_.size()));
     if (inserted) file_names_.push_back(name);
@@ -326,7 +289,7 @@ class Loader {
     const bool whole_chunk = overlap == chunk.box;
     const std::string what = internal_format::EntryName(
         fqn, chunk.box, chunk.box == Box::Full(tm.shape));
-    CAIRN_ASSIGN_OR_RETURN(int file, FileIndex(chunk.location.file, fqn));
+    const int file = FileIndex(chunk.location.file);
     needed_.push_back({file, &chunk.location, what});
     const int check = whole_chunk ? AddCheck(what, &chunk.location) : -1;
 
@@ -494,13 +457,17 @@ class Loader {
     return absl::OkStatus();
   }
 
-  absl::Status RunTask(const ReadTask& t, BufferPool& pool, CrcResult* crc) {
+  // Runs one read task; sets *crc to the CRC32C of the bytes read when the
+  // task is a piece of a checked chunk.
+  absl::Status RunTask(const ReadTask& t, BufferPool& pool, uint32_t* crc) {
     const ReadableFile& file = *files_[t.file].file;
     auto context = [&] {
       return absl::StrFormat("reading %s (%s, offset %d)", t.what,
                              file_names_[t.file], t.file_offset);
     };
-    const std::byte* checked = nullptr;  // bytes to checksum, if any
+    auto checksum = [&](const void* bytes) {
+      if (t.check >= 0) *crc = internal_format::Crc32c(bytes, t.span);
+    };
     switch (t.mode) {
       case ReadTask::Mode::kObject:
         t.object->resize(t.span);
@@ -509,56 +476,44 @@ class Loader {
                         std::as_writable_bytes(
                             std::span<char>(t.object->data(), t.span))),
             context()));
-        checked = reinterpret_cast<const std::byte*>(t.object->data());
-        break;
+        checksum(t.object->data());
+        return absl::OkStatus();
       case ReadTask::Mode::kDirect:
         CAIRN_RETURN_IF_ERROR(Annotate(
             file.ReadAt(t.file_offset, std::span<std::byte>(t.dst, t.span)),
             context()));
-        checked = t.dst;
-        break;
+        checksum(t.dst);
+        return absl::OkStatus();
       case ReadTask::Mode::kSpan:
-      case ReadTask::Mode::kRuns: {
-        CAIRN_ASSIGN_OR_RETURN(internal_core::UniqueAligned raw, pool.Acquire());
-        PooledBuffer buf(pool, std::move(raw));
-        if (t.mode == ReadTask::Mode::kSpan) {
-          CAIRN_RETURN_IF_ERROR(Annotate(
-              file.ReadAt(t.file_offset,
-                          std::span<std::byte>(buf.data(), t.span)),
-              context()));
-          checked = buf.data();
-        } else {
-          absl::Status status;
-          int64_t packed = 0;
-          internal_core::ForEachRun(t.runs, [&](int64_t offset) {
-            if (status.ok()) {
-              status = file.ReadAt(
-                  t.file_offset + offset,
-                  std::span<std::byte>(buf.data() + packed, t.runs.run_bytes));
-            }
-            packed += t.runs.run_bytes;
-          });
-          CAIRN_RETURN_IF_ERROR(Annotate(status, context()));
-        }
-        for (const ReadTask::Copy& c : t.copies) {
-          internal_core::CopyStrided(buf.data() + c.src_offset,
-                                     t.src_strides.data(), c.dst,
-                                     c.dst_strides.data(), c.shape.data(),
-                                     static_cast<int>(c.shape.size()),
-                                     t.elem_size);
-        }
-        if (checked != nullptr && t.check >= 0) {
-          crc->crc = internal_format::Crc32c(checked, t.span);
-        }
-        checked = nullptr;  // done above, before the buffer goes back
+      case ReadTask::Mode::kRuns:
         break;
-      }
     }
-    if (checked != nullptr && t.check >= 0) {
-      crc->crc = internal_format::Crc32c(checked, t.span);
+    CAIRN_ASSIGN_OR_RETURN(PooledBuffer buf, pool.Acquire());
+    if (t.mode == ReadTask::Mode::kSpan) {
+      CAIRN_RETURN_IF_ERROR(Annotate(
+          file.ReadAt(t.file_offset, std::span<std::byte>(buf.data(), t.span)),
+          context()));
+      checksum(buf.data());  // a checked chunk is contiguous: span == bytes
+    } else {
+      // Far-apart runs, packed one after another (never a whole chunk).
+      absl::Status status;
+      int64_t packed = 0;
+      internal_core::ForEachRun(t.runs, [&](int64_t offset) {
+        if (status.ok()) {
+          status = file.ReadAt(
+              t.file_offset + offset,
+              std::span<std::byte>(buf.data() + packed, t.runs.run_bytes));
+        }
+        packed += t.runs.run_bytes;
+      });
+      CAIRN_RETURN_IF_ERROR(Annotate(status, context()));
     }
-    crc->offset = t.check_offset;
-    crc->length = t.span;
+    for (const ReadTask::Copy& c : t.copies) {
+      internal_core::CopyStrided(buf.data() + c.src_offset,
+                                 t.src_strides.data(), c.dst,
+                                 c.dst_strides.data(), c.shape.data(),
+                                 static_cast<int>(c.shape.size()), t.elem_size);
+    }
     return absl::OkStatus();
   }
 
@@ -574,7 +529,7 @@ class Loader {
     BufferPool pool(std::max<uint64_t>(options_.bounce_buffer_bytes,
                                        internal_core::kIoAlignment),
                     threads);
-    std::vector<CrcResult> crcs(tasks_.size());
+    std::vector<uint32_t> crcs(tasks_.size(), 0);
     CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
         static_cast<int64_t>(order.size()), threads,
         [&](int64_t i) -> absl::Status {
@@ -587,23 +542,22 @@ class Loader {
     }
 
     // Combine each checked chunk's pieces in chunk order and compare.
-    std::vector<std::vector<const CrcResult*>> pieces(checks_.size());
+    std::vector<std::vector<size_t>> pieces(checks_.size());
     for (size_t i = 0; i < tasks_.size(); ++i) {
-      if (tasks_[i].check >= 0) pieces[tasks_[i].check].push_back(&crcs[i]);
+      if (tasks_[i].check >= 0) pieces[tasks_[i].check].push_back(i);
     }
     for (size_t c = 0; c < checks_.size(); ++c) {
-      std::vector<const CrcResult*>& p = pieces[c];
-      std::sort(p.begin(), p.end(),
-                [](const CrcResult* a, const CrcResult* b) {
-                  return a->offset < b->offset;
-                });
+      std::vector<size_t>& p = pieces[c];
+      std::sort(p.begin(), p.end(), [&](size_t a, size_t b) {
+        return tasks_[a].check_offset < tasks_[b].check_offset;
+      });
       uint32_t crc = 0;
       uint64_t covered = 0;
-      for (const CrcResult* r : p) {
-        crc = covered == 0 ? r->crc
-                           : internal_format::Crc32cCombine(crc, r->crc,
-                                                            r->length);
-        covered += r->length;
+      for (size_t i : p) {
+        crc = covered == 0 ? crcs[i]
+                           : internal_format::Crc32cCombine(crc, crcs[i],
+                                                            tasks_[i].span);
+        covered += tasks_[i].span;
       }
       const ByteLocation& loc = *checks_[c].location;
       if (covered != loc.nbytes) {

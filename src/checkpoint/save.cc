@@ -31,10 +31,11 @@
 #include "absl/strings/str_join.h"
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
-#include "checkpoint/buffer_pool.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "core/buffer_pool.h"
 #include "core/flatten.h"
 #include "core/parallel.h"
+#include "core/strided.h"
 #include "core/status.h"
 #include "format/crc32c.h"
 #include "format/metadata_codec.h"
@@ -53,6 +54,7 @@ struct Entry {
   std::string fqn;
   bool is_object = false;
   Box box;                             // tensors only
+  size_t chunk = 0;                    // tensors: index in its chunks
   TensorView view;                     // tensors only
   const std::string* bytes = nullptr;  // objects only
   internal_format::SafetensorsEntry st;
@@ -71,34 +73,6 @@ bool IsOurDataFile(std::string_view name) {
   return (name.starts_with("data-") && name.ends_with(".safetensors") &&
           name.find('/') == std::string_view::npos) ||
          name.starts_with(std::string(kMetadataFileName) + ".tmp");
-}
-
-absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
-                           const Shard& shard) {
-  const std::string where = absl::StrCat(fqn, " shard ", shard.box.ToString());
-  CAIRN_RETURN_IF_ERROR(
-      Annotate(ValidateBox(shard.box, t.global_shape()), where));
-  const TensorView& v = shard.view;
-  if (!v.device().is_cpu()) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "%s: tensor on %s; this build saves host memory only", where,
-        v.device().ToString()));
-  }
-  if (v.dtype() != t.dtype()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: view dtype %s differs from tensor dtype %s", where,
-        DTypeName(v.dtype()), DTypeName(t.dtype())));
-  }
-  if (v.shape() != shard.box.sizes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: view shape [%s] differs from box sizes", where,
-        absl::StrJoin(v.shape(), ", ")));
-  }
-  if (v.data() == nullptr && v.num_elements() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: view has no data pointer", where));
-  }
-  return absl::OkStatus();
 }
 
 struct Plan {
@@ -191,10 +165,12 @@ absl::StatusOr<Plan> MakePlan(const StateDict& state,
             absl::StrCat("cannot save: ", c.message()));
       }
       const size_t es = DTypeSize(t->dtype());
-      for (const Shard* s : shards) {
+      for (size_t c = 0; c < shards.size(); ++c) {
+        const Shard* s = shards[c];
         Entry e;
         e.fqn = leaf.fqn;
         e.box = s->box;
+        e.chunk = c;
         e.view = s->view;
         const uint64_t n = static_cast<uint64_t>(s->box.num_elements()) * es;
         const bool whole = s->box == Box::Full(tm.shape);
@@ -269,7 +245,7 @@ std::vector<CrcPiece> FillBlock(const Plan& plan, uint64_t begin, uint64_t end,
     if (e.is_object) {
       std::memcpy(dst, e.bytes->data() + lo, hi - lo);
     } else {
-      CopyRowMajorBytes(e.view, lo, hi, dst);
+      internal_core::CopyRowMajorBytes(e.view, lo, hi, dst);
     }
     pieces.push_back(CrcPiece{static_cast<size_t>(it - plan.entries.begin()),
                               hi - lo, internal_format::Crc32c(dst, hi - lo)});
@@ -293,16 +269,15 @@ absl::Status WriteDataFile(Plan& plan, Storage& storage,
   const int64_t num_blocks =
       static_cast<int64_t>((plan.file_size + block - 1) / block);
   const int threads = std::max(1, options.io_threads);
-  BufferPool pool(block, threads);
+  internal_core::BufferPool pool(block, threads);
   std::vector<std::vector<CrcPiece>> pieces(num_blocks);
 
   CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
       num_blocks, threads, [&](int64_t i) -> absl::Status {
         const uint64_t begin = static_cast<uint64_t>(i) * block;
         const uint64_t end = std::min(plan.file_size, begin + block);
-        CAIRN_ASSIGN_OR_RETURN(internal_core::UniqueAligned raw,
+        CAIRN_ASSIGN_OR_RETURN(internal_core::PooledBuffer buf,
                                pool.Acquire());
-        PooledBuffer buf(pool, std::move(raw));
         pieces[i] = FillBlock(plan, begin, end, buf.data());
         // O_DIRECT needs whole aligned blocks: zero-pad the tail; Finish
         // cuts the file back to its size.
@@ -330,56 +305,6 @@ absl::Status WriteDataFile(Plan& plan, Storage& storage,
 
 }  // namespace
 
-void CopyRowMajorBytes(const TensorView& view, uint64_t begin, uint64_t end,
-                       std::byte* dst) {
-  if (end <= begin) return;
-  const auto* base = static_cast<const std::byte*>(view.data());
-  if (view.is_contiguous()) {
-    std::memcpy(dst, base + begin, end - begin);
-    return;
-  }
-  const int rank = view.rank();
-  const uint64_t es = DTypeSize(view.dtype());
-  const Shape& shape = view.shape();
-  const std::vector<int64_t>& strides = view.strides();
-  const uint64_t inner = static_cast<uint64_t>(shape[rank - 1]);
-  const uint64_t row_bytes = inner * es;
-  const bool inner_contiguous = strides[rank - 1] == 1 || inner == 1;
-  // Odometer over the outer dimensions, starting at the row holding `begin`.
-  std::vector<int64_t> index(rank, 0);
-  uint64_t row = begin / row_bytes;
-  for (int d = rank - 2; d >= 0; --d) {
-    index[d] = static_cast<int64_t>(row % static_cast<uint64_t>(shape[d]));
-    row /= static_cast<uint64_t>(shape[d]);
-  }
-  uint64_t row_start = begin / row_bytes * row_bytes;
-  while (row_start < end) {
-    int64_t elem_offset = 0;
-    for (int d = 0; d < rank - 1; ++d) elem_offset += index[d] * strides[d];
-    const std::byte* row_ptr = base + elem_offset * static_cast<int64_t>(es);
-    const uint64_t a = std::max(begin, row_start) - row_start;
-    const uint64_t b = std::min(end, row_start + row_bytes) - row_start;
-    std::byte* out = dst + (row_start + a - begin);
-    if (inner_contiguous) {
-      std::memcpy(out, row_ptr + a, b - a);
-    } else {
-      const int64_t step = strides[rank - 1] * static_cast<int64_t>(es);
-      for (uint64_t e = a / es; e * es < b; ++e) {
-        const uint64_t lo = std::max(a, e * es);
-        const uint64_t hi = std::min(b, (e + 1) * es);
-        std::memcpy(out + (lo - a), row_ptr + static_cast<int64_t>(e) * step +
-                                         static_cast<int64_t>(lo - e * es),
-                    hi - lo);
-      }
-    }
-    row_start += row_bytes;
-    for (int d = rank - 2; d >= 0; --d) {
-      if (++index[d] < shape[d]) break;
-      index[d] = 0;
-    }
-  }
-}
-
 absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
                                          Storage& storage,
                                          const SaveOptions& options) {
@@ -401,9 +326,7 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
     if (e.is_object) {
       plan.metadata.objects[e.fqn] = loc;
     } else {
-      for (ChunkMetadata& c : plan.metadata.tensors[e.fqn].chunks) {
-        if (c.box == e.box) c.location = loc;
-      }
+      plan.metadata.tensors[e.fqn].chunks[e.chunk].location = loc;
     }
   }
   CAIRN_ASSIGN_OR_RETURN(std::string json,

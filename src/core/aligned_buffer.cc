@@ -32,17 +32,6 @@ void* Allocate(size_t size, size_t alignment) {
 
 void FreeDeleter::operator()(void* p) const { std::free(p); }
 
-absl::StatusOr<std::shared_ptr<void>> AllocateAligned(size_t size,
-                                                      size_t alignment) {
-  void* p = Allocate(size, alignment);
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("cannot allocate %d bytes aligned to %d", size,
-                        alignment));
-  }
-  return std::shared_ptr<void>(p, FreeDeleter());
-}
-
 absl::StatusOr<UniqueAligned> AllocateAlignedUnique(size_t size,
                                                     size_t alignment) {
   void* p = Allocate(size, alignment);
@@ -52,6 +41,13 @@ absl::StatusOr<UniqueAligned> AllocateAlignedUnique(size_t size,
                         alignment));
   }
   return UniqueAligned(static_cast<std::byte*>(p));
+}
+
+absl::StatusOr<std::shared_ptr<void>> AllocateAligned(size_t size,
+                                                      size_t alignment) {
+  absl::StatusOr<UniqueAligned> p = AllocateAlignedUnique(size, alignment);
+  if (!p.ok()) return p.status();
+  return std::shared_ptr<void>(p->release(), FreeDeleter());
 }
 
 }  // namespace cairn::internal_core

@@ -23,12 +23,14 @@ inline std::string_view AsStd(absl::string_view s) {
   return std::string_view(s.data(), s.size());
 }
 
+// The largest element or byte count cairn accepts anywhere.
+inline constexpr uint64_t kInt64Max =
+    static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
 // Bytes of a row-major block of `sizes` elements of `dtype`, or nullopt when
 // a size is negative or the element or byte count does not fit int64. Any
 // zero size gives 0, whatever the others.
 inline std::optional<uint64_t> CheckedBytes(const Shape& sizes, DType dtype) {
-  constexpr uint64_t kMax =
-      static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   for (int64_t d : sizes) {
     if (d < 0) return std::nullopt;
   }
@@ -38,13 +40,13 @@ inline std::optional<uint64_t> CheckedBytes(const Shape& sizes, DType dtype) {
   uint64_t elements = 1;
   for (int64_t d : sizes) {
     if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements) ||
-        elements > kMax) {
+        elements > kInt64Max) {
       return std::nullopt;
     }
   }
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(elements, uint64_t{DTypeSize(dtype)}, &bytes) ||
-      bytes > kMax) {
+      bytes > kInt64Max) {
     return std::nullopt;
   }
   return bytes;

@@ -214,4 +214,54 @@ void CopyStrided(const void* src, const int64_t* src_strides, void* dst,
   }
 }
 
+void CopyRowMajorBytes(const TensorView& view, uint64_t begin, uint64_t end,
+                       std::byte* dst) {
+  if (end <= begin) return;
+  const auto* base = static_cast<const std::byte*>(view.data());
+  if (view.is_contiguous()) {
+    std::memcpy(dst, base + begin, end - begin);
+    return;
+  }
+  const int rank = view.rank();
+  const uint64_t es = DTypeSize(view.dtype());
+  const Shape& shape = view.shape();
+  const std::vector<int64_t>& strides = view.strides();
+  const uint64_t inner = static_cast<uint64_t>(shape[rank - 1]);
+  const uint64_t row_bytes = inner * es;
+  const bool inner_contiguous = strides[rank - 1] == 1 || inner == 1;
+  // Odometer over the outer dimensions, starting at the row holding `begin`.
+  std::vector<int64_t> index(rank, 0);
+  uint64_t row = begin / row_bytes;
+  for (int d = rank - 2; d >= 0; --d) {
+    index[d] = static_cast<int64_t>(row % static_cast<uint64_t>(shape[d]));
+    row /= static_cast<uint64_t>(shape[d]);
+  }
+  uint64_t row_start = begin / row_bytes * row_bytes;
+  while (row_start < end) {
+    int64_t elem_offset = 0;
+    for (int d = 0; d < rank - 1; ++d) elem_offset += index[d] * strides[d];
+    const std::byte* row_ptr = base + elem_offset * static_cast<int64_t>(es);
+    const uint64_t a = std::max(begin, row_start) - row_start;
+    const uint64_t b = std::min(end, row_start + row_bytes) - row_start;
+    std::byte* out = dst + (row_start + a - begin);
+    if (inner_contiguous) {
+      std::memcpy(out, row_ptr + a, b - a);
+    } else {
+      const int64_t step = strides[rank - 1] * static_cast<int64_t>(es);
+      for (uint64_t e = a / es; e * es < b; ++e) {
+        const uint64_t lo = std::max(a, e * es);
+        const uint64_t hi = std::min(b, (e + 1) * es);
+        std::memcpy(out + (lo - a), row_ptr + static_cast<int64_t>(e) * step +
+                                         static_cast<int64_t>(lo - e * es),
+                    hi - lo);
+      }
+    }
+    row_start += row_bytes;
+    for (int d = rank - 2; d >= 0; --d) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
 }  // namespace cairn::internal_core

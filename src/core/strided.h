@@ -14,6 +14,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "cairn/box.h"
+#include "cairn/tensor.h"
 
 namespace cairn::internal_core {
 
@@ -46,6 +47,13 @@ void ForEachRun(const RunPattern& pattern,
 void CopyStrided(const void* src, const int64_t* src_strides, void* dst,
                  const int64_t* dst_strides, const int64_t* shape, int rank,
                  size_t elem_size);
+
+// Copies bytes [begin, end) of the row-major image of `view` to `dst`,
+// honouring the view's strides. The range may start or end inside an
+// element (a save streams a file in fixed-size blocks that cut entries
+// anywhere). Host memory only.
+void CopyRowMajorBytes(const TensorView& view, uint64_t begin, uint64_t end,
+                       std::byte* dst);
 
 }  // namespace cairn::internal_core
 

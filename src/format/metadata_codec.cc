@@ -37,8 +37,7 @@ using json_util::GetUint;
 using nlohmann::json;
 
 constexpr char kFormatName[] = "cairn";
-constexpr uint64_t kInt64Max =
-    static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+using internal_core::kInt64Max;
 
 std::string Quote(std::string_view s_std) {
   const absl::string_view s = AsAbsl(s_std);

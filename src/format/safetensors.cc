@@ -1,15 +1,15 @@
 #include "format/safetensors.h"
 
-#include "core/checked.h"
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "format/json_util.h"
 #include "nlohmann/json.hpp"
@@ -23,8 +23,7 @@ using json_util::GetUint;
 using nlohmann::json;
 
 constexpr char kMetadataKey[] = "__metadata__";
-constexpr uint64_t kInt64Max =
-    static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+using internal_core::kInt64Max;
 
 absl::Status Corrupt(absl::string_view file, absl::string_view what) {
   return absl::DataLossError(
@@ -254,6 +253,20 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
                                 " bytes of the byte buffer (trailing bytes)"));
   }
   return header;
+}
+
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
+    const ReadableFile& file, std::string_view name) {
+  const uint64_t size = file.size();
+  std::string first8(std::min<uint64_t>(8, size), '\0');
+  CAIRN_RETURN_IF_ERROR(file.ReadAt(
+      0, std::as_writable_bytes(std::span<char>(first8.data(), first8.size()))));
+  CAIRN_ASSIGN_OR_RETURN(uint64_t header_len,
+                         ParseSafetensorsHeaderLength(first8, size, name));
+  std::string json(header_len, '\0');
+  CAIRN_RETURN_IF_ERROR(file.ReadAt(
+      8, std::as_writable_bytes(std::span<char>(json.data(), json.size()))));
+  return ParseSafetensorsHeader(json, size, name);
 }
 
 }  // namespace cairn::internal_format

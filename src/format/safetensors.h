@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "cairn/box.h"
 #include "cairn/dtype.h"
+#include "cairn/storage.h"
 
 namespace cairn::internal_format {
 
@@ -57,6 +58,11 @@ absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(std::string_view first8,
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json,
                                                          uint64_t file_size,
                                                          std::string_view file);
+
+// Reads and validates the header of an open data file: the length prefix,
+// then the JSON (both of the checks above). Errors name `file`.
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
+    const ReadableFile& file, std::string_view name);
 
 }  // namespace cairn::internal_format
 

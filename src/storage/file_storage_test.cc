@@ -157,15 +157,21 @@ bool DirectIoWorksIn(const std::string& dir) {
   return fd >= 0;
 }
 
-TEST(FileStorageTest, DirectIoReportsAlignment4096WhereSupported) {
-  TempDir dir;
-  const bool supported = DirectIoWorksIn(dir.path());
-  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+// With direct_io, a file in `dir` reports alignment 4096 exactly when the
+// kernel accepts O_DIRECT there, else 1 (the buffered fallback).
+void ExpectAlignmentMatchesKernel(const std::string& dir) {
+  const bool supported = DirectIoWorksIn(dir);
+  auto storage = Storage::Open(dir, StorageOptions{.direct_io = true});
   ASSERT_TRUE(storage.ok());
   auto file = (*storage)->Create("f");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ((*file)->alignment(), supported ? 4096u : 1u);
   EXPECT_TRUE((*file)->Finish(0).ok());
+}
+
+TEST(FileStorageTest, DirectIoReportsAlignment4096WhereSupported) {
+  TempDir dir;
+  ExpectAlignmentMatchesKernel(dir.path());
 }
 
 TEST(FileStorageTest, BufferedIoReportsAlignment1) {
@@ -189,13 +195,7 @@ TEST(FileStorageTest, TmpfsAlignmentMatchesWhatTheKernelAccepts) {
   TempDir dir("/dev/shm");
   ASSERT_FALSE(dir.path().empty());
   // tmpfs accepts O_DIRECT since Linux 6.6; before, Create falls back.
-  const bool supported = DirectIoWorksIn(dir.path());
-  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
-  ASSERT_TRUE(storage.ok());
-  auto file = (*storage)->Create("f");
-  ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_EQ((*file)->alignment(), supported ? 4096u : 1u);
-  EXPECT_TRUE((*file)->Finish(0).ok());
+  ExpectAlignmentMatchesKernel(dir.path());
 }
 
 TEST(FileStorageTest, RefusedDirectIoFallsBackToBufferedIo) {

@@ -1,0 +1,40 @@
+// Checks shared by save and load.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint_impl.h"
+#include "core/status.h"
+
+namespace cairn::internal_checkpoint {
+
+absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
+                           const Shard& shard) {
+  const std::string where = absl::StrCat(fqn, " shard ", shard.box.ToString());
+  CAIRN_RETURN_IF_ERROR(
+      internal_core::Annotate(ValidateBox(shard.box, t.global_shape()), where));
+  const TensorView& v = shard.view;
+  if (!v.device().is_cpu()) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s: tensor on %s; this build saves and loads host memory only",
+        where, v.device().ToString()));
+  }
+  if (v.dtype() != t.dtype()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: view dtype %s differs from tensor dtype %s", where,
+        DTypeName(v.dtype()), DTypeName(t.dtype())));
+  }
+  if (v.shape() != shard.box.sizes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: view shape [%s] differs from box sizes", where,
+        absl::StrJoin(v.shape(), ", ")));
+  }
+  if (v.data() == nullptr && v.num_elements() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: view has no data pointer", where));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cairn::internal_checkpoint
