@@ -1,0 +1,114 @@
+// Communicator: how the ranks of a job talk to each other during a save or a
+// load. cairn uses it for small collectives (plans, statuses, hashes) and for
+// broadcasts of large buffers; it never mixes its messages with the
+// application's (the MPI communicator works on its own duplicate).
+//
+//   // One process, one rank:
+//   auto comm = cairn::LocalCommunicator();
+//   // N ranks as threads of this process (tests, the demo):
+//   cairn::RunInProcess(4, [&](cairn::Communicator& comm) { ... });
+//   // One rank per MPI process (cairn built with CAIRN_WITH_MPI):
+//   CAIRN_ASSIGN_OR_RETURN(auto comm, cairn::MpiWorldCommunicator());
+//
+// Every collective must be called by every rank of the communicator, in the
+// same order (like MPI). A rank that has failed locally still calls the
+// collective; cairn's save and load do so to exchange errors, which is what
+// keeps a failure on one rank from hanging the others.
+//
+// Thread safety: one communicator object is used by one thread at a time.
+// Different communicators (e.g. the results of Split) may be used from
+// different threads concurrently.
+#ifndef CAIRN_COMMUNICATOR_H_
+#define CAIRN_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace cairn {
+
+enum class ReduceOp : uint8_t { kSum, kMin, kMax };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "local", "inprocess", "mpi": for messages and summaries.
+  virtual std::string_view kind() const = 0;
+
+  virtual absl::Status Barrier() = 0;
+
+  // Replaces `data` on every rank with root's `data` (any size).
+  virtual absl::Status Broadcast(std::string& data, int root) = 0;
+
+  // Root receives every rank's `data`, indexed by rank; other ranks receive
+  // an empty vector.
+  virtual absl::StatusOr<std::vector<std::string>> Gather(
+      std::string_view data, int root) = 0;
+
+  // Every rank receives every rank's `data`, indexed by rank.
+  virtual absl::StatusOr<std::vector<std::string>> AllGather(
+      std::string_view data) = 0;
+
+  // Root passes size() buffers (ignored elsewhere); rank r receives
+  // `data[r]`. kInvalidArgument at root when data.size() != size().
+  virtual absl::StatusOr<std::string> Scatter(
+      const std::vector<std::string>& data, int root) = 0;
+
+  // Element-wise reduction of `values` across ranks, in place. Every rank
+  // passes the same number of values.
+  virtual absl::Status AllReduce(std::span<int64_t> values, ReduceOp op) = 0;
+
+  // Copies root's `data` into every rank's `data` (all ranks pass buffers of
+  // the same size). Meant for large buffers: no extra copy of the whole
+  // buffer is made, and transfers are split into bounded pieces.
+  virtual absl::Status BroadcastBytes(std::span<std::byte> data, int root) = 0;
+
+  // A new communicator per distinct `color`, holding the ranks that passed
+  // that color, ranked by (key, old rank). Collective over this
+  // communicator. The result is independent of this one and may outlive it.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color,
+                                                              int key) = 0;
+};
+
+// One rank: every collective returns at once with the rank's own data.
+std::unique_ptr<Communicator> LocalCommunicator();
+
+// `n` ranks as threads of this process: communicators[r] is rank r. The
+// communicators share state; destroy them after every thread is done.
+std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(int n);
+
+// Runs fn(comm) on `n` threads, one per rank, and returns each rank's status
+// (indexed by rank) after every thread has finished.
+std::vector<absl::Status> RunInProcess(
+    int n, const std::function<absl::Status(Communicator&)>& fn);
+
+// Whether this build of cairn has the MPI communicator.
+bool HasMpi();
+
+// A communicator over MPI_COMM_WORLD (a duplicate of it). Initializes MPI
+// with MPI_THREAD_MULTIPLE when the application has not (and finalizes it at
+// exit); when the application initialized MPI with a lower thread level,
+// calls are serialized and only one thread may use cairn at a time.
+// kUnimplemented when cairn was built without MPI.
+absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator();
+
+// A communicator over a duplicate of the application's communicator, given
+// by its Fortran handle (MPI_Comm_c2f(comm) in C, comm.py2f() in mpi4py), so
+// that this header needs no <mpi.h>. MPI must be initialized.
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
+    int64_t fortran_handle);
+
+}  // namespace cairn
+
+#endif  // CAIRN_COMMUNICATOR_H_

@@ -1,0 +1,305 @@
+// LocalCommunicator and the in-process communicators: the conformance suite
+// (comm_conformance.h) plus what is particular to threads in one process.
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cairn/communicator.h"
+#include "comm/comm_conformance.h"
+#include "gtest/gtest.h"
+
+namespace cairn {
+namespace {
+
+using internal_comm::conformance::ExpectArgumentErrors;
+using internal_comm::conformance::ExpectCollectivesWork;
+using internal_comm::conformance::ExpectSplitWorks;
+
+// Runs fn on n in-process ranks and expects every rank to return OK.
+void ExpectAllOk(int n, const std::function<absl::Status(Communicator&)>& fn) {
+  std::vector<absl::Status> statuses = RunInProcess(n, fn);
+  ASSERT_EQ(statuses.size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(statuses[r].ok()) << statuses[r];
+}
+
+TEST(LocalCommunicatorTest, IsOneRank) {
+  std::unique_ptr<Communicator> comm = LocalCommunicator();
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->kind(), "local");
+}
+
+TEST(LocalCommunicatorTest, Conformance) {
+  std::unique_ptr<Communicator> comm = LocalCommunicator();
+  ExpectCollectivesWork(*comm);
+  ExpectArgumentErrors(*comm);
+  ExpectSplitWorks(*comm);
+}
+
+TEST(LocalCommunicatorTest, SplitResultOutlivesParent) {
+  std::unique_ptr<Communicator> comm = LocalCommunicator();
+  absl::StatusOr<std::unique_ptr<Communicator>> child = comm->Split(3, 1);
+  ASSERT_TRUE(child.ok());
+  comm.reset();
+  EXPECT_EQ((*child)->kind(), "local");
+  ExpectCollectivesWork(**child, /*big=*/false);
+}
+
+class InProcessTest : public ::testing::TestWithParam<int> {};
+
+INSTANTIATE_TEST_SUITE_P(Sizes, InProcessTest,
+                         ::testing::Values(1, 2, 3, 4, 8));
+
+TEST_P(InProcessTest, EveryRankHasItsOwnRank) {
+  const int n = GetParam();
+  std::vector<std::atomic<int>> seen(n);
+  ExpectAllOk(n, [&](Communicator& comm) {
+    EXPECT_EQ(comm.size(), n);
+    EXPECT_EQ(comm.kind(), "inprocess");
+    seen[comm.rank()].fetch_add(1);
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(seen[r].load(), 1) << "rank " << r;
+}
+
+TEST_P(InProcessTest, Conformance) {
+  ExpectAllOk(GetParam(), [](Communicator& comm) {
+    ExpectCollectivesWork(comm);
+    return absl::OkStatus();
+  });
+}
+
+TEST_P(InProcessTest, ArgumentErrors) {
+  ExpectAllOk(GetParam(), [](Communicator& comm) {
+    ExpectArgumentErrors(comm);
+    return absl::OkStatus();
+  });
+}
+
+TEST_P(InProcessTest, Split) {
+  ExpectAllOk(GetParam(), [](Communicator& comm) {
+    ExpectSplitWorks(comm);
+    return absl::OkStatus();
+  });
+}
+
+// MPI cannot detect these; the in-process communicator can, and says so on
+// every rank.
+TEST_P(InProcessTest, DifferentRootsAreAnErrorOnEveryRank) {
+  const int n = GetParam();
+  if (n == 1) GTEST_SKIP() << "one rank has one root";
+  ExpectAllOk(n, [](Communicator& comm) {
+    const int root = comm.rank() % 2;
+    constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+    std::string s = "x";
+    absl::Status status = comm.Broadcast(s, root);
+    EXPECT_EQ(status.code(), kInvalid) << status;
+    EXPECT_NE(status.message().find("different roots"), absl::string_view::npos)
+        << status;
+    EXPECT_EQ(comm.Scatter(std::vector<std::string>(comm.size()), root)
+                  .status()
+                  .code(),
+              kInvalid);
+    return comm.Barrier();
+  });
+}
+
+// Parent communicators destroyed before their children are used.
+TEST_P(InProcessTest, SplitResultsOutliveTheParent) {
+  const int n = GetParam();
+  std::vector<std::unique_ptr<Communicator>> parents =
+      InProcessCommunicators(n);
+  ASSERT_EQ(parents.size(), static_cast<size_t>(n));
+  std::vector<std::unique_ptr<Communicator>> children(n);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        absl::StatusOr<std::unique_ptr<Communicator>> child =
+            parents[r]->Split(r % 3, 0);
+        EXPECT_TRUE(child.ok()) << child.status();
+        if (child.ok()) children[r] = *std::move(child);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  parents.clear();
+  for (const auto& child : children) ASSERT_NE(child, nullptr);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Communicator& child = *children[r];
+      std::vector<int64_t> v = {r};
+      EXPECT_TRUE(child.AllReduce(v, ReduceOp::kSum).ok());
+      int64_t want = 0;
+      for (int s = r % 3; s < n; s += 3) want += s;
+      EXPECT_EQ(v[0], want);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// Many ranks hammering one exchange with collectives whose buffers are read
+// in place by the others: under ASan, a rank returning (and freeing or
+// rewriting its buffer) before the others finished reading shows up here.
+TEST_P(InProcessTest, BuffersAreNotReusedWhileOthersRead) {
+  const int n = GetParam();
+  ExpectAllOk(n, [n](Communicator& comm) {
+    for (int i = 0; i < 200; ++i) {
+      const int root = i % n;
+      std::vector<std::byte> b(1000 + i);
+      if (comm.rank() == root) {
+        for (size_t k = 0; k < b.size(); ++k) {
+          b[k] = static_cast<std::byte>(k * 3 + i);
+        }
+      }
+      EXPECT_TRUE(comm.BroadcastBytes(b, root).ok());
+      for (size_t k = 0; k < b.size(); k += 97) {
+        EXPECT_EQ(b[k], static_cast<std::byte>(k * 3 + i));
+      }
+      std::string s = std::to_string(i * 1000 + comm.rank());
+      absl::StatusOr<std::vector<std::string>> all = comm.AllGather(s);
+      EXPECT_TRUE(all.ok());
+      if (all.ok() && static_cast<int>(all->size()) == n) {
+        for (int r = 0; r < n; ++r) {
+          EXPECT_EQ((*all)[r], std::to_string(i * 1000 + r));
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+TEST(InProcessTest, RejectsFewerThanOneRank) {
+  EXPECT_TRUE(InProcessCommunicators(0).empty());
+  EXPECT_TRUE(InProcessCommunicators(-3).empty());
+  bool called = false;
+  std::vector<absl::Status> statuses = RunInProcess(0, [&](Communicator&) {
+    called = true;
+    return absl::OkStatus();
+  });
+  ASSERT_EQ(statuses.size(), 1u);
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(called);
+}
+
+TEST(InProcessTest, ReturnsEachRanksStatus) {
+  std::vector<absl::Status> statuses =
+      RunInProcess(3, [](Communicator& comm) -> absl::Status {
+        absl::Status barrier = comm.Barrier();
+        if (!barrier.ok()) return barrier;
+        if (comm.rank() == 1) return absl::NotFoundError("rank 1's error");
+        return absl::OkStatus();
+      });
+  ASSERT_EQ(statuses.size(), 3u);
+  EXPECT_TRUE(statuses[0].ok());
+  EXPECT_EQ(statuses[1], absl::NotFoundError("rank 1's error"));
+  EXPECT_TRUE(statuses[2].ok());
+}
+
+TEST(InProcessTest, ExceptionBecomesInternalStatusOfItsRank) {
+  std::vector<absl::Status> statuses =
+      RunInProcess(4, [](Communicator& comm) -> absl::Status {
+        if (comm.rank() == 1) throw std::runtime_error("boom");
+        if (comm.rank() == 2) throw 42;
+        return absl::OkStatus();
+      });
+  ASSERT_EQ(statuses.size(), 4u);
+  EXPECT_TRUE(statuses[0].ok());
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kInternal);
+  EXPECT_NE(statuses[1].message().find("boom"), absl::string_view::npos)
+      << statuses[1];
+  EXPECT_EQ(statuses[2].code(), absl::StatusCode::kInternal);
+  EXPECT_NE(statuses[2].message().find("unknown type"), absl::string_view::npos)
+      << statuses[2];
+  EXPECT_TRUE(statuses[3].ok());
+}
+
+// Regression for the hang a rank that leaves early would cause: the others'
+// next collective fails instead, naming the rank that left.
+TEST(InProcessTest, RankThatLeavesEarlyAbortsTheOthersInsteadOfHanging) {
+  for (bool throws : {false, true}) {
+    std::vector<absl::Status> statuses =
+        RunInProcess(4, [throws](Communicator& comm) -> absl::Status {
+          if (comm.rank() == 2) {
+            if (throws) throw std::runtime_error("rank 2 gave up");
+            return absl::OkStatus();
+          }
+          absl::Status barrier = comm.Barrier();
+          if (!barrier.ok()) return barrier;
+          return comm.AllGather("x").status();
+        });
+    ASSERT_EQ(statuses.size(), 4u);
+    EXPECT_EQ(statuses[2].code(),
+              throws ? absl::StatusCode::kInternal : absl::StatusCode::kOk);
+    for (int r : {0, 1, 3}) {
+      EXPECT_EQ(statuses[r].code(), absl::StatusCode::kAborted) << statuses[r];
+      EXPECT_NE(statuses[r].message().find("rank 2"), absl::string_view::npos)
+          << statuses[r];
+    }
+  }
+}
+
+// The ranks that finish together are not taken for ranks that left early.
+TEST(InProcessTest, RanksFinishingAtDifferentTimesAfterTheLastCollective) {
+  ExpectAllOk(4, [](Communicator& comm) {
+    absl::Status s = comm.Barrier();
+    if (comm.rank() != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return s;
+  });
+}
+
+TEST(InProcessTest, AllReduceSumWrapsAroundInsteadOfOverflowing) {
+  ExpectAllOk(2, [](Communicator& comm) {
+    std::vector<int64_t> v = {
+        comm.rank() == 0 ? std::numeric_limits<int64_t>::max() : int64_t{1}};
+    absl::Status s = comm.AllReduce(v, ReduceOp::kSum);
+    EXPECT_EQ(v[0], std::numeric_limits<int64_t>::min());
+    return s;
+  });
+}
+
+TEST(InProcessTest, ErrorsNameTheCollectiveAndTheRank) {
+  ExpectAllOk(3, [](Communicator& comm) {
+    std::vector<std::byte> b(comm.rank() == 2 ? 5 : 4);
+    absl::Status s = comm.BroadcastBytes(b, 0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("inprocess BroadcastBytes (rank " +
+                               std::to_string(comm.rank()) + " of 3)"),
+              absl::string_view::npos)
+        << s;
+    EXPECT_NE(s.message().find("rank 2 passed 5"), absl::string_view::npos)
+        << s;
+    return absl::OkStatus();
+  });
+}
+
+TEST(MpiEntryPointsTest, AnswerWithoutMpiOrBeforeMpiIsInitialized) {
+  if (!HasMpi()) {
+    absl::Status world = MpiWorldCommunicator().status();
+    EXPECT_EQ(world.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(world.message().find("CAIRN_WITH_MPI"), absl::string_view::npos);
+    EXPECT_EQ(MpiCommunicatorFromFortran(0).status().code(),
+              absl::StatusCode::kUnimplemented);
+  } else {
+    // This binary never initializes MPI.
+    absl::Status s = MpiCommunicatorFromFortran(0).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("not initialized"), absl::string_view::npos)
+        << s;
+  }
+}
+
+}  // namespace
+}  // namespace cairn

@@ -1,0 +1,465 @@
+// InProcessCommunicators / RunInProcess: N ranks as threads of one process.
+//
+// The ranks of a communicator share a Group. Every collective is one or two
+// "exchanges" over it:
+//  1. Arrive: each rank publishes a pointer to its Contribution (which lives
+//     on that rank's own stack and may point at the caller's buffers) in
+//     slots_[rank], then waits until all n ranks have arrived.
+//  2. Read: without the lock, each rank reads what it needs from the other
+//     contributions and writes only its own outputs. Nothing published
+//     changes during this step, because no owner may return before step 3.
+//  3. Depart: each rank waits until all n have finished reading; the last one
+//     resets the counters and starts the next generation. Only now may an
+//     owner return and reuse or free what it published.
+// Step 3 is what lets BroadcastBytes copy straight out of root's buffer and
+// Broadcast out of root's string: there is no staging copy.
+//
+// Argument checks (roots, sizes, lengths) run on what every rank published,
+// after step 1, so that every rank reaches the same verdict and a mistake on
+// one rank is an error on all of them, never a hang or a crash.
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/str_format.h"
+#include "cairn/communicator.h"
+#include "comm/checks.h"
+#include "core/checked.h"
+#include "core/status.h"
+
+namespace cairn {
+namespace internal_comm {
+namespace {
+
+using internal_core::AsAbsl;
+
+class Group;
+
+// What one rank publishes for one exchange; which fields mean what depends
+// on the collective.
+struct Contribution {
+  int root = 0;
+  int64_t size = 0;                   // a buffer's length, or Split's color
+  int64_t key = 0;                    // Split's key
+  const void* object = nullptr;       // a std::string or vector at root
+  std::string_view bytes;             // Gather/AllGather
+  std::span<const int64_t> values;    // AllReduce
+  std::span<const std::byte> buffer;  // BroadcastBytes
+  std::shared_ptr<Group> group;       // Split: the new group, from its leader
+};
+
+using Slots = std::span<const Contribution* const>;
+
+class Group {
+ public:
+  explicit Group(int n) : n_(n), slots_(n, nullptr) {}
+
+  int n() const { return n_; }
+
+  // Steps 1-3 above for `rank`, running `read` in step 2. `read`'s error is
+  // returned (the exchange still completes for everyone). kAborted when a
+  // rank this exchange waits for has left (see Leave), and from then on for
+  // every exchange over this group.
+  absl::Status Exchange(int rank, const Contribution& mine,
+                        const std::string& context,
+                        absl::FunctionRef<absl::Status(Slots)> read) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (aborted_) return AbortedError(context);
+    const uint64_t generation = generation_;
+    slots_[rank] = &mine;
+    if (++arrived_ == n_) {
+      cv_.notify_all();
+    } else {
+      // arrived_ cannot drop back below n_ before this rank departs, so this
+      // wait cannot miss its wake-up.
+      cv_.wait(lock, [&] { return arrived_ == n_ || aborted_ || left_ > 0; });
+      if (arrived_ != n_) {
+        // A rank that left will never arrive. The published pointers are
+        // never read again, so returning now (and dropping them) is safe.
+        aborted_ = true;
+        cv_.notify_all();
+        return AbortedError(context);
+      }
+    }
+    lock.unlock();
+
+    absl::Status status;
+    try {
+      status = read(Slots(slots_));
+    } catch (const std::exception& e) {
+      // Only allocation can throw here; departing anyway keeps the others
+      // from waiting forever.
+      status = absl::ResourceExhaustedError(
+          absl::StrFormat("%s: %s", context, e.what()));
+    }
+
+    lock.lock();
+    if (++departed_ == n_) {
+      arrived_ = 0;
+      departed_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != generation; });
+    }
+    return status;
+  }
+
+  // `rank` will call no more collectives over this group (RunInProcess calls
+  // this when the rank's function has returned or thrown). An exchange that
+  // still waits for it fails with kAborted instead of hanging. Not for the
+  // groups made by Split: a rank may legitimately stop using one of those
+  // while the others carry on with theirs.
+  void Leave(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_++ == 0) first_left_ = rank;
+    cv_.notify_all();
+  }
+
+ private:
+  absl::Status AbortedError(const std::string& context) const {
+    return absl::AbortedError(absl::StrFormat(
+        "%s: rank %d returned from its RunInProcess function without calling "
+        "this collective, so it can never complete",
+        context, first_left_));
+  }
+
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // exchanges completed
+  int arrived_ = 0;
+  int departed_ = 0;
+  int left_ = 0;
+  int first_left_ = -1;
+  bool aborted_ = false;
+  // Read without mu_ in step 2; written only in step 1, which no rank can
+  // enter again before every rank has finished step 2.
+  std::vector<const Contribution*> slots_;
+};
+
+// Every rank passed `root`, and it is in range.
+absl::Status CheckRoots(Slots slots, const std::string& context) {
+  const int root = slots[0]->root;
+  for (size_t r = 1; r < slots.size(); ++r) {
+    if (slots[r]->root != root) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: ranks passed different roots (rank 0 passed %d, rank %d "
+          "passed %d)",
+          context, root, r, slots[r]->root));
+    }
+  }
+  return CheckRoot(root, static_cast<int>(slots.size()), context);
+}
+
+// Every rank passed the same `size` as `reference` did.
+absl::Status CheckSameSize(Slots slots, int reference, std::string_view what,
+                           const std::string& context) {
+  const int64_t expected = slots[reference]->size;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (slots[r]->size != expected) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: every rank must pass the same %s (rank %d passed %d, rank %d "
+          "passed %d)",
+          context, AsAbsl(what), reference, expected, r, slots[r]->size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t Reduce(int64_t a, int64_t b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      // Wraps on overflow, like MPI_SUM over MPI_INT64_T does in practice,
+      // instead of being undefined.
+      return static_cast<int64_t>(static_cast<uint64_t>(a) +
+                                  static_cast<uint64_t>(b));
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+  }
+  return a;
+}
+
+class InProcessComm final : public Communicator {
+ public:
+  InProcessComm(std::shared_ptr<Group> group, int rank)
+      : group_(std::move(group)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->n(); }
+  std::string_view kind() const override { return "inprocess"; }
+
+  absl::Status Barrier() override {
+    return group_->Exchange(rank_, Contribution{}, Context("Barrier"),
+                            [](Slots) { return absl::OkStatus(); });
+  }
+
+  absl::Status Broadcast(std::string& data, int root) override {
+    const std::string context = Context("Broadcast");
+    Contribution mine;
+    mine.root = root;
+    mine.object = &data;
+    return group_->Exchange(rank_, mine, context, [&](Slots slots) {
+      CAIRN_RETURN_IF_ERROR(CheckRoots(slots, context));
+      if (rank_ != root) {
+        data = *static_cast<const std::string*>(slots[root]->object);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<std::vector<std::string>> Gather(std::string_view data,
+                                                  int root) override {
+    const std::string context = Context("Gather");
+    Contribution mine;
+    mine.root = root;
+    mine.bytes = data;
+    std::vector<std::string> result;
+    CAIRN_RETURN_IF_ERROR(
+        group_->Exchange(rank_, mine, context, [&](Slots slots) {
+          CAIRN_RETURN_IF_ERROR(CheckRoots(slots, context));
+          if (rank_ == root) result = Collect(slots);
+          return absl::OkStatus();
+        }));
+    return result;
+  }
+
+  absl::StatusOr<std::vector<std::string>> AllGather(
+      std::string_view data) override {
+    Contribution mine;
+    mine.bytes = data;
+    std::vector<std::string> result;
+    CAIRN_RETURN_IF_ERROR(
+        group_->Exchange(rank_, mine, Context("AllGather"), [&](Slots slots) {
+          result = Collect(slots);
+          return absl::OkStatus();
+        }));
+    return result;
+  }
+
+  absl::StatusOr<std::string> Scatter(const std::vector<std::string>& data,
+                                      int root) override {
+    const std::string context = Context("Scatter");
+    Contribution mine;
+    mine.root = root;
+    mine.object = &data;
+    mine.size = static_cast<int64_t>(data.size());
+    std::string result;
+    CAIRN_RETURN_IF_ERROR(
+        group_->Exchange(rank_, mine, context, [&](Slots slots) {
+          CAIRN_RETURN_IF_ERROR(CheckRoots(slots, context));
+          if (slots[root]->size != size()) {
+            return absl::InvalidArgumentError(
+                absl::StrFormat("%s: root %d passed %d buffers for %d ranks",
+                                context, root, slots[root]->size, size()));
+          }
+          result = (*static_cast<const std::vector<std::string>*>(
+              slots[root]->object))[rank_];
+          return absl::OkStatus();
+        }));
+    return result;
+  }
+
+  absl::Status AllReduce(std::span<int64_t> values, ReduceOp op) override {
+    const std::string context = Context("AllReduce");
+    Contribution mine;
+    mine.values = values;
+    mine.size = static_cast<int64_t>(values.size());
+    // Reduced into a private vector and copied back after the exchange:
+    // writing `values` while the others may still read it would be a race.
+    std::vector<int64_t> result;
+    CAIRN_RETURN_IF_ERROR(
+        group_->Exchange(rank_, mine, context, [&](Slots slots) {
+          CAIRN_RETURN_IF_ERROR(
+              CheckSameSize(slots, 0, "number of values", context));
+          result.assign(slots[0]->values.begin(), slots[0]->values.end());
+          for (size_t r = 1; r < slots.size(); ++r) {
+            for (size_t i = 0; i < result.size(); ++i) {
+              result[i] = Reduce(result[i], slots[r]->values[i], op);
+            }
+          }
+          return absl::OkStatus();
+        }));
+    std::copy(result.begin(), result.end(), values.begin());
+    return absl::OkStatus();
+  }
+
+  absl::Status BroadcastBytes(std::span<std::byte> data, int root) override {
+    const std::string context = Context("BroadcastBytes");
+    Contribution mine;
+    mine.root = root;
+    mine.buffer = data;
+    mine.size = static_cast<int64_t>(data.size());
+    return group_->Exchange(rank_, mine, context, [&](Slots slots) {
+      CAIRN_RETURN_IF_ERROR(CheckRoots(slots, context));
+      CAIRN_RETURN_IF_ERROR(CheckSameSize(slots, root, "buffer size", context));
+      // One memcpy straight from root's buffer; nobody writes it until every
+      // rank has departed.
+      const std::span<const std::byte> source = slots[root]->buffer;
+      if (rank_ != root && !data.empty() && data.data() != source.data()) {
+        std::memcpy(data.data(), source.data(), data.size());
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color,
+                                                      int key) override {
+    const std::string context = Context("Split");
+    // First exchange: everyone learns every (color, key), so each rank
+    // knows its new rank, its group's size and its group's leader (new rank
+    // 0).
+    Contribution mine;
+    mine.size = color;
+    mine.key = key;
+    int new_rank = -1;
+    int new_size = 0;
+    int leader = -1;
+    CAIRN_RETURN_IF_ERROR(
+        group_->Exchange(rank_, mine, context, [&](Slots slots) {
+          std::vector<std::pair<int64_t, int>> members;  // (key, old rank)
+          for (size_t r = 0; r < slots.size(); ++r) {
+            if (slots[r]->size == color) {
+              members.emplace_back(slots[r]->key, static_cast<int>(r));
+            }
+          }
+          std::sort(members.begin(), members.end());
+          new_size = static_cast<int>(members.size());
+          leader = members[0].second;
+          for (int i = 0; i < new_size; ++i) {
+            if (members[i].second == rank_) new_rank = i;
+          }
+          return absl::OkStatus();
+        }));
+    // Second exchange: each leader publishes its group's new shared state,
+    // and the members take a reference to it.
+    Contribution offer;
+    if (leader == rank_) offer.group = std::make_shared<Group>(new_size);
+    std::shared_ptr<Group> group;
+    CAIRN_RETURN_IF_ERROR(
+        group_->Exchange(rank_, offer, context, [&](Slots slots) {
+          group = slots[leader]->group;
+          return absl::OkStatus();
+        }));
+    return std::unique_ptr<Communicator>(
+        std::make_unique<InProcessComm>(std::move(group), new_rank));
+  }
+
+ private:
+  std::string Context(std::string_view op) const {
+    return OpContext(kind(), op, rank_, size());
+  }
+
+  static std::vector<std::string> Collect(Slots slots) {
+    std::vector<std::string> result;
+    result.reserve(slots.size());
+    for (const Contribution* c : slots) result.emplace_back(c->bytes);
+    return result;
+  }
+
+  std::shared_ptr<Group> group_;
+  int rank_;
+};
+
+// fn(comm), with an escaping exception turned into kInternal: a thread must
+// not let one escape (std::terminate).
+absl::Status RunRank(const std::function<absl::Status(Communicator&)>& fn,
+                     Communicator& comm) {
+  try {
+    return fn(comm);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrFormat("rank %d of %d: uncaught exception: %s", comm.rank(),
+                        comm.size(), e.what()));
+  } catch (...) {
+    return absl::InternalError(
+        absl::StrFormat("rank %d of %d: uncaught exception of unknown type",
+                        comm.rank(), comm.size()));
+  }
+}
+
+}  // namespace
+}  // namespace internal_comm
+
+std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(int n) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (n < 1) return comms;
+  auto group = std::make_shared<internal_comm::Group>(n);
+  comms.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    comms.push_back(std::make_unique<internal_comm::InProcessComm>(group, r));
+  }
+  return comms;
+}
+
+// A rank whose function returns (or throws) without calling a collective
+// that the others call would leave them waiting forever. For the
+// communicator passed to fn, those others get kAborted instead (Group::Leave).
+// Communicators made from it by Split have no such guard: a rank that
+// abandons one of those while its peers still use it hangs them.
+std::vector<absl::Status> RunInProcess(
+    int n, const std::function<absl::Status(Communicator&)>& fn) {
+  if (n < 1) {
+    return {absl::InvalidArgumentError(absl::StrFormat(
+        "RunInProcess: the number of ranks must be at least 1, got %d", n))};
+  }
+  auto group = std::make_shared<internal_comm::Group>(n);
+  std::vector<internal_comm::InProcessComm> comms;
+  comms.reserve(n);
+  for (int r = 0; r < n; ++r) comms.emplace_back(group, r);
+  std::vector<absl::Status> statuses(n);
+
+  // No rank starts before every thread exists: if one cannot be created, the
+  // ones already running must not call collectives that can never complete.
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  absl::Status start_failure;
+
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    try {
+      threads.emplace_back([&, r] {
+        {
+          std::unique_lock<std::mutex> lock(gate_mu);
+          gate_cv.wait(lock, [&] { return open; });
+          if (!start_failure.ok()) return;
+        }
+        statuses[r] = internal_comm::RunRank(fn, comms[r]);
+        group->Leave(r);
+      });
+    } catch (const std::system_error& e) {
+      std::lock_guard<std::mutex> lock(gate_mu);
+      start_failure = absl::ResourceExhaustedError(absl::StrFormat(
+          "RunInProcess: cannot start the thread of rank %d of %d: %s", r, n,
+          e.what()));
+      break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  for (std::thread& t : threads) t.join();
+  if (!start_failure.ok()) statuses.assign(n, start_failure);
+  return statuses;
+}
+
+}  // namespace cairn
