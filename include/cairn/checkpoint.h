@@ -16,9 +16,18 @@
 // box reads only the byte ranges that overlap it. Chunks read whole are
 // checked against their CRC32C.
 //
-// Thread safety: Save and Load may run concurrently on different URLs. The
-// tensors being saved must not change until Save returns; destinations must
-// not be touched until Load returns.
+// Distributed: with SaveOptions::comm / LoadOptions::comm set, every rank of
+// the communicator calls Save (or Load) with the same URL and its own part
+// of the state; rank 0 coordinates. A save writes one data file per rank
+// that has bytes to write; replicated boxes are written once; the
+// coordinator writes metadata.json after every rank reports its data
+// durable. If any rank fails in any phase, every rank returns the same error
+// naming each failed rank, and nothing is committed. A checkpoint saved by
+// W ranks loads into any number of ranks with any sharding.
+//
+// Thread safety: Save and Load may run concurrently on different URLs (with
+// different communicators). The tensors being saved must not change until
+// Save returns; destinations must not be touched until Load returns.
 #ifndef CAIRN_CHECKPOINT_H_
 #define CAIRN_CHECKPOINT_H_
 
@@ -28,10 +37,35 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cairn/communicator.h"
 #include "cairn/metadata.h"
+#include "cairn/planner.h"
 #include "cairn/state_dict.h"
 
 namespace cairn {
+
+// Remembers the plan of the previous save made with it, so that a save
+// whose every rank has the same local plan (FQNs, dtypes, shapes, boxes,
+// object sizes, world size, planner) skips global planning: one small
+// AllReduce confirms that nothing changed on any rank. Any difference on
+// any rank means full planning; a stale plan is never reused. Each rank
+// keeps its own cache object; use one per kind of save (e.g. one for the
+// model checkpoints of a training loop).
+class SavePlanCache {
+ public:
+  SavePlanCache();
+  ~SavePlanCache();
+  SavePlanCache(const SavePlanCache&) = delete;
+  SavePlanCache& operator=(const SavePlanCache&) = delete;
+  // Forgets the cached plan.
+  void Clear();
+
+  struct State;  // internal
+
+ private:
+  friend State& CacheState(SavePlanCache&);
+  std::unique_ptr<State> state_;
+};
 
 struct SaveOptions {
   // Replace a committed checkpoint at the URL; otherwise that is
@@ -46,19 +80,34 @@ struct SaveOptions {
   // Bytes per aligned write buffer; one buffer per IO thread. Default: 8 MiB.
   size_t write_buffer_bytes = size_t{8} << 20;
   // A JSON object stored in metadata.json under "user". Default: "{}".
+  // Only the coordinator's is used.
   std::string user_metadata = "{}";
+  // The ranks saving together; null: this process alone (one rank).
+  Communicator* comm = nullptr;
+  // Null: a DefaultSavePlanner with `dedup`.
+  SavePlanner* planner = nullptr;
+  // Who writes a box several ranks hold (default planner only).
+  DedupPolicy dedup = DedupPolicy::kBalanceBytes;
+  // Null: plan every save in full.
+  SavePlanCache* plan_cache = nullptr;
 };
 
 struct SaveResult {
+  // This rank's part.
   uint64_t bytes_written = 0;  // data file bytes, headers included
-  uint64_t data_bytes = 0;     // tensor and object bytes
-  int files = 0;               // data files written
-  double seconds = 0;          // wall time of the whole save
+  uint64_t data_bytes = 0;     // tensor and object bytes this rank wrote
+  int files = 0;               // data files this rank wrote
+  // The whole checkpoint.
+  uint64_t checkpoint_bytes = 0;  // data file bytes of all ranks
+  int world_size = 1;
+  bool plan_cache_hit = false;  // global planning was skipped
+  double seconds = 0;           // wall time of the whole save
 };
 
 // Saves `state` to `url`. Fails before writing anything on a bad state dict
-// (duplicate FQN, a shard outside its tensor, shards that do not cover a
-// tensor exactly once, a non-host tensor), naming the FQN.
+// (duplicate FQN, a shard outside its tensor, shards of all ranks together
+// that do not cover a tensor exactly once, ranks that disagree on a
+// tensor's dtype or shape, a non-host tensor), naming the FQN and the ranks.
 absl::StatusOr<SaveResult> Save(const StateDict& state, std::string_view url,
                                 const SaveOptions& options = {});
 
@@ -78,6 +127,10 @@ struct LoadOptions {
   // Largest single read through a bounce buffer (one per IO thread).
   // Default: 8 MiB.
   uint64_t bounce_buffer_bytes = uint64_t{8} << 20;
+  // The ranks loading together; null: this process alone.
+  Communicator* comm = nullptr;
+  // Null: a DefaultLoadPlanner with `strict`.
+  LoadPlanner* planner = nullptr;
 };
 
 struct LoadResult {
@@ -86,6 +139,7 @@ struct LoadResult {
   uint64_t bytes_loaded = 0;     // bytes placed into destinations
   uint64_t bytes_read = 0;       // bytes read from storage
   uint64_t chunks_verified = 0;  // chunks and objects whose CRC32C matched
+  int world_size = 1;
   double seconds = 0;            // wall time of the whole load
 };
 
@@ -97,7 +151,7 @@ absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
                                 const LoadOptions& options = {});
 
 // Loads everything into newly allocated whole host tensors and rebuilds the
-// saved nesting of maps and lists.
+// saved nesting of maps and lists. One process (options.comm is ignored).
 absl::StatusOr<StateDict> LoadAll(std::string_view url,
                                   const LoadOptions& options = {});
 

@@ -12,15 +12,22 @@ absl::StatusOr<SaveResult> Save(const StateDict& state, std::string_view url,
                                 const SaveOptions& options) {
   StorageOptions storage_options;
   storage_options.direct_io = options.direct_io;
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage,
-                         Storage::Open(url, storage_options));
-  return internal_checkpoint::SaveToStorage(state, *storage, options);
+  // A rank that cannot open the URL still takes part in the protocol.
+  absl::StatusOr<std::unique_ptr<Storage>> storage =
+      Storage::Open(url, storage_options);
+  return internal_checkpoint::SaveToStorage(
+      state,
+      storage.ok() ? absl::StatusOr<Storage*>(storage->get()) : storage.status(),
+      options);
 }
 
 absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
                                 const LoadOptions& options) {
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage, Storage::Open(url));
-  return internal_checkpoint::LoadFromStorage(state, *storage, options);
+  absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(url);
+  return internal_checkpoint::LoadFromStorage(
+      state,
+      storage.ok() ? absl::StatusOr<Storage*>(storage->get()) : storage.status(),
+      options);
 }
 
 absl::StatusOr<StateDict> LoadAll(std::string_view url,

@@ -15,27 +15,27 @@
 
 namespace cairn::internal_checkpoint {
 
+// `storage` is this rank's opened storage, or the error opening it gave: a
+// rank that could not open it still takes part in every collective (and
+// reports that error) so the others never wait for it.
 absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
-                                         Storage& storage,
+                                         absl::StatusOr<Storage*> storage,
                                          const SaveOptions& options);
 
-absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state, Storage& storage,
+absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
+                                           absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options);
 
-// Load with metadata already read (and validated).
-absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state, Storage& storage,
+// Load with metadata already read and validated by this rank (every rank of
+// options.comm must pass the same metadata).
+absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
+                                            absl::StatusOr<Storage*> storage,
                                             const Metadata& metadata,
                                             const LoadOptions& options);
 
 // LoadAll against an opened storage.
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
                                              const LoadOptions& options);
-
-// OK when `shard` of tensor `fqn` can be saved from or loaded into: its box
-// lies inside the tensor, its view is host memory with the box's shape and
-// the tensor's dtype, and has data. Errors name the FQN and the box.
-absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
-                           const Shard& shard);
 
 // Reads, decodes and validates metadata.json (including chunk coverage).
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);

@@ -86,7 +86,7 @@ TEST(CheckpointTest, ScalarsObjectsAndNestingRoundTrip) {
   sd["layers"].Append(int64_t{2});
   sd["empty_map"] = StateDict::Map();
   sd["empty_list"] = StateDict::List();
-  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  ASSERT_TRUE(Save(sd, tmp.path()).ok()) << Save(sd, tmp.path(), {.overwrite = true}).status();
 
   absl::StatusOr<StateDict> all = LoadAll(tmp.path());
   ASSERT_TRUE(all.ok()) << all.status();
@@ -154,7 +154,7 @@ TEST(CheckpointTest, StrictAndNonStrictMissingKeys) {
   StateDict sd;
   sd["present"] = a;
   sd["only_saved"] = int64_t{5};
-  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  ASSERT_TRUE(Save(sd, tmp.path()).ok()) << Save(sd, tmp.path(), {.overwrite = true}).status();
 
   Tensor p = *Tensor::Zeros(DType::kF32, {8});
   Tensor m = *Tensor::Zeros(DType::kF32, {8});
@@ -179,7 +179,7 @@ TEST(CheckpointTest, DtypeShapeAndKindMismatchesNameTheFqn) {
   StateDict sd;
   sd["w"] = a;
   sd["step"] = int64_t{1};
-  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  ASSERT_TRUE(Save(sd, tmp.path()).ok()) << Save(sd, tmp.path(), {.overwrite = true}).status();
 
   Tensor wrong_dtype = *Tensor::Zeros(DType::kBF16, {4, 4});
   StateDict d1;
@@ -326,7 +326,7 @@ TEST(CheckpointTest, StorageFailuresNeverCommit) {
     SaveOptions small;
     small.write_buffer_bytes = 16384;
     absl::Status s =
-        internal_checkpoint::SaveToStorage(sd, faulty, small).status();
+        internal_checkpoint::SaveToStorage(sd, &faulty, small).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << static_cast<int>(op);
     EXPECT_THAT(Msg(s), HasSubstr("injected"));
     EXPECT_EQ(ReadMetadata(dir).status().code(), absl::StatusCode::kNotFound);
@@ -348,7 +348,7 @@ TEST(CheckpointTest, FailedOverwriteLeavesNoCommittedCheckpoint) {
   o.overwrite = true;
   o.write_buffer_bytes = 4096;
   o.io_threads = 1;
-  EXPECT_FALSE(internal_checkpoint::SaveToStorage(sb, faulty, o).ok());
+  EXPECT_FALSE(internal_checkpoint::SaveToStorage(sb, &faulty, o).ok());
   EXPECT_EQ(ReadMetadata(tmp.path()).status().code(), absl::StatusCode::kNotFound);
 }
 

@@ -1,21 +1,33 @@
-// Load, one process. The protocol, in order:
+// Load. The protocol, every rank in lockstep (rank 0 coordinates); each
+// phase ends in a collective carrying every rank's status:
 //
-//  1. Read metadata.json; decode and validate it as untrusted input (file
-//     names, dtypes, boxes inside their tensors, sizes, chunk coverage).
-//  2. Flatten the destination state dict and match every leaf to the
-//     checkpoint: a missing leaf is an error in strict mode; a tensor's dtype
-//     and global shape must match; scalars and objects are replaced.
-//  3. Open every data file that holds a needed byte, read and validate its
-//     safetensors header, and check that each needed chunk is an entry of it
-//     (so offsets and sizes are known to lie inside the real file).
-//  4. Plan reads: intersect every destination box with every stored chunk,
-//     and cut each overlap into slabs whose file span fits one bounce buffer.
-//     A slab contiguous in the file and in the destination is read straight
-//     into the destination; otherwise the slab's span (small gaps coalesced)
-//     or each of its runs (large gaps) goes through a bounce buffer and a
-//     strided copy. Only bytes of rows/runs that overlap are read.
-//  5. Run the reads on IO threads. A chunk read whole is checksummed as its
-//     slabs land (pieces combined afterwards) and compared with its CRC32C.
+//  1. Metadata: the coordinator reads metadata.json and validates it as
+//     untrusted input (file names, dtypes, boxes inside their tensors,
+//     sizes, chunk coverage), then broadcasts its text (or the error); the
+//     other ranks decode the same text.
+//  2. Plan: SetUp and CreateLocalPlan on every rank (the default planner
+//     matches every destination leaf to the checkpoint: a missing leaf is an
+//     error in strict mode, dtype and global shape must match, scalars are
+//     assigned, and every destination box is intersected with every stored
+//     chunk); the local plans are gathered at the coordinator for
+//     CreateGlobalPlan, and the final plans scattered. FinishPlan.
+//  3. Read (this file's Loader), on every rank:
+//     a. ResolveDestination for every item; check each destination.
+//     b. Open every data file that holds a needed byte, read and validate
+//        its safetensors header, and check that each needed chunk is an
+//        entry of it (so offsets and sizes lie inside the real file).
+//     c. Cut each chunk's needed region into slabs whose file span fits one
+//        bounce buffer. A slab contiguous in the file and in the
+//        destination is read straight into the destination; otherwise the
+//        slab's span (small gaps coalesced) or each of its runs (large
+//        gaps) goes through a bounce buffer and a strided copy. Only bytes
+//        of rows/runs that overlap are read. Several destination boxes in
+//        one chunk share one read when that wastes at most half the bytes.
+//     d. Run the reads on IO threads in file order. A chunk read whole is
+//        checksummed as its slabs land (pieces combined afterwards) and
+//        compared with its CRC32C.
+//     e. CommitChunk for every item, in plan order.
+//  4. Agree: every rank learns whether every rank succeeded.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -32,6 +44,7 @@
 #include "absl/strings/str_join.h"
 #include "cairn/checkpoint.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/collective.h"
 #include "core/buffer_pool.h"
 #include "core/flatten.h"
 #include "core/parallel.h"
@@ -41,6 +54,7 @@
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "format/safetensors.h"
+#include "plan/plan_codec.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -97,26 +111,6 @@ std::vector<int64_t> RowMajorByteStrides(const Shape& sizes, size_t es) {
   return s;
 }
 
-absl::Status ValidateDestination(const std::string& fqn,
-                                 const ShardedTensor& t,
-                                 const TensorMetadata& stored) {
-  if (t.dtype() != stored.dtype) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: dtype mismatch: checkpoint has %s, destination is %s", fqn,
-        DTypeName(stored.dtype), DTypeName(t.dtype())));
-  }
-  if (t.global_shape() != stored.shape) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: shape mismatch: checkpoint has [%s], destination is [%s]", fqn,
-        absl::StrJoin(stored.shape, ", "),
-        absl::StrJoin(t.global_shape(), ", ")));
-  }
-  for (const Shard& s : t.shards()) {
-    CAIRN_RETURN_IF_ERROR(ValidateShard(fqn, t, s));
-  }
-  return absl::OkStatus();
-}
-
 // Opens `name` and checks its safetensors header.
 absl::StatusOr<DataFile> OpenDataFile(Storage& storage,
                                       const std::string& name) {
@@ -130,10 +124,10 @@ absl::StatusOr<DataFile> OpenDataFile(Storage& storage,
   return df;
 }
 
-// A destination box and the part of one stored chunk it needs.
+// A destination and the part of one stored chunk it needs.
 struct Target {
-  const Shard* shard;
-  Box overlap;
+  TensorView dst;  // shape overlap.sizes
+  Box overlap;     // global coordinates
 };
 
 class Loader {
@@ -141,129 +135,122 @@ class Loader {
   Loader(Storage& storage, const Metadata& metadata, const LoadOptions& options)
       : storage_(storage), metadata_(metadata), options_(options) {}
 
-  absl::StatusOr<LoadResult> Run(StateDict& state) {
-    const auto start = std::chrono::steady_clock::now();
-    CAIRN_ASSIGN_OR_RETURN(internal_core::MutableFlattened flat,
-                           internal_core::FlattenMutable(state));
-    std::set<std::string> requested;
-    for (internal_core::MutableFlatLeaf& leaf : flat.leaves) {
-      requested.insert(leaf.fqn);
-      CAIRN_RETURN_IF_ERROR(PlanLeaf(leaf.fqn, *leaf.node));
-    }
-    auto note_unexpected = [&](const auto& map) {
-      for (const auto& [fqn, unused] : map) {
-        if (!requested.contains(fqn)) result_.unexpected.push_back(fqn);
+  // Reads every item of `plan` into the planner's destinations.
+  absl::StatusOr<LoadResult> Run(const LoadPlan& plan, LoadPlanner& planner) {
+    result_.missing = plan.missing;
+    result_.unexpected = plan.unexpected;
+    // Items of one stored chunk are planned together, so several
+    // destination boxes in one chunk can share a read.
+    std::map<std::pair<const TensorMetadata*, size_t>, std::vector<Target>>
+        by_chunk;
+    std::vector<std::pair<const TensorMetadata*, size_t>> chunk_order;
+    for (const ReadItem& item : plan.items) {
+      CAIRN_ASSIGN_OR_RETURN(Destination dst, planner.ResolveDestination(item));
+      if (item.kind == ItemKind::kObject) {
+        CAIRN_RETURN_IF_ERROR(PlanObject(item, dst));
+        continue;
       }
-    };
-    note_unexpected(metadata_.tensors);
-    note_unexpected(metadata_.objects);
-    note_unexpected(metadata_.scalars);
-    std::sort(result_.unexpected.begin(), result_.unexpected.end());
-
+      CAIRN_ASSIGN_OR_RETURN(const TensorMetadata* tm, CheckItem(item, dst));
+      auto key = std::make_pair(tm, item.chunk);
+      std::vector<Target>& targets = by_chunk[key];
+      if (targets.empty()) chunk_order.push_back(key);
+      targets.push_back(Target{dst.view, item.overlap});
+    }
+    for (const auto& key : chunk_order) {
+      const TensorMetadata& tm = *key.first;
+      const std::string& fqn = fqn_of_[key.first];
+      CAIRN_RETURN_IF_ERROR(
+          PlanChunk(fqn, tm, tm.chunks[key.second], by_chunk[key]));
+    }
     CAIRN_RETURN_IF_ERROR(CheckLocations());
     CAIRN_RETURN_IF_ERROR(Execute());
-    result_.seconds = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+    for (const ReadItem& item : plan.items) {
+      CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
+    }
     return std::move(result_);
   }
 
  private:
-  absl::Status Missing(const std::string& fqn, std::string_view kind) {
-    if (options_.strict) {
-      return absl::NotFoundError(absl::StrFormat(
-          "%s '%s' is not in the checkpoint at %s (load with strict = false "
-          "to skip it)",
-          kind, fqn, storage_.url()));
+  absl::Status PlanObject(const ReadItem& item, const Destination& dst) {
+    auto it = metadata_.objects.find(item.fqn);
+    if (it == metadata_.objects.end() || dst.object == nullptr) {
+      return absl::InternalError(absl::StrFormat(
+          "read item for object %s: %s", item.fqn,
+          dst.object == nullptr ? "the planner gave no destination string"
+                                : "the checkpoint has no such object"));
     }
-    result_.missing.push_back(fqn);
+    ReadTask task;
+    task.mode = ReadTask::Mode::kObject;
+    task.file = FileIndex(it->second.file);
+    task.file_offset = it->second.offset;
+    task.span = it->second.nbytes;
+    task.what = item.fqn;
+    task.object = dst.object;
+    result_.bytes_loaded += it->second.nbytes;
+    task.check = AddCheck(item.fqn, &it->second);
+    needed_.push_back({task.file, &it->second, item.fqn});
+    tasks_.push_back(std::move(task));
     return absl::OkStatus();
   }
 
-  absl::Status WrongKind(const std::string& fqn, std::string_view want) {
-    std::string_view have = metadata_.tensors.contains(fqn)   ? "a tensor"
-                            : metadata_.objects.contains(fqn) ? "an object"
-                                                              : "a scalar";
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: the destination is %s but the checkpoint holds %s", fqn, want,
-        have));
+  // The stored tensor of a tensor item, after checking the item against the
+  // metadata and the destination against the item (a planner's mistake is
+  // an error here, never a write outside a buffer).
+  absl::StatusOr<const TensorMetadata*> CheckItem(const ReadItem& item,
+                                                  const Destination& dst) {
+    auto it = metadata_.tensors.find(item.fqn);
+    if (it == metadata_.tensors.end()) {
+      return absl::InternalError(absl::StrFormat(
+          "read item for tensor %s, which the checkpoint does not hold",
+          item.fqn));
+    }
+    const TensorMetadata& tm = it->second;
+    fqn_of_[&tm] = it->first;
+    if (item.chunk >= tm.chunks.size() ||
+        !Contains(tm.chunks[item.chunk].box, item.overlap) ||
+        item.overlap.empty()) {
+      return absl::InternalError(absl::StrFormat(
+          "%s: read item %s is not a non-empty part of chunk %d", item.fqn,
+          item.overlap.ToString(), item.chunk));
+    }
+    const TensorView& v = dst.view;
+    if (!v.device().is_cpu() || v.dtype() != tm.dtype ||
+        v.shape() != item.overlap.sizes || v.data() == nullptr) {
+      return absl::InternalError(absl::StrFormat(
+          "%s %s: the planner's destination is a %s [%s] view on %s; "
+          "expected host memory of the stored dtype %s and the item's shape",
+          item.fqn, item.overlap.ToString(), DTypeName(v.dtype()),
+          absl::StrJoin(v.shape(), ", "), v.device().ToString(),
+          DTypeName(tm.dtype)));
+    }
+    return &tm;
   }
 
-  bool Stored(const std::string& fqn) const {
-    return metadata_.tensors.contains(fqn) || metadata_.objects.contains(fqn) ||
-           metadata_.scalars.contains(fqn);
-  }
-
-  absl::Status PlanLeaf(const std::string& fqn, StateDict& node) {
-    if (Scalar* s = node.scalar()) {
-      auto it = metadata_.scalars.find(fqn);
-      if (it == metadata_.scalars.end()) {
-        return Stored(fqn) ? WrongKind(fqn, "a scalar") : Missing(fqn, "scalar");
+  // Plans the reads of one stored chunk for all `targets` in it.
+  absl::Status PlanChunk(const std::string& fqn, const TensorMetadata& tm,
+                         const ChunkMetadata& chunk,
+                         const std::vector<Target>& targets) {
+    // Several destination boxes of this process in one chunk (e.g. column
+    // shards of a row chunk): read the chunk region they span once and copy
+    // to each, when that wastes at most half the bytes.
+    Box region = targets[0].overlap;
+    int64_t needed = 0;
+    for (const Target& tg : targets) {
+      needed += tg.overlap.num_elements();
+      for (int d = 0; d < region.rank(); ++d) {
+        const int64_t end = std::max(region.offsets[d] + region.sizes[d],
+                                     tg.overlap.offsets[d] + tg.overlap.sizes[d]);
+        region.offsets[d] = std::min(region.offsets[d], tg.overlap.offsets[d]);
+        region.sizes[d] = end - region.offsets[d];
       }
-      *s = it->second;
-      return absl::OkStatus();
     }
-    if (Object* o = node.object()) {
-      auto it = metadata_.objects.find(fqn);
-      if (it == metadata_.objects.end()) {
-        return Stored(fqn) ? WrongKind(fqn, "an object") : Missing(fqn, "object");
-      }
-      ReadTask task;
-      task.mode = ReadTask::Mode::kObject;
-      task.file = FileIndex(it->second.file);
-      task.file_offset = it->second.offset;
-      task.span = it->second.nbytes;
-      task.what = fqn;
-      task.object = &o->bytes;
-      result_.bytes_loaded += it->second.nbytes;
-      task.check = AddCheck(fqn, &it->second);
-      needed_.push_back({task.file, &it->second, fqn});
-      tasks_.push_back(std::move(task));
-      return absl::OkStatus();
+    if (targets.size() > 1 && 2 * needed >= region.num_elements()) {
+      return PlanRegion(fqn, tm, chunk, region, targets);
     }
-    if (ShardedTensor* t = node.tensor()) {
-      auto it = metadata_.tensors.find(fqn);
-      if (it == metadata_.tensors.end()) {
-        return Stored(fqn) ? WrongKind(fqn, "a tensor") : Missing(fqn, "tensor");
-      }
-      CAIRN_RETURN_IF_ERROR(ValidateDestination(fqn, *t, it->second));
-      for (const ChunkMetadata& chunk : it->second.chunks) {
-        std::vector<Target> targets;
-        for (const Shard& shard : t->shards()) {
-          if (shard.box.empty()) continue;
-          if (std::optional<Box> o = Intersect(shard.box, chunk.box)) {
-            targets.push_back(Target{&shard, *o});
-          }
-        }
-        if (targets.empty()) continue;
-        // Several destination boxes of this process in one chunk (e.g.
-        // column shards of a row chunk): read the chunk region they span
-        // once and copy to each, when that wastes at most half the bytes.
-        Box region = targets[0].overlap;
-        int64_t needed = 0;
-        for (const Target& tg : targets) {
-          needed += tg.overlap.num_elements();
-          for (int d = 0; d < region.rank(); ++d) {
-            const int64_t end =
-                std::max(region.offsets[d] + region.sizes[d],
-                         tg.overlap.offsets[d] + tg.overlap.sizes[d]);
-            region.offsets[d] = std::min(region.offsets[d], tg.overlap.offsets[d]);
-            region.sizes[d] = end - region.offsets[d];
-          }
-        }
-        if (targets.size() > 1 && 2 * needed >= region.num_elements()) {
-          CAIRN_RETURN_IF_ERROR(
-              PlanRegion(fqn, it->second, chunk, region, targets));
-        } else {
-          for (const Target& tg : targets) {
-            CAIRN_RETURN_IF_ERROR(
-                PlanRegion(fqn, it->second, chunk, tg.overlap, {tg}));
-          }
-        }
-      }
-      return absl::OkStatus();
+    for (const Target& tg : targets) {
+      CAIRN_RETURN_IF_ERROR(PlanRegion(fqn, tm, chunk, tg.overlap, {tg}));
     }
-    return absl::InternalError(absl::StrCat("non-leaf at ", fqn));
+    return absl::OkStatus();
   }
 
   int FileIndex(const std::string& name) {
@@ -377,9 +364,9 @@ class Loader {
       std::optional<Box> part =
           rank == 0 ? std::optional<Box>(slab) : Intersect(slab, tg.overlap);
       if (!part) continue;
-      Box local = *part;  // relative to the destination shard
-      for (int d = 0; d < rank; ++d) local.offsets[d] -= tg.shard->box.offsets[d];
-      CAIRN_ASSIGN_OR_RETURN(TensorView dst, tg.shard->view.Slice(local));
+      Box local = *part;  // relative to the target's destination
+      for (int d = 0; d < rank; ++d) local.offsets[d] -= tg.overlap.offsets[d];
+      CAIRN_ASSIGN_OR_RETURN(TensorView dst, tg.dst.Slice(local));
       ReadTask::Copy copy;
       for (int d = 0; d < rank; ++d) {
         copy.src_offset += (part->offsets[d] - slab.offsets[d]) * cs[d];
@@ -593,40 +580,150 @@ class Loader {
   std::map<std::string, int> file_index_;
   std::vector<std::string> file_names_;
   std::vector<DataFile> files_;
+  std::map<const TensorMetadata*, std::string> fqn_of_;
 };
 
 }  // namespace
 
-absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage) {
-  absl::StatusOr<std::string> text =
+namespace {
+
+constexpr char kOperation[] = "load";
+
+// Reads metadata.json; with `text`, also returns its bytes.
+absl::StatusOr<Metadata> ReadAndValidate(Storage& storage, std::string* text) {
+  absl::StatusOr<std::string> bytes =
       storage.ReadAll(kMetadataFileName, internal_format::kMaxMetadataBytes);
-  if (absl::IsNotFound(text.status())) {
+  if (absl::IsNotFound(bytes.status())) {
     return absl::NotFoundError(absl::StrFormat(
         "no committed checkpoint at %s (%s is missing)", storage.url(),
         kMetadataFileName));
   }
-  CAIRN_RETURN_IF_ERROR(text.status());
+  CAIRN_RETURN_IF_ERROR(bytes.status());
   const std::string source = absl::StrCat(storage.url(), "/", kMetadataFileName);
   CAIRN_ASSIGN_OR_RETURN(Metadata metadata,
-                         internal_format::DecodeMetadata(*text, source));
+                         internal_format::DecodeMetadata(*bytes, source));
   for (const auto& [fqn, tensor] : metadata.tensors) {
     CAIRN_RETURN_IF_ERROR(
         Annotate(internal_format::ValidateCoverage(fqn, tensor), source));
   }
+  if (text != nullptr) *text = *std::move(bytes);
   return metadata;
 }
 
-absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state, Storage& storage,
-                                            const Metadata& metadata,
-                                            const LoadOptions& options) {
-  Loader loader(storage, metadata, options);
-  return loader.Run(state);
+}  // namespace
+
+absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage) {
+  return ReadAndValidate(storage, nullptr);
 }
 
-absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state, Storage& storage,
+absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
+                                            absl::StatusOr<Storage*> storage,
+                                            const Metadata& metadata,
+                                            const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<Communicator> local_comm;
+  Communicator* comm = options.comm;
+  if (comm == nullptr) {
+    local_comm = LocalCommunicator();
+    comm = local_comm.get();
+  }
+  const int rank = comm->rank();
+  const int world = comm->size();
+  const bool coordinator = rank == kCoordinator;
+  DefaultLoadPlanner default_planner(options.strict);
+  LoadPlanner& planner =
+      options.planner != nullptr ? *options.planner : default_planner;
+
+  // 2. Plan.
+  absl::Status local = storage.status();
+  LoadPlan local_plan;
+  if (local.ok()) local = planner.SetUp(state, metadata, coordinator, rank, world);
+  if (local.ok()) {
+    absl::StatusOr<LoadPlan> p = planner.CreateLocalPlan();
+    local = p.status();
+    if (p.ok()) local_plan = *std::move(p);
+  }
+  absl::StatusOr<std::vector<std::string>> gathered = GatherOrError(
+      *comm, local, local.ok() ? internal_plan::EncodeLoadPlan(local_plan) : "",
+      kOperation, "planning");
+  absl::Status global = gathered.status();
+  std::vector<std::string> finals;
+  if (coordinator && global.ok()) {
+    std::vector<LoadPlan> locals;
+    for (size_t r = 0; r < gathered->size() && global.ok(); ++r) {
+      absl::StatusOr<LoadPlan> p = internal_plan::DecodeLoadPlan(
+          (*gathered)[r], absl::StrCat("load plan of rank ", r));
+      global = p.status();
+      if (p.ok()) locals.push_back(*std::move(p));
+    }
+    if (global.ok()) {
+      absl::StatusOr<std::vector<LoadPlan>> plans =
+          planner.CreateGlobalPlan(std::move(locals));
+      global = plans.status();
+      if (plans.ok() && plans->size() != static_cast<size_t>(world)) {
+        global = absl::InternalError(absl::StrFormat(
+            "CreateGlobalPlan returned %d plans for %d ranks", plans->size(),
+            world));
+      }
+      if (global.ok()) {
+        for (const LoadPlan& p : *plans) {
+          finals.push_back(internal_plan::EncodeLoadPlan(p));
+        }
+      }
+    }
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::string mine,
+                         ScatterOutcome(*comm, global, finals));
+
+  // 3. Read.
+  absl::StatusOr<LoadResult> result = [&]() -> absl::StatusOr<LoadResult> {
+    CAIRN_ASSIGN_OR_RETURN(
+        LoadPlan plan,
+        internal_plan::DecodeLoadPlan(mine, "load plan from the coordinator"));
+    CAIRN_ASSIGN_OR_RETURN(plan, planner.FinishPlan(std::move(plan)));
+    Loader loader(**storage, metadata, options);
+    return loader.Run(plan, planner);
+  }();
+
+  // 4. Agree.
+  CAIRN_RETURN_IF_ERROR(
+      AgreeOnStatus(*comm, result.status(), kOperation, "reading"));
+  result->world_size = world;
+  result->seconds = std::chrono::duration<double>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+  return result;
+}
+
+absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
+                                           absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options) {
-  CAIRN_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFromStorage(storage));
-  return LoadWithMetadata(state, storage, metadata, options);
+  std::unique_ptr<Communicator> local_comm;
+  LoadOptions opts = options;
+  if (opts.comm == nullptr) {
+    local_comm = LocalCommunicator();
+    opts.comm = local_comm.get();
+  }
+  Communicator& comm = *opts.comm;
+  // 1. Metadata: read once, by the coordinator.
+  std::string text;
+  absl::Status read = storage.status();
+  absl::StatusOr<Metadata> metadata = absl::UnknownError("not read");
+  if (comm.rank() == kCoordinator && read.ok()) {
+    metadata = ReadAndValidate(**storage, &text);
+    read = metadata.status();
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::string shared,
+                         BroadcastOutcome(comm, read, text));
+  if (comm.rank() != kCoordinator) {
+    // The same text the coordinator validated; decoding rebuilds it here.
+    metadata = internal_format::DecodeMetadata(
+        shared, absl::StrCat("metadata from the coordinator")); 
+  }
+  absl::Status decoded = metadata.status();
+  CAIRN_RETURN_IF_ERROR(
+      AgreeOnStatus(comm, decoded, kOperation, "reading metadata"));
+  return LoadWithMetadata(state, storage, *metadata, opts);
 }
 
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
@@ -665,7 +762,10 @@ absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
   CAIRN_RETURN_IF_ERROR(place_rest(metadata.scalars));
   LoadOptions strict = options;
   strict.strict = true;
-  CAIRN_RETURN_IF_ERROR(LoadWithMetadata(state, storage, metadata, strict).status());
+  strict.comm = nullptr;
+  strict.planner = nullptr;
+  CAIRN_RETURN_IF_ERROR(
+      LoadWithMetadata(state, &storage, metadata, strict).status());
   return state;
 }
 

@@ -262,7 +262,7 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
     EXPECT_TRUE(base.ok());
     internal_storage::FaultInjectionStorage counting(*std::move(base));
     absl::StatusOr<LoadResult> r =
-        internal_checkpoint::LoadFromStorage(dst, counting, options);
+        internal_checkpoint::LoadFromStorage(dst, &counting, options);
     EXPECT_TRUE(r.ok()) << r.status();
     for (int64_t i = 0; i < box.sizes[0]; ++i) {
       for (int64_t j = 0; j < box.sizes[1]; ++j) {
@@ -320,7 +320,7 @@ TEST(ReshardTest, SeveralDestinationsInOneChunkReadItOnce) {
   LoadOptions small;
   small.bounce_buffer_bytes = 16384;  // many slabs per chunk
   absl::StatusOr<LoadResult> r =
-      internal_checkpoint::LoadFromStorage(load_sd, counting, small);
+      internal_checkpoint::LoadFromStorage(load_sd, &counting, small);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->bytes_read, kRows * kCols * 4);
   EXPECT_EQ(r->bytes_loaded, kRows * kCols * 4);

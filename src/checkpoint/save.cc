@@ -1,29 +1,43 @@
-// Save, one process. The protocol, in order:
+// Save. The protocol, every rank in lockstep (rank 0 coordinates); each
+// numbered phase ends in a collective that carries every rank's status, so a
+// failure anywhere reaches every rank as the same error and nothing is
+// committed:
 //
-//  1. Flatten the state dict and validate every leaf: host memory, each shard
-//     inside its tensor with a view of the box's shape and the tensor's
-//     dtype. Identical boxes are written once. Each tensor's boxes must cover
-//     it exactly once. Nothing touches storage before all of this passes.
-//  2. Lay out one data file: a safetensors header padded to a 4096-byte
-//     boundary, then every chunk and object back to back (no holes).
-//  3. Prepare the location. A committed checkpoint there is refused unless
-//     `overwrite`; with it, the old checkpoint is un-committed first (remove
-//     metadata.json, sync the directory) so that no crash from here on can
-//     leave a metadata.json pointing at half-rewritten data.
-//  4. Stream the file in blocks of `write_buffer_bytes`: IO threads fill
-//     aligned buffers from the sources, checksum each chunk's bytes as they
-//     pass (per block, combined afterwards), and write each block at its
-//     offset (O_DIRECT where the filesystem allows).
-//  5. Finish the file (cut the alignment padding, fdatasync) and sync the
-//     directory.
-//  6. Write metadata.json atomically: temp file, fsync, rename, fsync of the
-//     directory. That rename is the commit.
+//  1. Plan locally: SetUp, CreateLocalPlan. With a plan cache, one AllReduce
+//     (of a status flag, a "my local plan equals the cached one" flag and
+//     the cached plan's id) decides whether the cached final plan is reused;
+//     without one, the same AllReduce only carries the status.
+//  2. Unless reused: gather the local plans at the coordinator, which runs
+//     CreateGlobalPlan (dedup), checks the result (every tensor covered
+//     exactly once, one dtype and shape per FQN, nothing written twice) and
+//     builds the metadata skeleton; then scatter each rank's final plan (or
+//     the error). FinishPlan on every rank.
+//  3. Prepare the location (coordinator): a committed checkpoint there is
+//     refused unless `overwrite`; with it, the old checkpoint is
+//     un-committed first (metadata.json removed, directory synced) so that
+//     no crash from here on leaves a metadata.json pointing at rewritten
+//     data. Leftover data files are removed. Broadcast of the outcome: no
+//     rank creates a file before this is done.
+//  4. Write (every rank with items): one data file, a safetensors header
+//     padded to 4096 bytes, then the items back to back, streamed in blocks
+//     of `write_buffer_bytes` by IO threads that resolve each item's bytes
+//     when its first block is filled (ResolveData), checksum them as they
+//     pass, and release them after its last block; O_DIRECT where allowed;
+//     fdatasync, then the directory is synced.
+//  5. Commit: gather the write results (locations, CRC32Cs, scalar values)
+//     at the coordinator, which fills in the metadata and writes
+//     metadata.json atomically (temp file, fsync, rename, fsync directory:
+//     that rename is the commit), then broadcasts the outcome.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <random>
 #include <set>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,170 +46,348 @@
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/collective.h"
 #include "core/buffer_pool.h"
-#include "core/flatten.h"
+#include "core/checked.h"
 #include "core/parallel.h"
-#include "core/strided.h"
 #include "core/status.h"
+#include "core/strided.h"
 #include "format/crc32c.h"
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "format/safetensors.h"
+#include "plan/global_plan.h"
+#include "plan/plan_codec.h"
+
+namespace cairn {
+
+struct SavePlanCache::State {
+  bool valid = false;
+  int rank = -1;
+  int world_size = 0;
+  std::string key;  // encoded local plan (no scalar values) + planner
+  int64_t plan_id = 0;
+  SavePlan final_plan;
+  // Coordinator only.
+  internal_plan::MetadataSkeleton skeleton;
+};
+
+SavePlanCache::State& CacheState(SavePlanCache& cache) { return *cache.state_; }
+
+SavePlanCache::SavePlanCache() : state_(std::make_unique<State>()) {}
+SavePlanCache::~SavePlanCache() = default;
+void SavePlanCache::Clear() { *state_ = State{}; }
+
+}  // namespace cairn
 
 namespace cairn::internal_checkpoint {
 namespace {
 
 using internal_core::Annotate;
+using internal_plan::ByteReader;
+using internal_plan::ByteWriter;
 
 constexpr uint64_t kAlignment = internal_core::kIoAlignment;
+constexpr char kOperation[] = "save";
 
-// One entry of the data file: a stored chunk of a tensor, or an object.
+// One entry of a rank's data file: a final-plan item.
 struct Entry {
-  std::string fqn;
-  bool is_object = false;
-  Box box;                             // tensors only
-  size_t chunk = 0;                    // tensors: index in its chunks
-  TensorView view;                     // tensors only
-  const std::string* bytes = nullptr;  // objects only
+  const WriteItem* item = nullptr;
   internal_format::SafetensorsEntry st;
   uint32_t crc32c = 0;
+  // Blocks not yet filled; the resolved data is released when it hits 0.
+  std::atomic<int64_t> blocks_left{0};
+  std::mutex mu;  // guards resolved/resolve_status
+  bool resolved_once = false;
+  absl::Status resolve_status;
+  ResolvedData data;
 };
 
-// What one block of the file contributed to one entry's checksum.
 struct CrcPiece {
   size_t entry;
   uint64_t length;
   uint32_t crc;
 };
 
-bool IsOurDataFile(std::string_view name) {
-  // data-NNNNN.safetensors, or a leftover temporary of metadata.json.
+bool IsOurFile(std::string_view name) {
   return (name.starts_with("data-") && name.ends_with(".safetensors") &&
           name.find('/') == std::string_view::npos) ||
          name.starts_with(std::string(kMetadataFileName) + ".tmp");
 }
 
-struct Plan {
-  std::vector<Entry> entries;
-  Metadata metadata;  // without chunk locations yet
+struct FileLayout {
+  std::vector<std::unique_ptr<Entry>> entries;
   std::string header;
   uint64_t data_start = 0;
   uint64_t file_size = 0;
 };
 
-absl::StatusOr<Plan> MakePlan(const StateDict& state,
-                              const SaveOptions& options) {
-  Plan plan;
-  CAIRN_ASSIGN_OR_RETURN(internal_core::Flattened flat,
-                         internal_core::Flatten(state));
-  plan.metadata.structure = flat.structure;
-  plan.metadata.user = options.user_metadata;
-  plan.metadata.created_by = "cairn " CAIRN_VERSION_STRING;
-  plan.metadata.world_size = 1;
-
-  std::set<std::string> entry_names;
+absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
+                                  const std::string& file_name) {
+  FileLayout layout;
+  std::set<std::string> names;
   uint64_t offset = 0;
-  auto add_entry = [&](Entry e, DType dtype, Shape shape, uint64_t nbytes,
-                       bool whole) -> absl::Status {
-    e.st.name = internal_format::EntryName(e.fqn, e.box, whole);
-    if (!entry_names.insert(e.st.name).second) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "two stored entries would both be named \"%s\"; rename one of the "
-          "keys",
-          e.st.name));
-    }
-    e.st.dtype = dtype;
-    e.st.shape = std::move(shape);
-    e.st.begin = offset;
-    e.st.end = offset + nbytes;
-    offset = e.st.end;
-    plan.entries.push_back(std::move(e));
-    return absl::OkStatus();
-  };
-
-  for (const internal_core::FlatLeaf& leaf : flat.leaves) {
-    const StateDict& node = *leaf.node;
-    if (const Scalar* s = node.scalar()) {
-      plan.metadata.scalars[leaf.fqn] = *s;
-    } else if (const Object* o = node.object()) {
-      Entry e;
-      e.fqn = leaf.fqn;
-      e.is_object = true;
-      e.bytes = &o->bytes;
-      const uint64_t n = o->bytes.size();
-      plan.metadata.objects[leaf.fqn] = ByteLocation{};
-      CAIRN_RETURN_IF_ERROR(add_entry(std::move(e), DType::kU8,
-                                      {static_cast<int64_t>(n)}, n,
-                                      /*whole=*/true));
-    } else if (const ShardedTensor* t = node.tensor()) {
-      for (int64_t d : t->global_shape()) {
-        if (d < 0) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "%s: negative dimension in shape [%s]", leaf.fqn,
-              absl::StrJoin(t->global_shape(), ", ")));
-        }
-      }
-      TensorMetadata& tm = plan.metadata.tensors[leaf.fqn];
-      tm.dtype = t->dtype();
-      tm.shape = t->global_shape();
-      // Shards in box order; identical boxes (replicas held twice) once.
-      std::vector<const Shard*> shards;
-      for (const Shard& s : t->shards()) {
-        CAIRN_RETURN_IF_ERROR(ValidateShard(leaf.fqn, *t, s));
-        if (s.box.empty()) continue;
-        shards.push_back(&s);
-      }
-      std::stable_sort(shards.begin(), shards.end(),
-                       [](const Shard* a, const Shard* b) {
-                         return a->box.offsets < b->box.offsets ||
-                                (a->box.offsets == b->box.offsets &&
-                                 a->box.sizes < b->box.sizes);
-                       });
-      shards.erase(std::unique(shards.begin(), shards.end(),
-                               [](const Shard* a, const Shard* b) {
-                                 return a->box == b->box;
-                               }),
-                   shards.end());
-      for (const Shard* s : shards) {
-        tm.chunks.push_back(ChunkMetadata{s->box, {}});
-      }
-      if (absl::Status c = internal_format::ValidateCoverage(leaf.fqn, tm);
-          !c.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("cannot save: ", c.message()));
-      }
-      const size_t es = DTypeSize(t->dtype());
-      for (size_t c = 0; c < shards.size(); ++c) {
-        const Shard* s = shards[c];
-        Entry e;
-        e.fqn = leaf.fqn;
-        e.box = s->box;
-        e.chunk = c;
-        e.view = s->view;
-        const uint64_t n = static_cast<uint64_t>(s->box.num_elements()) * es;
-        const bool whole = s->box == Box::Full(tm.shape);
-        CAIRN_RETURN_IF_ERROR(
-            add_entry(std::move(e), t->dtype(), s->box.sizes, n, whole));
-      }
-    } else {
-      return absl::InternalError(
-          absl::StrCat("flatten returned a non-leaf at ", leaf.fqn));
-    }
-  }
-
   std::vector<internal_format::SafetensorsEntry> st;
-  st.reserve(plan.entries.size());
-  for (const Entry& e : plan.entries) st.push_back(e.st);
-  plan.header = internal_format::EncodeSafetensorsHeader(
+  for (const WriteItem& item : plan.items) {
+    auto e = std::make_unique<Entry>();
+    e->item = &item;
+    const bool object = item.kind == ItemKind::kObject;
+    e->st.name = internal_format::EntryName(
+        item.fqn, item.box, object || item.box == Box::Full(item.global_shape));
+    if (!names.insert(e->st.name).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: two stored entries would both be named \"%s\"; rename one of "
+          "the keys",
+          file_name, e->st.name));
+    }
+    e->st.dtype = object ? DType::kU8 : item.dtype;
+    e->st.shape = object ? Shape{static_cast<int64_t>(item.nbytes)}
+                         : item.box.sizes;
+    e->st.begin = offset;
+    if (__builtin_add_overflow(offset, item.nbytes, &e->st.end)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: data file size overflows", file_name));
+    }
+    offset = e->st.end;
+    st.push_back(e->st);
+    layout.entries.push_back(std::move(e));
+  }
+  layout.header = internal_format::EncodeSafetensorsHeader(
       st, {{"format", "cairn"}, {"version", std::to_string(kFormatVersion)}},
       kAlignment);
-  plan.data_start = plan.header.size();
-  plan.file_size = plan.data_start + offset;
-  return plan;
+  layout.data_start = layout.header.size();
+  layout.file_size = layout.data_start + offset;
+  return layout;
 }
 
-// Removes a committed checkpoint's commit record and its data files, or
-// refuses when `overwrite` is false.
+// The resolved bytes of `e`, resolving them on first use.
+absl::StatusOr<const ResolvedData*> Acquire(Entry& e, SavePlanner& planner) {
+  std::lock_guard<std::mutex> lock(e.mu);
+  if (!e.resolved_once) {
+    e.resolved_once = true;
+    absl::StatusOr<ResolvedData> data = planner.ResolveData(*e.item);
+    if (!data.ok()) {
+      e.resolve_status = data.status();
+    } else {
+      e.data = *std::move(data);
+      const WriteItem& item = *e.item;
+      if (item.kind == ItemKind::kObject) {
+        if (e.data.bytes.size() != item.nbytes) {
+          e.resolve_status = absl::InvalidArgumentError(absl::StrFormat(
+              "object %s has %d bytes, but the plan says %d (it changed "
+              "during the save?)",
+              item.fqn, e.data.bytes.size(), item.nbytes));
+        }
+      } else if (!e.data.view.device().is_cpu() ||
+                 e.data.view.dtype() != item.dtype ||
+                 e.data.view.shape() != item.box.sizes ||
+                 (e.data.view.data() == nullptr && item.nbytes > 0)) {
+        e.resolve_status = absl::InternalError(absl::StrFormat(
+            "%s %s: the planner resolved it to a %s %s view on %s; expected "
+            "host memory of the item's dtype and shape",
+            item.fqn, item.box.ToString(), DTypeName(e.data.view.dtype()),
+            absl::StrCat("[", absl::StrJoin(e.data.view.shape(), ", "), "]"),
+            e.data.view.device().ToString()));
+      }
+    }
+  }
+  CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
+      e.resolve_status, absl::StrCat("resolving ", e.st.name)));
+  return &e.data;
+}
+
+void Release(Entry& e) {
+  if (e.blocks_left.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.data = ResolvedData{};
+  }
+}
+
+// Fills buf with file bytes [begin, end); appends the checksum pieces of the
+// entries it touched, in file order.
+absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
+                       uint64_t begin, uint64_t end, std::byte* buf,
+                       std::vector<CrcPiece>& pieces) {
+  uint64_t pos = begin;
+  if (pos < layout.data_start) {
+    const uint64_t n = std::min(end, layout.data_start) - pos;
+    std::memcpy(buf, layout.header.data() + pos, n);
+    pos += n;
+  }
+  if (pos >= end) return absl::OkStatus();
+  const uint64_t rel = pos - layout.data_start;
+  auto it = std::upper_bound(
+      layout.entries.begin(), layout.entries.end(), rel,
+      [](uint64_t v, const std::unique_ptr<Entry>& e) { return v < e->st.end; });
+  for (; it != layout.entries.end() && layout.data_start + (*it)->st.begin < end;
+       ++it) {
+    Entry& e = **it;
+    const uint64_t eb = layout.data_start + e.st.begin;
+    const uint64_t lo = std::max(pos, eb) - eb;
+    const uint64_t hi = std::min(end, layout.data_start + e.st.end) - eb;
+    if (hi <= lo) continue;
+    std::byte* dst = buf + (eb + lo - begin);
+    CAIRN_ASSIGN_OR_RETURN(const ResolvedData* data, Acquire(e, planner));
+    if (e.item->kind == ItemKind::kObject) {
+      std::memcpy(dst, data->bytes.data() + lo, hi - lo);
+    } else {
+      internal_core::CopyRowMajorBytes(data->view, lo, hi, dst);
+    }
+    Release(e);
+    pieces.push_back(
+        CrcPiece{static_cast<size_t>(it - layout.entries.begin()), hi - lo,
+                 internal_format::Crc32c(dst, hi - lo)});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
+                           Storage& storage, const std::string& file_name,
+                           const SaveOptions& options) {
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                         storage.Create(file_name));
+  const uint64_t align = std::max<uint64_t>(1, file->alignment());
+  if (kAlignment % align != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "%s: storage alignment %d is not a divisor of %d", file_name, align,
+        kAlignment));
+  }
+  uint64_t block = std::max<uint64_t>(options.write_buffer_bytes, kAlignment);
+  block = (block + kAlignment - 1) / kAlignment * kAlignment;
+  const int64_t num_blocks =
+      static_cast<int64_t>((layout.file_size + block - 1) / block);
+  // How many blocks each entry spans, so the last one releases its data.
+  for (auto& e : layout.entries) {
+    if (e->st.end == e->st.begin) continue;
+    const uint64_t first = (layout.data_start + e->st.begin) / block;
+    const uint64_t last = (layout.data_start + e->st.end - 1) / block;
+    e->blocks_left = static_cast<int64_t>(last - first + 1);
+  }
+  const int threads = std::max(1, options.io_threads);
+  internal_core::BufferPool pool(block, threads);
+  std::vector<std::vector<CrcPiece>> pieces(num_blocks);
+
+  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+      num_blocks, threads, [&](int64_t i) -> absl::Status {
+        const uint64_t begin = static_cast<uint64_t>(i) * block;
+        const uint64_t end = std::min(layout.file_size, begin + block);
+        CAIRN_ASSIGN_OR_RETURN(internal_core::PooledBuffer buf,
+                               pool.Acquire());
+        CAIRN_RETURN_IF_ERROR(
+            FillBlock(layout, planner, begin, end, buf.data(), pieces[i]));
+        // O_DIRECT needs whole aligned blocks: zero-pad the tail; Finish
+        // cuts the file back to its size.
+        const uint64_t len = (end - begin + align - 1) / align * align;
+        std::memset(buf.data() + (end - begin), 0, len - (end - begin));
+        return Annotate(
+            file->WriteAt(begin, std::span<const std::byte>(buf.data(), len)),
+            absl::StrFormat("writing %s at offset %d", file_name, begin));
+      }));
+  CAIRN_RETURN_IF_ERROR(file->Finish(layout.file_size));
+
+  std::vector<bool> seen(layout.entries.size(), false);
+  for (const std::vector<CrcPiece>& block_pieces : pieces) {
+    for (const CrcPiece& p : block_pieces) {
+      Entry& e = *layout.entries[p.entry];
+      e.crc32c = seen[p.entry] ? internal_format::Crc32cCombine(
+                                     e.crc32c, p.crc, p.length)
+                               : p.crc;
+      seen[p.entry] = true;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What a rank reports at commit.
+struct WriteReport {
+  std::string file;  // empty: no file
+  uint64_t file_size = 0;
+  struct Loc {
+    uint64_t offset;
+    uint64_t nbytes;
+    uint32_t crc32c;
+  };
+  std::vector<Loc> items;  // in final-plan order
+  std::map<std::string, Scalar> scalars;
+};
+
+std::string EncodeReport(const WriteReport& r) {
+  ByteWriter w;
+  w.Str(r.file);
+  w.U64(r.file_size);
+  w.U64(r.items.size());
+  for (const WriteReport::Loc& l : r.items) {
+    w.U64(l.offset);
+    w.U64(l.nbytes);
+    w.U32(l.crc32c);
+  }
+  w.U64(r.scalars.size());
+  for (const auto& [fqn, v] : r.scalars) {
+    w.Str(fqn);
+    w.Scalar(v);
+  }
+  return w.Take();
+}
+
+absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
+  ByteReader r(data, absl::StrCat("write report of rank ", rank));
+  WriteReport out;
+  out.file = r.Str();
+  out.file_size = r.U64();
+  const uint64_t n = r.Count(20);
+  out.items.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    WriteReport::Loc l;
+    l.offset = r.U64();
+    l.nbytes = r.U64();
+    l.crc32c = r.U32();
+    out.items.push_back(l);
+  }
+  const uint64_t s = r.Count(9);
+  for (uint64_t i = 0; i < s; ++i) {
+    std::string fqn = r.Str();
+    out.scalars[std::move(fqn)] = r.Scalar();
+  }
+  CAIRN_RETURN_IF_ERROR(r.status());
+  return out;
+}
+
+// Coordinator, step 2: the final plans and the metadata skeleton.
+struct GlobalPlan {
+  std::vector<SavePlan> finals;
+  internal_plan::MetadataSkeleton skeleton;
+};
+
+absl::StatusOr<GlobalPlan> PlanGlobally(SavePlanner& planner,
+                                        const std::vector<std::string>& encoded,
+                                        const SaveOptions& options) {
+  std::vector<SavePlan> locals;
+  locals.reserve(encoded.size());
+  for (size_t r = 0; r < encoded.size(); ++r) {
+    CAIRN_ASSIGN_OR_RETURN(
+        SavePlan p, internal_plan::DecodeSavePlan(
+                        encoded[r], absl::StrCat("local plan of rank ", r)));
+    locals.push_back(std::move(p));
+  }
+  CAIRN_RETURN_IF_ERROR(internal_plan::ValidateLocalPlans(locals));
+  GlobalPlan g;
+  CAIRN_ASSIGN_OR_RETURN(g.finals, planner.CreateGlobalPlan(locals));
+  if (g.finals.size() != locals.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "CreateGlobalPlan returned %d plans for %d ranks", g.finals.size(),
+        locals.size()));
+  }
+  CAIRN_RETURN_IF_ERROR(internal_plan::ValidateFinalPlans(locals, g.finals));
+  CAIRN_ASSIGN_OR_RETURN(g.skeleton,
+                         internal_plan::BuildMetadataSkeleton(g.finals));
+  // Every FQN and the structure must encode (valid UTF-8, ...) before any
+  // data is written, not at commit.
+  Metadata probe = g.skeleton.metadata;
+  probe.user = options.user_metadata;
+  CAIRN_RETURN_IF_ERROR(internal_format::EncodeMetadata(probe).status());
+  return g;
+}
+
 absl::Status PrepareLocation(Storage& storage, const SaveOptions& options) {
   CAIRN_RETURN_IF_ERROR(storage.CreateLocation());
   CAIRN_ASSIGN_OR_RETURN(bool committed, storage.Exists(kMetadataFileName));
@@ -209,134 +401,246 @@ absl::Status PrepareLocation(Storage& storage, const SaveOptions& options) {
     CAIRN_RETURN_IF_ERROR(storage.Remove(kMetadataFileName));
     CAIRN_RETURN_IF_ERROR(storage.Sync());
   }
-  // Left over from the old checkpoint or from a crashed save.
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
   for (const std::string& name : names) {
-    if (IsOurDataFile(name)) CAIRN_RETURN_IF_ERROR(storage.Remove(name));
+    if (IsOurFile(name)) CAIRN_RETURN_IF_ERROR(storage.Remove(name));
   }
   return absl::OkStatus();
 }
 
-// Fills buf with file bytes [begin, end) and returns the checksum pieces of
-// the entries it touched, in file order.
-std::vector<CrcPiece> FillBlock(const Plan& plan, uint64_t begin, uint64_t end,
-                                std::byte* buf) {
-  std::vector<CrcPiece> pieces;
-  uint64_t pos = begin;
-  if (pos < plan.data_start) {
-    const uint64_t n = std::min(end, plan.data_start) - pos;
-    std::memcpy(buf, plan.header.data() + pos, n);
-    pos += n;
-  }
-  if (pos >= end) return pieces;
-  // First entry ending after pos.
-  const uint64_t rel = pos - plan.data_start;
-  auto it = std::upper_bound(
-      plan.entries.begin(), plan.entries.end(), rel,
-      [](uint64_t v, const Entry& e) { return v < e.st.end; });
-  for (; it != plan.entries.end() && plan.data_start + it->st.begin < end;
-       ++it) {
-    const Entry& e = *it;
-    const uint64_t eb = plan.data_start + e.st.begin;
-    const uint64_t lo = std::max(pos, eb) - eb;
-    const uint64_t hi = std::min(end, plan.data_start + e.st.end) - eb;
-    if (hi <= lo) continue;
-    std::byte* dst = buf + (eb + lo - begin);
-    if (e.is_object) {
-      std::memcpy(dst, e.bytes->data() + lo, hi - lo);
-    } else {
-      internal_core::CopyRowMajorBytes(e.view, lo, hi, dst);
+// Coordinator, step 5: metadata from the skeleton and the reports.
+absl::StatusOr<Metadata> Assemble(
+    const internal_plan::MetadataSkeleton& skeleton,
+    const std::vector<std::string>& encoded_reports,
+    const SaveOptions& options, uint64_t* checkpoint_bytes) {
+  Metadata md = skeleton.metadata;
+  md.created_by = "cairn " CAIRN_VERSION_STRING;
+  md.user = options.user_metadata;
+  std::map<std::string, std::pair<int, std::string>> scalar_from;
+  *checkpoint_bytes = 0;
+  for (int r = 0; r < static_cast<int>(encoded_reports.size()); ++r) {
+    CAIRN_ASSIGN_OR_RETURN(WriteReport report,
+                           DecodeReport(encoded_reports[r], r));
+    *checkpoint_bytes += report.file_size;
+    const std::vector<internal_plan::ItemRef>& refs = skeleton.refs[r];
+    if (report.items.size() != refs.size()) {
+      return absl::InternalError(absl::StrFormat(
+          "rank %d reports %d written items; its plan has %d", r,
+          report.items.size(), refs.size()));
     }
-    pieces.push_back(CrcPiece{static_cast<size_t>(it - plan.entries.begin()),
-                              hi - lo, internal_format::Crc32c(dst, hi - lo)});
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const ByteLocation loc{report.file, report.items[i].offset,
+                             report.items[i].nbytes, report.items[i].crc32c};
+      if (refs[i].object) {
+        md.objects[refs[i].fqn] = loc;
+      } else {
+        md.tensors[refs[i].fqn].chunks[refs[i].chunk].location = loc;
+      }
+    }
+    for (auto& [fqn, value] : report.scalars) {
+      ByteWriter w;
+      w.Scalar(value);
+      std::string bytes = w.Take();  // compared bitwise: NaN equals NaN
+      auto [it, inserted] = scalar_from.try_emplace(fqn, r, bytes);
+      if (inserted) {
+        md.scalars[fqn] = value;
+      } else if (it->second.second != bytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "scalar %s differs between rank %d and rank %d; a scalar held "
+            "by several ranks is saved once, so every copy must be equal",
+            fqn, it->second.first, r));
+      }
+    }
   }
-  return pieces;
+  return md;
 }
 
-absl::Status WriteDataFile(Plan& plan, Storage& storage,
-                           const std::string& file_name,
-                           const SaveOptions& options) {
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
-                         storage.Create(file_name));
-  const uint64_t align = std::max<uint64_t>(1, file->alignment());
-  if (kAlignment % align != 0) {
-    return absl::InternalError(absl::StrFormat(
-        "%s: storage alignment %d is not a divisor of %d", file_name, align,
-        kAlignment));
-  }
-  uint64_t block = std::max<uint64_t>(options.write_buffer_bytes, kAlignment);
-  block = (block + kAlignment - 1) / kAlignment * kAlignment;
-  const int64_t num_blocks =
-      static_cast<int64_t>((plan.file_size + block - 1) / block);
-  const int threads = std::max(1, options.io_threads);
-  internal_core::BufferPool pool(block, threads);
-  std::vector<std::vector<CrcPiece>> pieces(num_blocks);
-
-  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
-      num_blocks, threads, [&](int64_t i) -> absl::Status {
-        const uint64_t begin = static_cast<uint64_t>(i) * block;
-        const uint64_t end = std::min(plan.file_size, begin + block);
-        CAIRN_ASSIGN_OR_RETURN(internal_core::PooledBuffer buf,
-                               pool.Acquire());
-        pieces[i] = FillBlock(plan, begin, end, buf.data());
-        // O_DIRECT needs whole aligned blocks: zero-pad the tail; Finish
-        // cuts the file back to its size.
-        const uint64_t len = (end - begin + align - 1) / align * align;
-        std::memset(buf.data() + (end - begin), 0, len - (end - begin));
-        return Annotate(
-            file->WriteAt(begin, std::span<const std::byte>(buf.data(), len)),
-            absl::StrFormat("writing %s at offset %d", file_name, begin));
-      }));
-  CAIRN_RETURN_IF_ERROR(file->Finish(plan.file_size));
-
-  // Stitch each entry's checksum together from its pieces, in file order.
-  std::vector<bool> seen(plan.entries.size(), false);
-  for (const std::vector<CrcPiece>& block_pieces : pieces) {
-    for (const CrcPiece& p : block_pieces) {
-      Entry& e = plan.entries[p.entry];
-      e.crc32c = seen[p.entry] ? internal_format::Crc32cCombine(
-                                     e.crc32c, p.crc, p.length)
-                               : p.crc;
-      seen[p.entry] = true;
-    }
-  }
-  return absl::OkStatus();
+int64_t NewPlanId() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      (counter.fetch_add(1) << 1) ^
+                      static_cast<uint64_t>(std::chrono::steady_clock::now()
+                                                .time_since_epoch()
+                                                .count());
+  return static_cast<int64_t>(id >> 1) + 1;  // positive, never 0
 }
 
 }  // namespace
 
 absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
-                                         Storage& storage,
+                                         absl::StatusOr<Storage*> storage,
                                          const SaveOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  CAIRN_ASSIGN_OR_RETURN(Plan plan, MakePlan(state, options));
-  // Encode once before touching storage so a bad user_metadata fails early.
-  CAIRN_RETURN_IF_ERROR(internal_format::EncodeMetadata(plan.metadata).status());
-  CAIRN_RETURN_IF_ERROR(PrepareLocation(storage, options));
+  std::unique_ptr<Communicator> local_comm;
+  Communicator* comm = options.comm;
+  if (comm == nullptr) {
+    local_comm = LocalCommunicator();
+    comm = local_comm.get();
+  }
+  const int rank = comm->rank();
+  const int world = comm->size();
+  const bool coordinator = rank == kCoordinator;
+  DefaultSavePlanner default_planner(options.dedup);
+  SavePlanner& planner =
+      options.planner != nullptr ? *options.planner : default_planner;
+  SaveResult result;
+  result.world_size = world;
 
-  const std::string file_name = internal_format::DataFileName(0);
-  CAIRN_RETURN_IF_ERROR(WriteDataFile(plan, storage, file_name, options));
-  CAIRN_RETURN_IF_ERROR(storage.Sync());
+  // 1. Local planning, and the plan cache check.
+  absl::Status local = storage.status();
+  SavePlan local_plan;
+  if (local.ok()) local = planner.SetUp(state, coordinator, rank, world);
+  if (local.ok()) {
+    absl::StatusOr<SavePlan> p = planner.CreateLocalPlan();
+    local = p.status();
+    if (p.ok()) local_plan = *std::move(p);
+  }
+  std::string encoded_local;
+  std::string cache_key;
+  SavePlanCache::State* cache =
+      options.plan_cache != nullptr ? &CacheState(*options.plan_cache) : nullptr;
+  if (local.ok()) {
+    encoded_local =
+        internal_plan::EncodeSavePlan(local_plan, /*with_scalar_values=*/false);
+    cache_key = absl::StrCat(encoded_local, "\n", typeid(planner).name(), "\n",
+                             static_cast<int>(options.dedup));
+  }
+  const bool my_cache_valid = local.ok() && cache != nullptr && cache->valid &&
+                              cache->rank == rank &&
+                              cache->world_size == world &&
+                              cache->key == cache_key;
+  const int64_t my_id = my_cache_valid ? cache->plan_id : 0;
+  int64_t vote[4] = {local.ok() ? 1 : 0, my_cache_valid ? 1 : 0, my_id, -my_id};
+  {
+    absl::Status s = comm->AllReduce(vote, ReduceOp::kMin);
+    if (!s.ok()) return Annotate(s, "communicator failed in planning");
+  }
+  if (vote[0] == 0) {
+    return AgreeOnStatus(*comm, local, kOperation, "planning");
+  }
+  const bool hit = vote[1] == 1 && vote[2] == -vote[3] && vote[2] != 0;
+  result.plan_cache_hit = hit;
 
-  uint64_t data_bytes = 0;
-  for (const Entry& e : plan.entries) {
-    ByteLocation loc{file_name, plan.data_start + e.st.begin,
-                     e.st.end - e.st.begin, e.crc32c};
-    data_bytes += loc.nbytes;
-    if (e.is_object) {
-      plan.metadata.objects[e.fqn] = loc;
-    } else {
-      plan.metadata.tensors[e.fqn].chunks[e.chunk].location = loc;
+  // 2. Global planning (skipped on a cache hit).
+  SavePlan final_plan;
+  internal_plan::MetadataSkeleton fresh_skeleton;
+  const internal_plan::MetadataSkeleton* skeleton = nullptr;
+  if (hit) {
+    final_plan = cache->final_plan;
+    skeleton = &cache->skeleton;
+  } else {
+    absl::StatusOr<std::vector<std::string>> gathered = GatherOrError(
+        *comm, absl::OkStatus(), encoded_local, kOperation, "planning");
+    absl::Status global = gathered.status();
+    std::vector<std::string> payloads;
+    if (coordinator && global.ok()) {
+      absl::StatusOr<GlobalPlan> g = PlanGlobally(planner, *gathered, options);
+      if (!g.ok()) {
+        global = Annotate(g.status(),
+                          "save failed in global planning (coordinator)");
+      } else {
+        const int64_t id = NewPlanId();
+        for (const SavePlan& p : g->finals) {
+          ByteWriter w;
+          w.I64(id);
+          w.Str(internal_plan::EncodeSavePlan(p, false));
+          payloads.push_back(w.Take());
+        }
+        fresh_skeleton = std::move(g->skeleton);
+      }
+    }
+    CAIRN_ASSIGN_OR_RETURN(std::string mine,
+                           ScatterOutcome(*comm, global, payloads));
+    ByteReader r(mine, "final plan from the coordinator");
+    const int64_t id = r.I64();
+    const std::string plan_bytes = r.Str();
+    CAIRN_RETURN_IF_ERROR(r.status());
+    CAIRN_ASSIGN_OR_RETURN(
+        final_plan,
+        internal_plan::DecodeSavePlan(plan_bytes, "final plan from the coordinator"));
+    skeleton = &fresh_skeleton;
+    if (cache != nullptr) {
+      cache->valid = true;
+      cache->rank = rank;
+      cache->world_size = world;
+      cache->key = cache_key;
+      cache->plan_id = id;
+      cache->final_plan = final_plan;
+      cache->skeleton = coordinator ? fresh_skeleton
+                                    : internal_plan::MetadataSkeleton{};
     }
   }
-  CAIRN_ASSIGN_OR_RETURN(std::string json,
-                         internal_format::EncodeMetadata(plan.metadata));
-  CAIRN_RETURN_IF_ERROR(storage.WriteAtomically(kMetadataFileName, json));
+  absl::StatusOr<SavePlan> finished = planner.FinishPlan(final_plan);
+  absl::Status write_status = finished.status();
 
-  SaveResult result;
-  result.bytes_written = plan.file_size;
-  result.data_bytes = data_bytes;
-  result.files = 1;
+  // 3. Prepare the location.
+  {
+    absl::Status prepared = absl::OkStatus();
+    if (coordinator) {
+      prepared = Annotate(PrepareLocation(**storage, options),
+                          "preparing the location (coordinator)");
+    }
+    CAIRN_RETURN_IF_ERROR(BroadcastOutcome(*comm, prepared, "").status());
+  }
+
+  // 4. Write this rank's data file.
+  WriteReport report;
+  if (write_status.ok() && !finished->items.empty()) {
+    report.file = internal_format::DataFileName(rank);
+    absl::StatusOr<FileLayout> layout = LayOut(*finished, report.file);
+    write_status = layout.status();
+    if (write_status.ok()) {
+      write_status = WriteDataFile(*layout, planner, **storage, report.file,
+                                   options);
+    }
+    if (write_status.ok()) write_status = (*storage)->Sync();
+    if (write_status.ok()) {
+      report.file_size = layout->file_size;
+      for (const auto& e : layout->entries) {
+        report.items.push_back({layout->data_start + e->st.begin,
+                                e->st.end - e->st.begin, e->crc32c});
+        result.data_bytes += e->st.end - e->st.begin;
+      }
+      result.bytes_written = layout->file_size;
+      result.files = 1;
+    }
+  }
+  report.scalars = local_plan.scalars;
+
+  // 5. Commit.
+  // The coordinator always reaches the broadcast below, error or not, so no
+  // rank is left waiting.
+  absl::StatusOr<std::vector<std::string>> reports = GatherOrError(
+      *comm, write_status, EncodeReport(report), kOperation, "writing");
+  absl::Status committed = reports.status();
+  std::string summary;
+  if (coordinator && committed.ok()) {
+    uint64_t total = 0;
+    absl::StatusOr<Metadata> md =
+        Assemble(*skeleton, *reports, options, &total);
+    committed = md.status();
+    if (committed.ok()) {
+      absl::StatusOr<std::string> json = internal_format::EncodeMetadata(*md);
+      committed = json.status();
+      if (committed.ok()) {
+        committed = (*storage)->WriteAtomically(kMetadataFileName, *json);
+      }
+    }
+    if (!committed.ok()) {
+      committed =
+          Annotate(committed, "save failed at commit (coordinator)");
+    }
+    ByteWriter w;
+    w.U64(total);
+    summary = w.Take();
+  }
+  if (!committed.ok()) summary.clear();
+  CAIRN_ASSIGN_OR_RETURN(std::string outcome,
+                         BroadcastOutcome(*comm, committed, summary));
+  ByteReader r(outcome, "commit summary");
+  result.checkpoint_bytes = r.U64();
+  CAIRN_RETURN_IF_ERROR(r.status());
   result.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - start)
                        .count();

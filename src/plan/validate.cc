@@ -4,18 +4,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/checkpoint_impl.h"
+#include "plan/validate.h"
 #include "core/status.h"
 
-namespace cairn::internal_checkpoint {
+namespace cairn::internal_plan {
 
 absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
-                           const Shard& shard) {
+                           const Shard& shard, bool allow_device) {
   const std::string where = absl::StrCat(fqn, " shard ", shard.box.ToString());
   CAIRN_RETURN_IF_ERROR(
       internal_core::Annotate(ValidateBox(shard.box, t.global_shape()), where));
   const TensorView& v = shard.view;
-  if (!v.device().is_cpu()) {
+  if (!allow_device && !v.device().is_cpu()) {
     return absl::UnimplementedError(absl::StrFormat(
         "%s: tensor on %s; this build saves and loads host memory only",
         where, v.device().ToString()));
@@ -37,4 +37,4 @@ absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
   return absl::OkStatus();
 }
 
-}  // namespace cairn::internal_checkpoint
+}  // namespace cairn::internal_plan

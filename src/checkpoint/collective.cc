@@ -1,0 +1,158 @@
+#include "checkpoint/collective.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checked.h"
+#include "core/status.h"
+#include "plan/plan_codec.h"
+
+namespace cairn::internal_checkpoint {
+namespace {
+
+using internal_plan::ByteReader;
+using internal_plan::ByteWriter;
+
+// Errors listed in full in a combined error; the rest are counted.
+constexpr int kMaxListedRanks = 8;
+// Longest message kept per rank in a combined error.
+constexpr size_t kMaxMessageBytes = 2048;
+
+// An error from the communicator itself: the protocol cannot go on, and
+// ranks may disagree (the transport failed, not a rank's work).
+absl::Status CommError(const absl::Status& s, std::string_view phase) {
+  return internal_core::Annotate(
+      s, absl::StrCat("communicator failed in ", std::string(phase)));
+}
+
+}  // namespace
+
+std::string Seal(const absl::Status& status, std::string_view payload) {
+  ByteWriter w;
+  w.U32(static_cast<uint32_t>(status.code()));
+  w.Str(status.ok() ? payload : internal_core::AsStd(status.message()));
+  return w.Take();
+}
+
+absl::StatusOr<std::string> Unseal(std::string_view message,
+                                   std::string_view what) {
+  ByteReader r(message, std::string(what));
+  const uint32_t code = r.U32();
+  std::string body = r.Str();
+  CAIRN_RETURN_IF_ERROR(r.status());
+  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(
+        absl::StrCat(std::string(what), ": unknown status code ", code));
+  }
+  if (code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(code), body);
+  }
+  return body;
+}
+
+absl::Status CombineStatuses(const std::vector<absl::Status>& statuses,
+                             std::string_view operation,
+                             std::string_view phase) {
+  int failed = 0;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  std::string list;
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    const absl::Status& s = statuses[r];
+    if (s.ok()) continue;
+    if (failed == 0) code = s.code();
+    if (failed < kMaxListedRanks) {
+      std::string message(internal_core::AsStd(s.message()));
+      if (message.size() > kMaxMessageBytes) {
+        message.resize(kMaxMessageBytes);
+        message += "...";
+      }
+      absl::StrAppend(&list, failed == 0 ? "" : "; ", "rank ", r, ": ",
+                      absl::StatusCodeToString(s.code()), ": ", message);
+    }
+    ++failed;
+  }
+  if (failed == 0) return absl::OkStatus();
+  if (failed > kMaxListedRanks) {
+    absl::StrAppend(&list, "; and ", failed - kMaxListedRanks,
+                    " more ranks");
+  }
+  return absl::Status(
+      code, absl::StrFormat("%s failed in %s on %d of %d ranks: %s",
+                            operation, phase, failed, statuses.size(), list));
+}
+
+absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local,
+                           std::string_view operation,
+                           std::string_view phase) {
+  int64_t failed = local.ok() ? 0 : 1;
+  if (absl::Status s = comm.AllReduce(std::span<int64_t>(&failed, 1),
+                                      ReduceOp::kMax);
+      !s.ok()) {
+    return CommError(s, phase);
+  }
+  if (failed == 0) return absl::OkStatus();
+  absl::StatusOr<std::vector<std::string>> all =
+      comm.AllGather(Seal(local));
+  if (!all.ok()) return CommError(all.status(), phase);
+  std::vector<absl::Status> statuses;
+  for (size_t r = 0; r < all->size(); ++r) {
+    absl::StatusOr<std::string> s =
+        Unseal((*all)[r], absl::StrCat("status from rank ", r));
+    statuses.push_back(s.status());
+  }
+  return CombineStatuses(statuses, operation, phase);
+}
+
+absl::StatusOr<std::vector<std::string>> GatherOrError(
+    Communicator& comm, const absl::Status& local, std::string_view payload,
+    std::string_view operation, std::string_view phase) {
+  absl::StatusOr<std::vector<std::string>> all =
+      comm.Gather(Seal(local, payload), kCoordinator);
+  if (!all.ok()) return CommError(all.status(), phase);
+  if (comm.rank() != kCoordinator) return std::vector<std::string>{};
+  std::vector<absl::Status> statuses;
+  std::vector<std::string> payloads;
+  bool any_failed = false;
+  for (size_t r = 0; r < all->size(); ++r) {
+    absl::StatusOr<std::string> p =
+        Unseal((*all)[r], absl::StrCat("message from rank ", r));
+    any_failed |= !p.ok();
+    statuses.push_back(p.status());
+    payloads.push_back(p.ok() ? *std::move(p) : std::string());
+  }
+  if (any_failed) return CombineStatuses(statuses, operation, phase);
+  return payloads;
+}
+
+absl::StatusOr<std::string> ScatterOutcome(
+    Communicator& comm, const absl::Status& status,
+    const std::vector<std::string>& payloads) {
+  std::vector<std::string> sealed;
+  if (comm.rank() == kCoordinator) {
+    sealed.reserve(comm.size());
+    for (int r = 0; r < comm.size(); ++r) {
+      sealed.push_back(status.ok() && static_cast<size_t>(r) < payloads.size()
+                           ? Seal(status, payloads[r])
+                           : Seal(status.ok() ? absl::InternalError(
+                                                    "no plan for this rank")
+                                              : status));
+    }
+  }
+  absl::StatusOr<std::string> mine = comm.Scatter(sealed, kCoordinator);
+  if (!mine.ok()) return CommError(mine.status(), "scatter");
+  return Unseal(*mine, "message from the coordinator");
+}
+
+absl::StatusOr<std::string> BroadcastOutcome(Communicator& comm,
+                                             const absl::Status& status,
+                                             std::string_view payload) {
+  std::string message;
+  if (comm.rank() == kCoordinator) message = Seal(status, payload);
+  if (absl::Status s = comm.Broadcast(message, kCoordinator); !s.ok()) {
+    return CommError(s, "broadcast");
+  }
+  return Unseal(message, "message from the coordinator");
+}
+
+}  // namespace cairn::internal_checkpoint

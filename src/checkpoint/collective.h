@@ -1,0 +1,60 @@
+// The failure-safe building blocks of the save and load protocols. Every
+// phase ends in a collective that carries each rank's status next to its
+// payload, so a rank that failed still takes part, and every rank leaves the
+// phase with the same verdict: all OK, or one error naming each failed rank.
+#ifndef CAIRN_CHECKPOINT_COLLECTIVE_H_
+#define CAIRN_CHECKPOINT_COLLECTIVE_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cairn/communicator.h"
+
+namespace cairn::internal_checkpoint {
+
+inline constexpr int kCoordinator = 0;
+
+// A status and, when OK, a payload, as one message.
+std::string Seal(const absl::Status& status, std::string_view payload = {});
+// The payload, or the status the sender sealed; kDataLoss naming `what` for
+// a malformed message.
+absl::StatusOr<std::string> Unseal(std::string_view message,
+                                   std::string_view what);
+
+// One error from every rank's status (indexed by rank), or OK when all are
+// OK: "<operation> failed in <phase> on 2 of 4 ranks: rank 1: ...; rank 3:
+// ...". The code is that of the lowest failed rank.
+absl::Status CombineStatuses(const std::vector<absl::Status>& statuses,
+                             std::string_view operation,
+                             std::string_view phase);
+
+// Collective: OK on every rank when `local` is OK on every rank; else the
+// same combined error on every rank. One AllReduce when all is well; an
+// AllGather of the errors only when something failed.
+absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local,
+                           std::string_view operation, std::string_view phase);
+
+// Collective: every rank sends (status, payload) to the coordinator, which
+// receives each rank's payload, or a combined error when any rank failed
+// (non-coordinators receive an empty vector). The coordinator must then
+// reach every rank with the outcome (ScatterOutcome / BroadcastOutcome).
+absl::StatusOr<std::vector<std::string>> GatherOrError(
+    Communicator& comm, const absl::Status& local, std::string_view payload,
+    std::string_view operation, std::string_view phase);
+
+// Collective: the coordinator sends rank r `payloads[r]`, or `status` to
+// all when it is an error; each rank returns its payload or that error.
+absl::StatusOr<std::string> ScatterOutcome(
+    Communicator& comm, const absl::Status& status,
+    const std::vector<std::string>& payloads);
+
+// Collective: the coordinator's (status, payload) to every rank.
+absl::StatusOr<std::string> BroadcastOutcome(Communicator& comm,
+                                             const absl::Status& status,
+                                             std::string_view payload);
+
+}  // namespace cairn::internal_checkpoint
+
+#endif  // CAIRN_CHECKPOINT_COLLECTIVE_H_

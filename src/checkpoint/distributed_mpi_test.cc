@@ -1,0 +1,207 @@
+// Distributed save and load over Open MPI, one rank per process. CTest runs
+// this binary under `mpiexec -n 4`; every rank runs every test, and the
+// process exits non-zero on every rank when any rank failed a test.
+#include <mpi.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
+#include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/dist_test_util.h"
+#include "checkpoint/test_util.h"
+#include "comm/mpi/mpi_test_util.h"
+#include "core/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/fault_injection.h"
+
+namespace cairn {
+namespace {
+
+using ::testing::HasSubstr;
+using internal_storage::FaultInjectionStorage;
+using internal_storage::StorageOp;
+using testing_util::CheckRankState;
+using testing_util::MakeRankState;
+using testing_util::Pattern;
+using testing_util::RankState;
+
+Communicator* g_world = nullptr;
+
+// A directory every rank agrees on (made by rank 0), removed by rank 0.
+class SharedDir {
+ public:
+  SharedDir() {
+    if (g_world->rank() == 0) tmp_ = std::make_unique<testing_util::TempDir>();
+    path_ = tmp_ ? tmp_->path() : "";
+    EXPECT_TRUE(g_world->Broadcast(path_, 0).ok());
+  }
+  ~SharedDir() { EXPECT_TRUE(g_world->Barrier().ok()); }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::unique_ptr<testing_util::TempDir> tmp_;
+  std::string path_;
+};
+
+// The same status on every rank of the world.
+void ExpectSameEverywhere(const absl::Status& s) {
+  absl::StatusOr<std::vector<std::string>> all =
+      g_world->AllGather(s.ToString());
+  ASSERT_TRUE(all.ok());
+  for (size_t r = 0; r < all->size(); ++r) {
+    EXPECT_EQ((*all)[r], (*all)[0]) << "rank " << r << " differs";
+  }
+}
+
+absl::Status SaveWorld(const std::string& dir, Pattern p, int64_t step,
+                       SavePlanCache* cache = nullptr,
+                       bool* hit = nullptr) {
+  const int w = g_world->size(), r = g_world->rank();
+  RankState s = MakeRankState(p, w, r, step, false);
+  SaveOptions o;
+  o.comm = g_world;
+  o.plan_cache = cache;
+  CAIRN_ASSIGN_OR_RETURN(SaveResult res, Save(s.sd, dir, o));
+  if (hit != nullptr) *hit = res.plan_cache_hit;
+  return absl::OkStatus();
+}
+
+// Loads with the first `n` ranks of the world (a Split communicator) under
+// `p`, checking every byte; the other ranks only take part in the Split.
+absl::Status LoadWithFirst(int n, const std::string& dir, Pattern p,
+                           int64_t step) {
+  const int r = g_world->rank();
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
+                         g_world->Split(r < n ? 0 : 1, r));
+  if (r >= n) return absl::OkStatus();
+  const int saved_world = g_world->size();
+  RankState s = MakeRankState(p, n, sub->rank(), step, true,
+                              sub->rank() % saved_world);
+  LoadOptions o;
+  o.comm = sub.get();
+  o.bounce_buffer_bytes = 4096;
+  CAIRN_RETURN_IF_ERROR(Load(s.sd, dir, o).status());
+  if (std::string bad = CheckRankState(s, step); !bad.empty()) {
+    return absl::InternalError(absl::StrCat("rank ", r, ": ", bad));
+  }
+  return absl::OkStatus();
+}
+
+TEST(MpiDistributedTest, SaveWithFourLoadWithTwoAndThree) {
+  ASSERT_EQ(g_world->size(), 4) << "run under mpiexec -n 4";
+  SharedDir dir;
+  for (Pattern save : {Pattern::kRows, Pattern::kReplicated, Pattern::kCyclic}) {
+    const std::string ckpt = dir.Sub(testing_util::PatternName(save));
+    ASSERT_TRUE(SaveWorld(ckpt, save, 12).ok());
+    EXPECT_TRUE(LoadWithFirst(2, ckpt, Pattern::kCols, 12).ok());
+    EXPECT_TRUE(LoadWithFirst(3, ckpt, Pattern::kBlocks, 12).ok());
+    EXPECT_TRUE(LoadWithFirst(3, ckpt, Pattern::kUneven, 12).ok());
+    EXPECT_TRUE(LoadWithFirst(4, ckpt, Pattern::kReplicated, 12).ok());
+  }
+}
+
+TEST(MpiDistributedTest, FailureInEachPhaseReachesEveryRank) {
+  SharedDir dir;
+  const int r = g_world->rank();
+  struct Case {
+    std::string phase;
+    int rank;
+    StorageOp op;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"prepare", 0, StorageOp::kExists, "coordinator"},
+      {"write", 1, StorageOp::kWriteAt, "rank 1: UNAVAILABLE"},
+      {"finish", 3, StorageOp::kFinish, "rank 3: UNAVAILABLE"},
+      {"commit", 0, StorageOp::kWriteAtomically, "at commit (coordinator)"},
+  };
+  for (const Case& c : cases) {
+    const std::string ckpt = dir.Sub(c.phase);
+    RankState s = MakeRankState(Pattern::kRows, 4, r, 1, false);
+    FaultInjectionStorage faulty(*Storage::Open(ckpt));
+    if (r == c.rank) faulty.FailAlways(c.op, absl::UnavailableError("disk on fire"));
+    SaveOptions o;
+    o.comm = g_world;
+    absl::Status st = internal_checkpoint::SaveToStorage(s.sd, &faulty, o).status();
+    EXPECT_FALSE(st.ok()) << c.phase;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(c.expect)) << c.phase;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("disk on fire")) << c.phase;
+    ExpectSameEverywhere(st);
+    ASSERT_TRUE(g_world->Barrier().ok());
+    EXPECT_FALSE(std::filesystem::exists(ckpt + "/metadata.json")) << c.phase;
+  }
+  // Planning: a rank that cannot open the location.
+  {
+    RankState s = MakeRankState(Pattern::kRows, 4, r, 1, false);
+    SaveOptions o;
+    o.comm = g_world;
+    absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(dir.Sub("open"));
+    absl::StatusOr<Storage*> arg =
+        r == 2 ? absl::StatusOr<Storage*>(absl::PermissionDeniedError("no access"))
+               : absl::StatusOr<Storage*>(storage->get());
+    absl::Status st = internal_checkpoint::SaveToStorage(s.sd, arg, o).status();
+    EXPECT_THAT(std::string(st.message()), HasSubstr("rank 2: PERMISSION_DENIED: no access"));
+    ExpectSameEverywhere(st);
+  }
+  // Coverage: rank 3 holds nothing.
+  {
+    RankState s = MakeRankState(Pattern::kRows, 4, r, 1, false);
+    if (r == 3) s.sd["model"]["wq"] = ShardedTensor(DType::kF32, {37, 53}, {});
+    SaveOptions o;
+    o.comm = g_world;
+    absl::Status st = Save(s.sd, dir.Sub("coverage"), o).status();
+    EXPECT_THAT(std::string(st.message()), HasSubstr("model.wq [37, 53]"));
+    ExpectSameEverywhere(st);
+  }
+  // Reading: rank 1 of a load cannot read.
+  {
+    const std::string ckpt = dir.Sub("good");
+    ASSERT_TRUE(SaveWorld(ckpt, Pattern::kRows, 2).ok());
+    RankState s = MakeRankState(Pattern::kCols, 4, r, 2, true);
+    FaultInjectionStorage faulty(*Storage::Open(ckpt));
+    if (r == 1) faulty.FailAlways(StorageOp::kReadAt, absl::UnavailableError("disk on fire"));
+    LoadOptions o;
+    o.comm = g_world;
+    absl::Status st = internal_checkpoint::LoadFromStorage(s.sd, &faulty, o).status();
+    EXPECT_THAT(std::string(st.message()), HasSubstr("load failed in reading on 1 of 4 ranks: rank 1"));
+    ExpectSameEverywhere(st);
+  }
+}
+
+TEST(MpiDistributedTest, PlanCacheHitsOnlyWhenNothingChanged) {
+  SharedDir dir;
+  SavePlanCache cache;
+  bool hit = true;
+  ASSERT_TRUE(SaveWorld(dir.Sub("a"), Pattern::kRows, 1, &cache, &hit).ok());
+  EXPECT_FALSE(hit);
+  ASSERT_TRUE(SaveWorld(dir.Sub("b"), Pattern::kRows, 2, &cache, &hit).ok());
+  EXPECT_TRUE(hit);
+  EXPECT_TRUE(LoadWithFirst(3, dir.Sub("b"), Pattern::kCols, 2).ok());
+  // Another sharding: every rank's boxes change.
+  ASSERT_TRUE(SaveWorld(dir.Sub("c"), Pattern::kCols, 3, &cache, &hit).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_TRUE(LoadWithFirst(2, dir.Sub("c"), Pattern::kRows, 3).ok());
+}
+
+}  // namespace
+}  // namespace cairn
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  absl::StatusOr<std::unique_ptr<cairn::Communicator>> world =
+      cairn::MpiWorldCommunicator();
+  if (!world.ok()) {
+    fprintf(stderr, "cannot start MPI: %s\n", world.status().ToString().c_str());
+    return 1;
+  }
+  cairn::g_world = world->get();
+  const int failed = cairn::internal_comm::RunMpiTests();
+  world->reset();
+  return failed;
+}

@@ -1,0 +1,55 @@
+// Global save planning as pure functions of the ranks' plans: dedup of
+// replicated boxes, the coordinator's checks, and the metadata skeleton the
+// commit fills in. No communicator here, so tests and the scale benchmark
+// can run thousands of simulated ranks in one process.
+#ifndef CAIRN_PLAN_GLOBAL_PLAN_H_
+#define CAIRN_PLAN_GLOBAL_PLAN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cairn/metadata.h"
+#include "cairn/planner.h"
+
+namespace cairn::internal_plan {
+
+// OK when the local plans describe one consistent state: every FQN has one
+// kind, one dtype and one global shape on every rank that holds it, boxes
+// lie inside their shapes, nbytes match, objects of one FQN have one size.
+// kInvalidArgument naming the FQN, the ranks and what differs.
+absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans);
+
+// OK when `final_plans` write every tensor FQN of `local_plans` exactly once
+// (the written boxes cover the shape with no gap and no overlap) and every
+// object exactly once. kInvalidArgument naming the FQN, the ranks and the
+// boxes otherwise.
+absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
+                                const std::vector<SavePlan>& final_plans);
+
+// One structure JSON from every rank's (identical ones are the common case;
+// otherwise maps are merged key by key and lists element by element).
+// kInvalidArgument when two ranks disagree on what a path is.
+absl::StatusOr<std::string> MergeStructures(
+    const std::vector<std::string>& structures);
+
+// Where each final item's location goes in the metadata.
+struct ItemRef {
+  std::string fqn;
+  bool object = false;
+  size_t chunk = 0;  // tensors: index into the tensor's chunks
+};
+
+// The metadata of a checkpoint written by `final_plans` with every location
+// still empty (tensors, chunks in box order, objects, merged structure,
+// world size), and for each rank and final item where its location goes.
+struct MetadataSkeleton {
+  Metadata metadata;
+  std::vector<std::vector<ItemRef>> refs;  // [rank][item]
+};
+absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
+    const std::vector<SavePlan>& final_plans);
+
+}  // namespace cairn::internal_plan
+
+#endif  // CAIRN_PLAN_GLOBAL_PLAN_H_

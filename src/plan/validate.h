@@ -1,0 +1,21 @@
+// Checks of a state dict's shards shared by the save and load planners.
+#ifndef CAIRN_PLAN_VALIDATE_H_
+#define CAIRN_PLAN_VALIDATE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "cairn/state_dict.h"
+
+namespace cairn::internal_plan {
+
+// OK when `shard` of tensor `fqn` can be saved from or loaded into: its box
+// lies inside the tensor, its view has the box's shape and the tensor's
+// dtype, and has data; and, unless `allow_device`, the view is host memory.
+// Errors name the FQN and the box.
+absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
+                           const Shard& shard, bool allow_device = false);
+
+}  // namespace cairn::internal_plan
+
+#endif  // CAIRN_PLAN_VALIDATE_H_
