@@ -1,5 +1,7 @@
-// Drives the built `cairn` binary (CAIRN_BINARY) end to end: demo, inspect,
-// verify (good, corrupted, truncated, missing files), help and usage errors.
+// Drives the built `cairn` binary (CAIRN_BINARY) end to end: demo (several
+// in-process ranks, resharding, separate save and load runs, MPI errors),
+// inspect, verify (good, corrupted, truncated, missing files), help and usage
+// errors. The demo under mpiexec is tests/demo_mpi_test.sh.
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -13,6 +15,7 @@
 #include "cairn/cairn.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "synthetic_model.h"
 
 #ifndef CAIRN_BINARY
 #error "CAIRN_BINARY must name the cairn executable"
@@ -160,6 +163,151 @@ TEST_F(CliTest, DemoUsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("cairn demo: NOT_FOUND"));
 }
 
+TEST_F(CliTest, DemoSavesWithFourRanksAndLoadsWithThree) {
+  Result r = Run("demo -q --size 4MiB --ranks 4 --load-ranks 3 --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["comm"], "inproc");
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["load_ranks"], 3);
+  EXPECT_EQ(j["save_shards"], 4);
+  EXPECT_EQ(j["load_shards"], 3);
+  EXPECT_EQ(j["save_files"], 4);  // one data file per rank
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+  EXPECT_GE(j["checkpoint_bytes"].get<double>(), j["bytes"].get<double>());
+  EXPECT_GT(j["load_bytes_read"].get<double>(), 0);
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(CliTest, DemoLoadsWithMoreRanksThanSaved) {
+  Result r = Run("demo -q --size 2MiB --ranks 2 --load-ranks 5 --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["load_ranks"], 5);
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["rng_objects_verified"], 2);
+}
+
+TEST_F(CliTest, DemoTableShowsRanksAndThroughput) {
+  Result r = Run("demo -q --size 2MiB --ranks 3 --load-ranks 2");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("ranks"));
+  EXPECT_THAT(r.out, HasSubstr("GB/s"));
+  EXPECT_THAT(r.out, HasSubstr("saved by 3 ranks, loaded by 2"));
+  EXPECT_THAT(r.out, HasSubstr("3 rng objects match"));
+}
+
+TEST_F(CliTest, DemoSaveAndLoadWithDifferentRankCountsInSeparateRuns) {
+  const fs::path dir = root_ / "ranks";
+  Result r =
+      Run("demo -q --size 4MiB --phase save --ranks 4 --step 9 --json "
+          "--dir '" +
+          dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_TRUE(j["load_ranks"].is_null());
+  auto md = cairn::ReadMetadata(dir.string());
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->world_size, 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(md->objects.contains("rng.rank" + std::to_string(rank)));
+  }
+  // The rank count is in the user metadata, for the load's RNG checks.
+  EXPECT_EQ(nlohmann::json::parse(md->user)["cairn_demo"]["save_ranks"], 4);
+
+  r = Run("demo -q --phase load --load-ranks 2 --json --dir '" + dir.string() +
+          "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["load_ranks"], 2);
+  EXPECT_EQ(j["step"], 9);
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+  EXPECT_TRUE(j["save_seconds"].is_null());
+}
+
+// A checkpoint as the demo wrote it before --ranks: whole tensors from one
+// process, one "rng" object, version 1 user metadata without save_ranks.
+TEST_F(CliTest, DemoLoadsACheckpointOfTheSingleProcessDemo) {
+  namespace t = cairn::tools;
+  const fs::path dir = root_ / "v1";
+  auto model = t::BuildModel(t::ChooseConfig(uint64_t{1} << 20, 2).value());
+  ASSERT_TRUE(model.ok());
+  const int64_t step = 3;
+  cairn::StateDict sd;
+  for (const t::SyntheticTensor& tensor : model->tensors) {
+    cairn::Tensor buf =
+        cairn::Tensor::Empty(tensor.dtype, tensor.shape).value();
+    ASSERT_TRUE(
+        t::FillBox(tensor, cairn::Box::Full(tensor.shape), buf.view(), step, 2)
+            .ok());
+    t::InsertLeaf(sd, tensor.fqn, cairn::StateDict(buf));
+  }
+  t::InsertLeaf(sd, "step", cairn::StateDict(int64_t{step}));
+  t::InsertLeaf(sd, "rng",
+                cairn::StateDict(cairn::Object{
+                    t::RngBytes("rng", step, model->config.rng_bytes)}));
+  cairn::SaveOptions options;
+  const t::SyntheticConfig& c = model->config;
+  options.user_metadata = nlohmann::json{
+      {"cairn_demo",
+       {{"version", 1},
+        {"layers", c.layers},
+        {"hidden", c.hidden},
+        {"ffn", c.ffn},
+        {"vocab", c.vocab},
+        {"rng_bytes", c.rng_bytes},
+        {"step", step}}}}.dump();
+  auto saved = cairn::Save(sd, dir.string(), options);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+
+  Result r = Run("demo -q --phase load --load-ranks 2 --json --dir '" +
+                 dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["ranks"], 1);
+  EXPECT_EQ(j["rng_objects_verified"], 1);
+  EXPECT_EQ(j["step"], step);
+}
+
+TEST_F(CliTest, DemoRankUsageErrors) {
+  EXPECT_EQ(Run("demo --ranks 0").rc, 2);
+  EXPECT_EQ(Run("demo --load-ranks 0").rc, 2);
+  EXPECT_EQ(Run("demo --ranks many").rc, 2);
+  EXPECT_EQ(Run("demo --comm carrier-pigeon").rc, 2);
+  Result r = Run("demo --size 1MiB --ranks 1000");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("at most 256 with --comm inproc"));
+}
+
+// Without mpirun, MPI starts this process as a world of one (a singleton),
+// so --ranks 2 cannot match; without MPI in the build, --comm mpi says so.
+TEST_F(CliTest, DemoCommMpiErrorsAreClear) {
+  Result r = Run("demo -q --comm mpi --size 1MiB --ranks 2");
+  if (cairn::HasMpi()) {
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err,
+                HasSubstr("--ranks 2 does not match the MPI world size 1"));
+    r = Run("demo -q --comm mpi --size 1MiB --load-ranks 2");
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("--load-ranks 2 is more than the MPI world "
+                                 "size 1"));
+  } else {
+    EXPECT_EQ(r.rc, 1) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("cairn demo: UNIMPLEMENTED: --comm mpi"));
+    EXPECT_THAT(r.err, HasSubstr("without MPI"));
+  }
+  EXPECT_EQ(r.out, "");
+}
+
 TEST_F(CliTest, InspectListsTensorsObjectsAndScalars) {
   const fs::path dir = SaveDemo();
   Result r = Run("inspect --json '" + dir.string() + "'");
@@ -174,13 +322,16 @@ TEST_F(CliTest, InspectListsTensorsObjectsAndScalars) {
       EXPECT_EQ(t["shape"].size(), 2u);
     }
     if (t["fqn"] == "optim.exp_avg.model.norm") {
+      // Held whole by all 4 ranks, written once.
       EXPECT_EQ(t["chunks"], 1);
     }
   }
   EXPECT_TRUE(found) << r.out;
   EXPECT_EQ(j["scalars"]["step"], 42);
-  ASSERT_EQ(j["objects"].size(), 1u);
-  EXPECT_EQ(j["objects"][0]["fqn"], "rng");
+  ASSERT_EQ(j["objects"].size(), 4u);  // one RNG object per save rank
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(j["objects"][rank]["fqn"], "rng.rank" + std::to_string(rank));
+  }
   EXPECT_GT(j["totals"]["bytes"].get<double>(), 3.0 * (1 << 20));
   EXPECT_EQ(j["totals"]["tensors"], j["tensors"].size());
 
@@ -205,7 +356,7 @@ TEST_F(CliTest, VerifyPassesOnAGoodCheckpoint) {
   ASSERT_EQ(r.rc, 0) << r.all();
   nlohmann::json j = ParseJson(r);
   EXPECT_EQ(j["ok"], true);
-  EXPECT_EQ(j["objects"], 1);
+  EXPECT_EQ(j["objects"], 4);  // one RNG object per save rank
   EXPECT_TRUE(j["problems"].empty());
 }
 
@@ -273,7 +424,7 @@ TEST_F(CliTest, VerifyNamesAMissingFile) {
   const fs::path dir = SaveDemo();
   auto md = cairn::ReadMetadata(dir.string());
   ASSERT_TRUE(md.ok());
-  const std::string file = md->objects.at("rng").file;
+  const std::string file = md->objects.at("rng.rank0").file;
   fs::remove(dir / file);
   Result r = Run("verify '" + dir.string() + "'");
   EXPECT_EQ(r.rc, 1) << r.all();
@@ -292,6 +443,11 @@ TEST_F(CliTest, HelpWorksForEveryCommand) {
     EXPECT_EQ(r.rc, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr("Examples")) << cmd;
     EXPECT_THAT(r.out, HasSubstr("--json")) << cmd;
+  }
+  r = Run("demo --help");
+  for (const char* flag : {"--ranks", "--load-ranks", "--comm", "inproc",
+                           "mpirun -np", "rng.rank<r>", "uneven"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
   }
   r = Run("--version");
   EXPECT_EQ(r.rc, 0);

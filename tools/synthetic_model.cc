@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/checked.h"
 #include "core/parallel.h"
 
 namespace cairn::tools {
@@ -145,10 +146,14 @@ uint64_t SyntheticTensor::nbytes() const {
   return static_cast<uint64_t>(num_elements()) * DTypeSize(dtype);
 }
 
-uint64_t SyntheticModel::total_bytes() const {
-  uint64_t total = static_cast<uint64_t>(config.rng_bytes);
+uint64_t SyntheticModel::tensor_bytes() const {
+  uint64_t total = 0;
   for (const SyntheticTensor& t : tensors) total += t.nbytes();
   return total;
+}
+
+uint64_t SyntheticModel::total_bytes() const {
+  return tensor_bytes() + static_cast<uint64_t>(config.rng_bytes);
 }
 
 int64_t SyntheticModel::total_elements() const {
@@ -259,9 +264,11 @@ float ElementValue(uint64_t fqn_seed, int64_t index, int64_t step) {
   return ValueOf(StreamBase(fqn_seed, step), index);
 }
 
-std::string RngBytes(int64_t step, int64_t size) {
+std::string RngFqn(int rank) { return absl::StrCat(kRngFqn, ".rank", rank); }
+
+std::string RngBytes(std::string_view fqn, int64_t step, int64_t size) {
   std::string out(static_cast<size_t>(std::max<int64_t>(size, 0)), '\0');
-  const uint64_t base = StreamBase(FqnSeed(kRngFqn), step);
+  const uint64_t base = StreamBase(FqnSeed(fqn), step);
   for (int64_t i = 0; i < size; i += 8) {
     const uint64_t h = Mix64(base + static_cast<uint64_t>(i) * kGolden);
     std::memcpy(out.data() + i, &h,
@@ -304,6 +311,33 @@ std::vector<Box> ShardBoxes(const SyntheticTensor& t, int parts, int dim,
   }
   if (boxes.empty()) boxes.push_back(full);  // a dim of size 0
   return boxes;
+}
+
+int TensorParallelDim(Parallelism p) {
+  switch (p) {
+    case Parallelism::kColumn:
+      return 0;
+    case Parallelism::kRow:
+      return 1;
+    case Parallelism::kReplicated:
+      return -1;
+  }
+  return -1;
+}
+
+std::optional<Box> TensorParallelBox(const SyntheticTensor& t, int rank,
+                                     int ranks, bool uneven) {
+  if (ranks <= 0 || rank < 0 || rank >= ranks) return std::nullopt;
+  Box box = Box::Full(t.shape);
+  int dim = TensorParallelDim(t.parallelism);
+  if (dim < 0 || t.shape.empty()) return box;
+  if (dim >= static_cast<int>(t.shape.size())) dim = 0;
+  const auto [begin, end] =
+      SplitRange(t.shape[dim], ranks, uneven)[static_cast<size_t>(rank)];
+  if (end <= begin) return std::nullopt;
+  box.offsets[dim] = begin;
+  box.sizes[dim] = end - begin;
+  return box;
 }
 
 absl::Status FillBox(const SyntheticTensor& t, const Box& box,
@@ -408,6 +442,26 @@ void InsertLeaf(StateDict& root, std::string_view fqn, StateDict leaf) {
     }
     if (last) *node = std::move(leaf);
   }
+}
+
+const StateDict* FindLeaf(const StateDict& root, std::string_view fqn) {
+  const StateDict* node = &root;
+  for (absl::string_view part :
+       absl::StrSplit(internal_core::AsAbsl(fqn), '.')) {
+    if (node->is_list()) {
+      size_t index = 0;
+      if (!absl::SimpleAtoi(part, &index) || index >= node->size()) {
+        return nullptr;
+      }
+      node = node->At(index);
+    } else if (node->is_map()) {
+      node = node->Find(std::string(part));
+    } else {
+      return nullptr;
+    }
+    if (node == nullptr) return nullptr;
+  }
+  return node;
 }
 
 int DefaultThreads() {

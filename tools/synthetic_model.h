@@ -2,7 +2,8 @@
 // transformer (token embedding, N layers of attention wq/wk/wv/wo and MLP
 // w1/w2/w3 weights, RMS norms), Adam first and second moments for every
 // weight (`optim.exp_avg.<fqn>`, `optim.exp_avg_sq.<fqn>`), a `step` int64
-// scalar and an `rng` byte object.
+// scalar and one RNG byte object per saving rank (`rng.rank<r>`, since every
+// rank of a real job has its own generator state).
 //
 // Every element is a pure function of (FQN, global element index, step), so
 // any shard of any tensor can be filled, and a load under any sharding can be
@@ -63,15 +64,23 @@ struct SyntheticModel {
   // and parallelism), in a fixed order.
   std::vector<SyntheticTensor> tensors;
 
-  // Bytes of every tensor plus the rng object.
+  // Bytes of every tensor, each counted once (replicas are saved once).
+  uint64_t tensor_bytes() const;
+  // tensor_bytes() plus one rng object (what ChooseConfig aims at).
   uint64_t total_bytes() const;
   int64_t total_elements() const;
   const SyntheticTensor* Find(std::string_view fqn) const;
 };
 
-// FQNs of the two non-tensor leaves.
+// FQNs of the non-tensor leaves: the step scalar, and the parent of the
+// per-rank rng objects (checkpoints of the single-process demo before
+// `--ranks` hold one object under exactly this name).
 inline constexpr char kStepFqn[] = "step";
 inline constexpr char kRngFqn[] = "rng";
+
+// The FQN of save rank `rank`'s rng object: "rng.rank3". A map key rather
+// than a list index, so a checkpoint's ranks need not be contiguous to load.
+std::string RngFqn(int rank);
 
 // Chooses a config whose total_bytes() is as close to `target_bytes` as the
 // shapes allow (within a fraction of a percent above a few MiB; tiny targets
@@ -90,8 +99,8 @@ absl::StatusOr<SyntheticModel> BuildModel(const SyntheticConfig& config);
 uint64_t FqnSeed(std::string_view fqn);
 float ElementValue(uint64_t fqn_seed, int64_t index, int64_t step);
 
-// The rng object's bytes at `step`.
-std::string RngBytes(int64_t step, int64_t size);
+// The bytes of rng object `fqn` at `step` (each rank's differ).
+std::string RngBytes(std::string_view fqn, int64_t step, int64_t size);
 
 // Splits [0, n) into `parts` contiguous ranges: even (sizes differ by at most
 // one) or deliberately uneven (roughly 1:2:3:... so that no boundary lines up
@@ -104,6 +113,19 @@ std::vector<std::pair<int64_t, int64_t>> SplitRange(int64_t n, int parts,
 // are dropped. parts == 1 gives the whole box.
 std::vector<Box> ShardBoxes(const SyntheticTensor& t, int parts, int dim,
                             bool uneven);
+
+// The dimension tensor parallelism splits: 0 for column-parallel, 1 for
+// row-parallel, -1 for replicated tensors.
+int TensorParallelDim(Parallelism p);
+
+// The box rank `rank` of `ranks` holds of `t` under tensor parallelism:
+// part `rank` of SplitRange(shape[TensorParallelDim], ranks, uneven) of the
+// split dimension (dim 0 when the tensor has no such dimension), the whole
+// tensor for a replicated one (every rank holds a copy). nullopt when the
+// rank's part is empty (more ranks than rows) or `rank` is not in
+// [0, ranks).
+std::optional<Box> TensorParallelBox(const SyntheticTensor& t, int rank,
+                                     int ranks, bool uneven);
 
 // Fills `dst` (a view of shape box.sizes, any non-negative strides, host
 // memory) with the values of `box` of `t` at `step`, on up to `threads`
@@ -133,6 +155,9 @@ absl::StatusOr<std::optional<Mismatch>> VerifyBox(const SyntheticTensor& t,
 // Inserts `leaf` under the dotted `fqn`, creating maps on the way; numeric
 // components index lists ("model.layers.3.wq" puts layer 3 in a list).
 void InsertLeaf(StateDict& root, std::string_view fqn, StateDict leaf);
+
+// The node at the dotted `fqn` (as InsertLeaf lays it out), or null.
+const StateDict* FindLeaf(const StateDict& root, std::string_view fqn);
 
 // Default thread count for fills and checks: the machine's cores.
 int DefaultThreads();

@@ -3,8 +3,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -229,12 +232,134 @@ TEST(SyntheticModelTest, InsertLeafBuildsMapsAndLists) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(std::get<int64_t>(*s), 1);
   EXPECT_EQ(std::get<int64_t>(*sd.Find("step")->scalar()), 5);
+
+  // FindLeaf walks the same path back.
+  InsertLeaf(sd, "rng.rank3", StateDict(Object{"abc"}));
+  const StateDict* rng = FindLeaf(sd, "rng.rank3");
+  ASSERT_NE(rng, nullptr);
+  ASSERT_NE(rng->object(), nullptr);
+  EXPECT_EQ(rng->object()->bytes, "abc");
+  ASSERT_NE(FindLeaf(sd, "model.layers.1.attn.wq"), nullptr);
+  EXPECT_EQ(
+      std::get<int64_t>(*FindLeaf(sd, "model.layers.1.attn.wq")->scalar()), 1);
+  EXPECT_EQ(FindLeaf(sd, "model.layers.2.attn.wq"), nullptr);
+  EXPECT_EQ(FindLeaf(sd, "rng.rank4"), nullptr);
+  EXPECT_EQ(FindLeaf(sd, "step.x"), nullptr);
 }
 
-TEST(SyntheticModelTest, RngBytesAreDeterministic) {
-  EXPECT_EQ(RngBytes(3, 4099), RngBytes(3, 4099));
-  EXPECT_EQ(RngBytes(3, 4099).size(), 4099u);
-  EXPECT_NE(RngBytes(3, 64), RngBytes(4, 64));
+TEST(SyntheticModelTest, RngBytesAreDeterministicAndPerRank) {
+  EXPECT_EQ(RngFqn(0), "rng.rank0");
+  EXPECT_EQ(RngFqn(12), "rng.rank12");
+  EXPECT_EQ(RngBytes("rng.rank1", 3, 4099), RngBytes("rng.rank1", 3, 4099));
+  EXPECT_EQ(RngBytes("rng.rank1", 3, 4099).size(), 4099u);
+  EXPECT_NE(RngBytes("rng.rank1", 3, 64), RngBytes("rng.rank1", 4, 64));
+  EXPECT_NE(RngBytes(RngFqn(0), 3, 64), RngBytes(RngFqn(1), 3, 64));
+  EXPECT_EQ(RngBytes("rng", 3, 0), "");
+}
+
+// Every element of `t` is held by exactly one of `ranks` ranks, or by all
+// of them for a replicated tensor.
+void ExpectTensorParallelCover(const SyntheticTensor& t, int ranks,
+                               bool uneven) {
+  SCOPED_TRACE(absl::StrCat(t.fqn, " over ", ranks, uneven ? " uneven" : ""));
+  std::vector<int> holders(static_cast<size_t>(t.num_elements()), 0);
+  for (int r = 0; r < ranks; ++r) {
+    std::optional<Box> box = TensorParallelBox(t, r, ranks, uneven);
+    if (!box) continue;
+    ASSERT_TRUE(ValidateBox(*box, t.shape).ok()) << box->ToString();
+    ASSERT_GT(box->num_elements(), 0);
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      int64_t rem = i;
+      bool inside = true;
+      for (int d = static_cast<int>(t.shape.size()) - 1; d >= 0; --d) {
+        const int64_t c = rem % t.shape[d];
+        rem /= t.shape[d];
+        inside &= c >= box->offsets[d] && c < box->offsets[d] + box->sizes[d];
+      }
+      holders[static_cast<size_t>(i)] += inside;
+    }
+  }
+  const int want = t.parallelism == Parallelism::kReplicated ? ranks : 1;
+  for (size_t i = 0; i < holders.size(); ++i) {
+    ASSERT_EQ(holders[i], want) << "element " << i;
+  }
+}
+
+TEST(SyntheticModelTest, TensorParallelBoxesCoverEveryTensorOnce) {
+  auto model = BuildModel(ChooseConfig(uint64_t{64} << 10, 1).value());
+  ASSERT_TRUE(model.ok());
+  for (const SyntheticTensor& t : model->tensors) {
+    for (int ranks : {1, 2, 3, 4, 5, 7}) {
+      for (bool uneven : {false, true}) {
+        ExpectTensorParallelCover(t, ranks, uneven);
+      }
+    }
+  }
+  // More ranks than rows: the surplus ranks hold nothing, the rest cover.
+  const SyntheticTensor small = Matrix("w", 3, 5);
+  ExpectTensorParallelCover(small, 8, false);
+  ExpectTensorParallelCover(small, 8, true);
+  int holding = 0;
+  for (int r = 0; r < 8; ++r)
+    holding += TensorParallelBox(small, r, 8, false).has_value();
+  EXPECT_EQ(holding, 3);
+  EXPECT_FALSE(TensorParallelBox(small, 0, 8, false).has_value());
+  EXPECT_FALSE(TensorParallelBox(small, 8, 8, false).has_value());
+  EXPECT_FALSE(TensorParallelBox(small, -1, 8, false).has_value());
+}
+
+TEST(SyntheticModelTest, TensorParallelSplitsColumnsRowsAndReplicates) {
+  EXPECT_EQ(TensorParallelDim(Parallelism::kColumn), 0);
+  EXPECT_EQ(TensorParallelDim(Parallelism::kRow), 1);
+  EXPECT_EQ(TensorParallelDim(Parallelism::kReplicated), -1);
+  const SyntheticTensor column = Matrix("wq", 8, 6);
+  SyntheticTensor row = column;
+  row.parallelism = Parallelism::kRow;
+  const SyntheticTensor norm{
+      "norm", DType::kF32, {6}, Parallelism::kReplicated};
+  EXPECT_EQ(TensorParallelBox(column, 1, 4, false), (Box{{2, 0}, {2, 6}}));
+  EXPECT_EQ(TensorParallelBox(row, 1, 2, false), (Box{{0, 3}, {8, 3}}));
+  EXPECT_EQ(TensorParallelBox(norm, 2, 3, true), Box::Full({6}));
+  // Uneven: 2:3:4 of 9 rows.
+  EXPECT_EQ(TensorParallelBox(Matrix("w", 9, 2), 1, 3, true),
+            (Box{{2, 0}, {3, 2}}));
+  // A 1-D tensor marked row-parallel splits its only dimension.
+  SyntheticTensor vec{"v", DType::kF32, {10}, Parallelism::kRow};
+  EXPECT_EQ(TensorParallelBox(vec, 1, 2, false), (Box{{5}, {5}}));
+}
+
+// The demo saves with even splits and loads with uneven ones so that the
+// load reshards; check that no interior boundary coincides for the rank
+// counts the tests and the default demo use, at the sizes they use.
+TEST(SyntheticModelTest, UnevenLoadBoundariesMissEvenSaveBoundaries) {
+  for (uint64_t size :
+       {uint64_t{4} << 20, uint64_t{8} << 20, uint64_t{256} << 20}) {
+    auto model = BuildModel(ChooseConfig(size).value());
+    ASSERT_TRUE(model.ok());
+    for (auto [save, load] :
+         {std::pair{4, 3}, std::pair{4, 4}, std::pair{2, 5}, std::pair{4, 2}}) {
+      for (const SyntheticTensor& t : model->tensors) {
+        const int dim = TensorParallelDim(t.parallelism);
+        if (dim < 0) continue;
+        std::set<int64_t> saved;
+        for (auto [b, e] : SplitRange(t.shape[dim], save, false)) {
+          if (b > 0) saved.insert(b);
+        }
+        for (auto [b, e] : SplitRange(t.shape[dim], load, true)) {
+          EXPECT_TRUE(b == 0 || !saved.contains(b))
+              << t.fqn << " " << save << "->" << load << " at " << b;
+        }
+      }
+    }
+  }
+}
+
+TEST(SyntheticModelTest, TensorBytesLeaveOutTheRngObject) {
+  auto model = BuildModel(ChooseConfig(uint64_t{4} << 20).value());
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(
+      model->total_bytes(),
+      model->tensor_bytes() + static_cast<uint64_t>(model->config.rng_bytes));
 }
 
 }  // namespace
