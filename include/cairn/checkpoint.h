@@ -135,7 +135,7 @@ struct LoadOptions {
 
 struct LoadResult {
   std::vector<std::string> missing;     // requested but absent (non-strict)
-  std::vector<std::string> unexpected;  // in the checkpoint, not requested
+  std::vector<std::string> unexpected;  // in the checkpoint, requested by no rank
   uint64_t bytes_loaded = 0;     // bytes placed into destinations
   uint64_t bytes_read = 0;       // bytes read from storage
   uint64_t chunks_verified = 0;  // chunks and objects whose CRC32C matched

@@ -190,8 +190,9 @@ struct ReadItem {
 struct LoadPlan {
   std::vector<ReadItem> items;
   // Leaves of the destination absent from the checkpoint (non-strict
-  // loads), and stored leaves the destination did not ask for; reported in
-  // LoadResult.
+  // loads), and stored leaves this rank's destination did not ask for
+  // (sorted). Reported in LoadResult; the coordinator narrows `unexpected`
+  // to the leaves no rank asked for.
   std::vector<std::string> missing;
   std::vector<std::string> unexpected;
   std::string planner_data;

@@ -28,6 +28,13 @@ absl::Status CommError(const absl::Status& s, std::string_view phase) {
 
 }  // namespace
 
+Ranks::Ranks(Communicator* comm) : comm_(comm) {
+  if (comm_ == nullptr) {
+    local_ = LocalCommunicator();
+    comm_ = local_.get();
+  }
+}
+
 std::string Seal(const absl::Status& status, std::string_view payload) {
   ByteWriter w;
   w.U32(static_cast<uint32_t>(status.code()));

@@ -5,6 +5,7 @@
 #ifndef CAIRN_CHECKPOINT_COLLECTIVE_H_
 #define CAIRN_CHECKPOINT_COLLECTIVE_H_
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,20 @@
 namespace cairn::internal_checkpoint {
 
 inline constexpr int kCoordinator = 0;
+
+// The caller's communicator, or a one-rank one when it passed none.
+class Ranks {
+ public:
+  explicit Ranks(Communicator* comm);
+  Communicator& comm() const { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  bool coordinator() const { return rank() == kCoordinator; }
+
+ private:
+  std::unique_ptr<Communicator> local_;
+  Communicator* comm_;
+};
 
 // A status and, when OK, a payload, as one message.
 std::string Seal(const absl::Status& status, std::string_view payload = {});

@@ -684,6 +684,29 @@ TEST(DistributedTest, ResolveDataMaterializesOncePerTensorAndReleases) {
   }
 }
 
+// In a distributed load a stored leaf is "unexpected" only when no rank
+// asked for it.
+TEST(DistributedTest, UnexpectedListsLeavesNoRankAskedFor) {
+  TempDir tmp;
+  StateDict saved;
+  saved["a"] = int64_t{1};
+  saved["b"] = int64_t{2};
+  saved["c"] = int64_t{3};
+  ASSERT_TRUE(Save(saved, tmp.path()).ok());
+  std::vector<std::vector<std::string>> unexpected(2);
+  ExpectAllOk(OnRanks(2, [&](Communicator& comm) {
+    StateDict dst;
+    dst[comm.rank() == 0 ? "a" : "b"] = int64_t{0};
+    LoadOptions o;
+    o.comm = &comm;
+    CAIRN_ASSIGN_OR_RETURN(LoadResult r, Load(dst, tmp.path(), o));
+    unexpected[comm.rank()] = r.unexpected;
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(unexpected[0], ::testing::ElementsAre("c"));
+  EXPECT_THAT(unexpected[1], ::testing::ElementsAre("c"));
+}
+
 // Dedup as a pure function: balancing spreads equal replicated boxes, and
 // the lowest-rank policy gives each replicated box to its lowest holder.
 TEST(DistributedTest, DedupSavePlansIsDeterministic) {

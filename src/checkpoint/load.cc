@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -621,15 +622,11 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             const Metadata& metadata,
                                             const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<Communicator> local_comm;
-  Communicator* comm = options.comm;
-  if (comm == nullptr) {
-    local_comm = LocalCommunicator();
-    comm = local_comm.get();
-  }
-  const int rank = comm->rank();
-  const int world = comm->size();
-  const bool coordinator = rank == kCoordinator;
+  const Ranks ranks(options.comm);
+  Communicator* comm = &ranks.comm();
+  const int rank = ranks.rank();
+  const int world = ranks.size();
+  const bool coordinator = ranks.coordinator();
   DefaultLoadPlanner default_planner(options.strict);
   LoadPlanner& planner =
       options.planner != nullptr ? *options.planner : default_planner;
@@ -656,6 +653,19 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
       global = p.status();
       if (p.ok()) locals.push_back(*std::move(p));
     }
+    // A stored leaf is unexpected only when no rank asked for it.
+    std::vector<std::string> unexpected;
+    if (global.ok() && !locals.empty()) {
+      unexpected = locals[0].unexpected;
+      for (size_t r = 1; r < locals.size(); ++r) {
+        std::vector<std::string> both;
+        std::set_intersection(unexpected.begin(), unexpected.end(),
+                              locals[r].unexpected.begin(),
+                              locals[r].unexpected.end(),
+                              std::back_inserter(both));
+        unexpected = std::move(both);
+      }
+    }
     if (global.ok()) {
       absl::StatusOr<std::vector<LoadPlan>> plans =
           planner.CreateGlobalPlan(std::move(locals));
@@ -666,7 +676,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
             world));
       }
       if (global.ok()) {
-        for (const LoadPlan& p : *plans) {
+        for (LoadPlan& p : *plans) {
+          p.unexpected = unexpected;
           finals.push_back(internal_plan::EncodeLoadPlan(p));
         }
       }
@@ -698,13 +709,10 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
 absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options) {
-  std::unique_ptr<Communicator> local_comm;
+  const Ranks ranks(options.comm);
   LoadOptions opts = options;
-  if (opts.comm == nullptr) {
-    local_comm = LocalCommunicator();
-    opts.comm = local_comm.get();
-  }
-  Communicator& comm = *opts.comm;
+  opts.comm = &ranks.comm();
+  Communicator& comm = ranks.comm();
   // 1. Metadata: read once, by the coordinator.
   std::string text;
   absl::Status read = storage.status();

@@ -472,15 +472,11 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
                                          absl::StatusOr<Storage*> storage,
                                          const SaveOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<Communicator> local_comm;
-  Communicator* comm = options.comm;
-  if (comm == nullptr) {
-    local_comm = LocalCommunicator();
-    comm = local_comm.get();
-  }
-  const int rank = comm->rank();
-  const int world = comm->size();
-  const bool coordinator = rank == kCoordinator;
+  const Ranks ranks(options.comm);
+  Communicator* comm = &ranks.comm();
+  const int rank = ranks.rank();
+  const int world = ranks.size();
+  const bool coordinator = ranks.coordinator();
   DefaultSavePlanner default_planner(options.dedup);
   SavePlanner& planner =
       options.planner != nullptr ? *options.planner : default_planner;
