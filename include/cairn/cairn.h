@@ -4,9 +4,11 @@
 
 #include "cairn/box.h"          // IWYU pragma: export
 #include "cairn/checkpoint.h"   // IWYU pragma: export
+#include "cairn/communicator.h" // IWYU pragma: export
 #include "cairn/dlpack.h"       // IWYU pragma: export
 #include "cairn/dtype.h"        // IWYU pragma: export
 #include "cairn/metadata.h"     // IWYU pragma: export
+#include "cairn/planner.h"      // IWYU pragma: export
 #include "cairn/state_dict.h"   // IWYU pragma: export
 #include "cairn/storage.h"      // IWYU pragma: export
 #include "cairn/tensor.h"       // IWYU pragma: export
