@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "cairn " CAIRN_VERSION_STRING
       ": distributed checkpoints of sharded tensor state.\n"
-      "Inspect and verify checkpoints, or run a synthetic save/load demo.",
+      "Inspect, verify and merge checkpoints, or run a synthetic save/load "
+      "demo.",
       "cairn"};
   app.set_version_flag("--version", "cairn " CAIRN_VERSION_STRING);
   app.require_subcommand(1);
@@ -44,11 +45,13 @@ int main(int argc, char** argv) {
       "  cairn demo --size 2GiB --json      the same at 2 GiB, as JSON\n"
       "  cairn inspect /ckpt/step-100       list tensors, objects, scalars\n"
       "  cairn verify /ckpt/step-100        recompute every checksum\n"
+      "  cairn merge /ckpt/step-100         rank-local folders -> global\n"
       "Run 'cairn <command> --help' for a command's options.");
 
   cairn::tools::RegisterInspect(app);
   cairn::tools::RegisterVerify(app);
   cairn::tools::RegisterDemo(app);
+  cairn::tools::RegisterMerge(app);
 
   try {
     app.parse(argc, argv);

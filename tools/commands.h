@@ -13,6 +13,7 @@ namespace cairn::tools {
 void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
 void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]
 void RegisterDemo(CLI::App& app);     // cairn demo [--size ...] [--phase ...]
+void RegisterMerge(CLI::App& app);    // cairn merge CKPT [--overwrite] [--json]
 
 }  // namespace cairn::tools
 

@@ -90,6 +90,14 @@ struct SaveOptions {
   DedupPolicy dedup = DedupPolicy::kBalanceBytes;
   // Null: plan every save in full.
   SavePlanCache* plan_cache = nullptr;
+  // Rank-local mode: no collective at all. Each rank writes its own folder
+  // rank-NNNNN/ (its rank in `comm`) with its own data and metadata.json,
+  // holding everything it holds (no dedup, no coverage check across ranks).
+  // Loading it back needs the same ranks (LoadOptions::rank_local) until
+  // `Merge` turns it into a global checkpoint. With `overwrite`, a global
+  // metadata.json at the URL (e.g. from an earlier Merge) is un-committed
+  // first. Default: false.
+  bool rank_local = false;
 };
 
 struct SaveResult {
@@ -131,6 +139,11 @@ struct LoadOptions {
   Communicator* comm = nullptr;
   // Null: a DefaultLoadPlanner with `strict`.
   LoadPlanner* planner = nullptr;
+  // Rank-local mode: no collective at all. Each rank reads its own
+  // rank-NNNNN/metadata.json when it exists, else the global metadata.json.
+  // A destination box that the rank's own folder does not fully hold is an
+  // error (merge the checkpoint to reshard it). Default: false.
+  bool rank_local = false;
 };
 
 struct LoadResult {
@@ -158,6 +171,28 @@ absl::StatusOr<StateDict> LoadAll(std::string_view url,
 // Reads and validates metadata.json. kNotFound when there is no committed
 // checkpoint at `url`.
 absl::StatusOr<Metadata> ReadMetadata(std::string_view url);
+
+struct MergeOptions {
+  // Replace a global metadata.json already at the URL. Default: false.
+  bool overwrite = false;
+};
+
+struct MergeResult {
+  int ranks = 0;              // rank folders merged
+  uint64_t data_bytes = 0;    // tensor and object bytes indexed
+  uint64_t duplicates = 0;    // replicated chunks dropped (stored twice)
+  Metadata metadata;          // what was written
+};
+
+// Turns a rank-local checkpoint at `url` into a global one, offline and
+// without copying data: reads every rank-NNNNN/metadata.json, checks that
+// ranks 0..world_size-1 are all there, that each tensor is covered exactly
+// once (replicated boxes kept once) and that objects and scalars agree,
+// then writes a global metadata.json whose chunks point into the rank
+// folders' files. Any number of ranks can then load it. Errors name the
+// rank folder, FQN and boxes.
+absl::StatusOr<MergeResult> Merge(std::string_view url,
+                                  const MergeOptions& options = {});
 
 }  // namespace cairn
 

@@ -49,6 +49,9 @@ struct Metadata {
   int version = kFormatVersion;
   std::string created_by;  // "cairn 0.1.0"
   int world_size = 1;      // ranks that saved the checkpoint
+  // Rank-local metadata (rank-NNNNN/metadata.json): the rank that wrote it,
+  // whose chunks alone it lists. -1 for a global checkpoint.
+  int rank = -1;
   std::map<std::string, TensorMetadata> tensors;  // by FQN
   std::map<std::string, ByteLocation> objects;    // by FQN
   std::map<std::string, Scalar> scalars;          // by FQN

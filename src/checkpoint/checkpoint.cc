@@ -41,4 +41,10 @@ absl::StatusOr<Metadata> ReadMetadata(std::string_view url) {
   return internal_checkpoint::ReadMetadataFromStorage(*storage);
 }
 
+absl::StatusOr<MergeResult> Merge(std::string_view url,
+                                  const MergeOptions& options) {
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage, Storage::Open(url));
+  return internal_checkpoint::MergeInStorage(*storage, options);
+}
+
 }  // namespace cairn

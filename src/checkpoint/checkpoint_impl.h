@@ -40,6 +40,15 @@ absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
 // Reads, decodes and validates metadata.json (including chunk coverage).
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);
 
+// The same for a metadata file by name (e.g. "rank-00003/metadata.json");
+// coverage is checked only when it is global metadata (rank < 0).
+absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
+                                          const std::string& name);
+
+// Merge against an opened storage.
+absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
+                                           const MergeOptions& options);
+
 }  // namespace cairn::internal_checkpoint
 
 #endif  // CAIRN_CHECKPOINT_CHECKPOINT_IMPL_H_

@@ -590,31 +590,84 @@ namespace {
 
 constexpr char kOperation[] = "load";
 
-// Reads metadata.json; with `text`, also returns its bytes.
-absl::StatusOr<Metadata> ReadAndValidate(Storage& storage, std::string* text) {
+// Reads the metadata file `name` (metadata.json, or a rank folder's); with
+// `text`, also returns its bytes. Chunk coverage is checked for global
+// metadata only: rank-local metadata lists one rank's part.
+absl::StatusOr<Metadata> ReadAndValidate(Storage& storage, std::string* text,
+                                         const std::string& name =
+                                             kMetadataFileName) {
   absl::StatusOr<std::string> bytes =
-      storage.ReadAll(kMetadataFileName, internal_format::kMaxMetadataBytes);
+      storage.ReadAll(name, internal_format::kMaxMetadataBytes);
   if (absl::IsNotFound(bytes.status())) {
     return absl::NotFoundError(absl::StrFormat(
-        "no committed checkpoint at %s (%s is missing)", storage.url(),
-        kMetadataFileName));
+        "no committed checkpoint at %s (%s is missing)", storage.url(), name));
   }
   CAIRN_RETURN_IF_ERROR(bytes.status());
-  const std::string source = absl::StrCat(storage.url(), "/", kMetadataFileName);
+  const std::string source = absl::StrCat(storage.url(), "/", name);
   CAIRN_ASSIGN_OR_RETURN(Metadata metadata,
                          internal_format::DecodeMetadata(*bytes, source));
-  for (const auto& [fqn, tensor] : metadata.tensors) {
-    CAIRN_RETURN_IF_ERROR(
-        Annotate(internal_format::ValidateCoverage(fqn, tensor), source));
+  if (metadata.rank < 0) {
+    for (const auto& [fqn, tensor] : metadata.tensors) {
+      CAIRN_RETURN_IF_ERROR(
+          Annotate(internal_format::ValidateCoverage(fqn, tensor), source));
+    }
   }
   if (text != nullptr) *text = *std::move(bytes);
   return metadata;
+}
+
+// Rank-local load: this rank's folder when it has one, else the global
+// metadata; no collective either way.
+absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
+                                         absl::StatusOr<Storage*> storage,
+                                         const LoadOptions& options) {
+  const Ranks ranks(options.comm);
+  const int rank = ranks.rank();
+  const std::string context = absl::StrCat("rank-local load of rank ", rank);
+  CAIRN_RETURN_IF_ERROR(Annotate(storage.status(), context));
+  Storage& st = **storage;
+  const std::string folder = internal_format::RankFolderName(rank);
+  const std::string local_name = absl::StrCat(folder, "/", kMetadataFileName);
+  absl::StatusOr<Metadata> metadata = ReadAndValidate(st, nullptr, local_name);
+  if (metadata.ok()) {
+    if (metadata->rank != rank) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s/%s says it was written by rank %d, not %d", st.url(), local_name,
+          metadata->rank, rank));
+    }
+    // Its file names are relative to the rank's folder.
+    auto relocate = [&](ByteLocation& loc) {
+      loc.file = absl::StrCat(folder, "/", loc.file);
+    };
+    for (auto& [fqn, tensor] : metadata->tensors) {
+      for (ChunkMetadata& chunk : tensor.chunks) relocate(chunk.location);
+    }
+    for (auto& [fqn, loc] : metadata->objects) relocate(loc);
+  } else if (absl::IsNotFound(metadata.status())) {
+    metadata = ReadAndValidate(st, nullptr);
+    if (absl::IsNotFound(metadata.status())) {
+      return absl::NotFoundError(absl::StrFormat(
+          "%s: neither %s/%s nor a global %s exists (was the checkpoint "
+          "saved by fewer ranks, or not committed?)",
+          context, st.url(), local_name, kMetadataFileName));
+    }
+  }
+  CAIRN_RETURN_IF_ERROR(Annotate(metadata.status(), context));
+  LoadOptions local = options;
+  local.comm = nullptr;
+  local.rank_local = false;
+  return LoadWithMetadata(state, storage, *metadata, local);
 }
 
 }  // namespace
 
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage) {
   return ReadAndValidate(storage, nullptr);
+}
+
+absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
+                                          const std::string& name) {
+  return ReadAndValidate(storage, nullptr, name);
 }
 
 absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
@@ -709,6 +762,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
 absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options) {
+  if (options.rank_local) return LoadRankLocal(state, storage, options);
   const Ranks ranks(options.comm);
   LoadOptions opts = options;
   opts.comm = &ranks.comm();

@@ -115,6 +115,17 @@ bool IsOurFile(std::string_view name) {
          name.starts_with(std::string(kMetadataFileName) + ".tmp");
 }
 
+// Where this save writes: a global checkpoint (every rank's file at the
+// top, metadata.json by the coordinator) or one rank's folder of a
+// rank-local checkpoint.
+struct Where {
+  std::string prefix;  // "" or "rank-00003/"
+  int rank = -1;       // rank-local: the rank; -1: global
+  int world = 1;       // rank-local: the ranks of the job
+  bool rank_local() const { return rank >= 0; }
+  std::string metadata_name() const { return prefix + kMetadataFileName; }
+};
+
 struct FileLayout {
   std::vector<std::unique_ptr<Entry>> entries;
   std::string header;
@@ -360,7 +371,8 @@ struct GlobalPlan {
 
 absl::StatusOr<GlobalPlan> PlanGlobally(SavePlanner& planner,
                                         const std::vector<std::string>& encoded,
-                                        const SaveOptions& options) {
+                                        const SaveOptions& options,
+                                        const Where& where) {
   std::vector<SavePlan> locals;
   locals.reserve(encoded.size());
   for (size_t r = 0; r < encoded.size(); ++r) {
@@ -377,7 +389,8 @@ absl::StatusOr<GlobalPlan> PlanGlobally(SavePlanner& planner,
         "CreateGlobalPlan returned %d plans for %d ranks", g.finals.size(),
         locals.size()));
   }
-  CAIRN_RETURN_IF_ERROR(internal_plan::ValidateFinalPlans(locals, g.finals));
+  CAIRN_RETURN_IF_ERROR(internal_plan::ValidateFinalPlans(
+      locals, g.finals, /*require_coverage=*/!where.rank_local()));
   CAIRN_ASSIGN_OR_RETURN(g.skeleton,
                          internal_plan::BuildMetadataSkeleton(g.finals));
   // Every FQN and the structure must encode (valid UTF-8, ...) before any
@@ -388,22 +401,40 @@ absl::StatusOr<GlobalPlan> PlanGlobally(SavePlanner& planner,
   return g;
 }
 
-absl::Status PrepareLocation(Storage& storage, const SaveOptions& options) {
-  CAIRN_RETURN_IF_ERROR(storage.CreateLocation());
-  CAIRN_ASSIGN_OR_RETURN(bool committed, storage.Exists(kMetadataFileName));
-  if (committed) {
-    if (!options.overwrite) {
-      return absl::AlreadyExistsError(absl::StrFormat(
-          "%s already holds a committed checkpoint; pass overwrite to "
-          "replace it",
-          storage.url()));
-    }
-    CAIRN_RETURN_IF_ERROR(storage.Remove(kMetadataFileName));
-    CAIRN_RETURN_IF_ERROR(storage.Sync());
+// Un-commits `name` (a metadata.json) when it exists and `overwrite`
+// allows; kAlreadyExists otherwise. NotFound on removal is fine: in
+// rank-local mode several ranks may race to un-commit the global one.
+absl::Status Uncommit(Storage& storage, const std::string& name,
+                      const SaveOptions& options, std::string_view what) {
+  CAIRN_ASSIGN_OR_RETURN(bool committed, storage.Exists(name));
+  if (!committed) return absl::OkStatus();
+  if (!options.overwrite) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%s already holds %s (%s); pass overwrite to replace it",
+        storage.url(), what, name));
   }
+  absl::Status removed = storage.Remove(name);
+  if (!removed.ok() && !absl::IsNotFound(removed)) return removed;
+  return storage.Sync();
+}
+
+absl::Status PrepareLocation(Storage& storage, const SaveOptions& options,
+                             const Where& where) {
+  CAIRN_RETURN_IF_ERROR(storage.CreateLocation());
+  if (where.rank_local()) {
+    // A global metadata.json (e.g. from Merge) may point into this rank's
+    // folder, which is about to be rewritten.
+    CAIRN_RETURN_IF_ERROR(Uncommit(storage, kMetadataFileName, options,
+                                   "a committed global checkpoint"));
+  }
+  CAIRN_RETURN_IF_ERROR(Uncommit(storage, where.metadata_name(), options,
+                                 "a committed checkpoint"));
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
   for (const std::string& name : names) {
-    if (IsOurFile(name)) CAIRN_RETURN_IF_ERROR(storage.Remove(name));
+    if (name.starts_with(where.prefix) &&
+        IsOurFile(std::string_view(name).substr(where.prefix.size()))) {
+      CAIRN_RETURN_IF_ERROR(storage.Remove(name));
+    }
   }
   return absl::OkStatus();
 }
@@ -412,8 +443,13 @@ absl::Status PrepareLocation(Storage& storage, const SaveOptions& options) {
 absl::StatusOr<Metadata> Assemble(
     const internal_plan::MetadataSkeleton& skeleton,
     const std::vector<std::string>& encoded_reports,
-    const SaveOptions& options, uint64_t* checkpoint_bytes) {
+    const SaveOptions& options, const Where& where,
+    uint64_t* checkpoint_bytes) {
   Metadata md = skeleton.metadata;
+  if (where.rank_local()) {
+    md.rank = where.rank;
+    md.world_size = where.world;
+  }
   md.created_by = "cairn " CAIRN_VERSION_STRING;
   md.user = options.user_metadata;
   std::map<std::string, std::pair<int, std::string>> scalar_from;
@@ -468,9 +504,10 @@ int64_t NewPlanId() {
 
 }  // namespace
 
-absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
-                                         absl::StatusOr<Storage*> storage,
-                                         const SaveOptions& options) {
+absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
+                                    absl::StatusOr<Storage*> storage,
+                                    const SaveOptions& options,
+                                    const Where& where) {
   const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
   Communicator* comm = &ranks.comm();
@@ -531,7 +568,8 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
     absl::Status global = gathered.status();
     std::vector<std::string> payloads;
     if (coordinator && global.ok()) {
-      absl::StatusOr<GlobalPlan> g = PlanGlobally(planner, *gathered, options);
+      absl::StatusOr<GlobalPlan> g =
+          PlanGlobally(planner, *gathered, options, where);
       if (!g.ok()) {
         global = Annotate(g.status(),
                           "save failed in global planning (coordinator)");
@@ -574,7 +612,7 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
   {
     absl::Status prepared = absl::OkStatus();
     if (coordinator) {
-      prepared = Annotate(PrepareLocation(**storage, options),
+      prepared = Annotate(PrepareLocation(**storage, options, where),
                           "preparing the location (coordinator)");
     }
     CAIRN_RETURN_IF_ERROR(BroadcastOutcome(*comm, prepared, "").status());
@@ -583,12 +621,13 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
   // 4. Write this rank's data file.
   WriteReport report;
   if (write_status.ok() && !finished->items.empty()) {
-    report.file = internal_format::DataFileName(rank);
+    // Rank-local: the name is relative to the rank's folder.
+    report.file = internal_format::DataFileName(where.rank_local() ? 0 : rank);
     absl::StatusOr<FileLayout> layout = LayOut(*finished, report.file);
     write_status = layout.status();
     if (write_status.ok()) {
-      write_status = WriteDataFile(*layout, planner, **storage, report.file,
-                                   options);
+      write_status = WriteDataFile(*layout, planner, **storage,
+                                   where.prefix + report.file, options);
     }
     if (write_status.ok()) write_status = (*storage)->Sync();
     if (write_status.ok()) {
@@ -614,13 +653,13 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
   if (coordinator && committed.ok()) {
     uint64_t total = 0;
     absl::StatusOr<Metadata> md =
-        Assemble(*skeleton, *reports, options, &total);
+        Assemble(*skeleton, *reports, options, where, &total);
     committed = md.status();
     if (committed.ok()) {
       absl::StatusOr<std::string> json = internal_format::EncodeMetadata(*md);
       committed = json.status();
       if (committed.ok()) {
-        committed = (*storage)->WriteAtomically(kMetadataFileName, *json);
+        committed = (*storage)->WriteAtomically(where.metadata_name(), *json);
       }
     }
     if (!committed.ok()) {
@@ -640,6 +679,28 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
   result.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - start)
                        .count();
+  return result;
+}
+
+absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
+                                         absl::StatusOr<Storage*> storage,
+                                         const SaveOptions& options) {
+  if (!options.rank_local) return SaveImpl(state, storage, options, Where{});
+  // Rank-local: the communicator only names this rank; the save itself is a
+  // one-rank save into the rank's folder, with no collective.
+  const Ranks ranks(options.comm);
+  Where where;
+  where.prefix = internal_format::RankFolderName(ranks.rank()) + "/";
+  where.rank = ranks.rank();
+  where.world = ranks.size();
+  SaveOptions local = options;
+  local.comm = nullptr;
+  absl::StatusOr<SaveResult> result = SaveImpl(state, storage, local, where);
+  if (!result.ok()) {
+    return Annotate(result.status(),
+                    absl::StrCat("rank-local save of rank ", ranks.rank()));
+  }
+  result->world_size = ranks.size();
   return result;
 }
 

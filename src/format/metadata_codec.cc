@@ -352,6 +352,15 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
                                   Describe(*world_size)));
   }
   md.world_size = static_cast<int>(*ws);
+  if (const json* rank = Find(root, "rank"); rank != nullptr) {
+    auto r = GetUint(*rank, std::numeric_limits<int>::max());
+    if (!r || *r >= *ws) {
+      return Error("", absl::StrCat("\"rank\" must be an integer in [0, "
+                                    "world_size), got ",
+                                    Describe(*rank)));
+    }
+    md.rank = static_cast<int>(*r);
+  }
 
   CAIRN_ASSIGN_OR_RETURN(const json* tensors, Object(root, "tensors", ""));
   for (const auto& [fqn, value] : tensors->items()) {
@@ -416,6 +425,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   root["version"] = metadata.version;
   root["created_by"] = metadata.created_by;
   root["world_size"] = metadata.world_size;
+  if (metadata.rank >= 0) root["rank"] = metadata.rank;
 
   json tensors = json::object();
   for (const auto& [fqn, tensor] : metadata.tensors) {

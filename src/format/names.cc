@@ -64,6 +64,10 @@ std::string DataFileName(int index) {
   return absl::StrFormat("data-%05d.safetensors", index);
 }
 
+std::string RankFolderName(int rank) {
+  return absl::StrFormat("rank-%05d", rank);
+}
+
 std::string EntryName(std::string_view fqn, const Box& box, bool whole) {
   if (whole) return std::string(fqn);
   return std::string(fqn) + "@" + absl::StrJoin(box.offsets, ",");

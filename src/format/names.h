@@ -22,6 +22,9 @@ absl::Status ValidatePlainName(std::string_view name);
 // "data-00003.safetensors".
 std::string DataFileName(int index);
 
+// "rank-00003": the folder of rank 3 in a rank-local checkpoint.
+std::string RankFolderName(int rank);
+
 // The safetensors entry name of a stored box: `fqn` when the box covers the
 // whole tensor, else "fqn@o0,o1,..." with the box offsets.
 std::string EntryName(std::string_view fqn, const Box& box, bool whole);

@@ -144,9 +144,11 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
     }
     const Box& box = target.tensor->shards()[target.shard].box;
     const TensorMetadata& tm = metadata_->tensors.at(target.stored);
+    int64_t covered = 0;
     for (size_t c = 0; c < tm.chunks.size(); ++c) {
       std::optional<Box> overlap = Intersect(box, tm.chunks[c].box);
       if (!overlap) continue;
+      covered += overlap->num_elements();
       ReadItem item;
       item.fqn = target.stored;
       item.kind = ItemKind::kTensor;
@@ -154,6 +156,22 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
       item.chunk = c;
       item.overlap = *std::move(overlap);
       plan.items.push_back(std::move(item));
+    }
+    // Stored chunks never overlap, so this counts each element once. In a
+    // global checkpoint they cover every tensor; a rank-local one holds one
+    // rank's part, and a destination beyond it must not be left unfilled.
+    if (covered != box.num_elements()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: destination box %s is only partly in the checkpoint (%d of "
+          "%d elements)%s",
+          target.fqn, box.ToString(), covered, box.num_elements(),
+          metadata_->rank >= 0
+              ? absl::StrFormat("; this is rank %d's folder of a rank-local "
+                                "checkpoint, which holds only what that "
+                                "rank saved: load with the same sharding, "
+                                "or merge it (cairn merge) first",
+                                metadata_->rank)
+              : ""));
     }
   }
   return plan;

@@ -111,6 +111,7 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
         plan.items.push_back(std::move(item));
         continue;
       }
+      const size_t items_before = plan.items.size();
       for (size_t s = 0; s < t->shards().size(); ++s) {
         const Shard& shard = t->shards()[s];
         CAIRN_RETURN_IF_ERROR(internal_plan::ValidateShard(
@@ -126,6 +127,22 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
             internal_core::CheckedBytes(shard.box.sizes, t->dtype()).value_or(0);
         item.local_index = static_cast<int64_t>(sources_.size());
         sources_.push_back({l, s});
+        plan.items.push_back(std::move(item));
+      }
+      // (A rank-0 tensor has no empty box to declare it with.)
+      if (plan.items.size() == items_before && !t->global_shape().empty()) {
+        // This rank holds none of the tensor's bytes but does hold the
+        // tensor: declare it with a zero-byte item, so that a rank-local
+        // checkpoint still lists it (dedup drops the declaration when
+        // another rank writes bytes of the tensor).
+        WriteItem item;
+        item.fqn = leaf.fqn;
+        item.dtype = t->dtype();
+        item.global_shape = t->global_shape();
+        item.box = Box::Full(t->global_shape());
+        item.box.sizes[0] = 0;
+        item.local_index = static_cast<int64_t>(sources_.size());
+        sources_.push_back({l, 0});
         plan.items.push_back(std::move(item));
       }
     } else {

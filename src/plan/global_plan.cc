@@ -142,6 +142,25 @@ std::vector<SavePlan> DedupImpl(std::vector<SavePlan> local_plans,
     load[best->rank] += bytes_of(holders);
   }
 
+  // Zero-byte tensor items only declare a tensor: keep one only for a
+  // tensor no rank writes bytes of (a zero-element tensor).
+  std::set<std::string> has_bytes;
+  for (int r = 0; r < world; ++r) {
+    for (const WriteItem& item : local_plans[r].items) {
+      if (item.kind == ItemKind::kTensor && item.nbytes > 0) {
+        has_bytes.insert(item.fqn);
+      }
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < keep[r].size(); ++i) {
+      const WriteItem& item = local_plans[r].items[i];
+      if (item.kind == ItemKind::kTensor && item.nbytes == 0 &&
+          has_bytes.contains(item.fqn)) {
+        keep[r][i] = false;
+      }
+    }
+  }
   for (int r = 0; r < world; ++r) {
     std::vector<WriteItem>& items = local_plans[r].items;
     size_t kept = 0;
@@ -222,7 +241,8 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
 }
 
 absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
-                                const std::vector<SavePlan>& final_plans) {
+                                const std::vector<SavePlan>& final_plans,
+                                bool require_coverage) {
   struct Written {
     const WriteItem* any = nullptr;  // from the local plans
     std::vector<std::pair<int, Box>> boxes;
@@ -258,6 +278,7 @@ absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
       }
       continue;
     }
+    if (!require_coverage) continue;
     TensorMetadata tm;
     tm.dtype = w.any->dtype;
     tm.shape = w.any->global_shape;

@@ -24,8 +24,11 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans);
 // (the written boxes cover the shape with no gap and no overlap) and every
 // object exactly once. kInvalidArgument naming the FQN, the ranks and the
 // boxes otherwise.
+// Without `require_coverage` (rank-local checkpoints, which hold one rank's
+// part), gaps are allowed; everything else is still checked.
 absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
-                                const std::vector<SavePlan>& final_plans);
+                                const std::vector<SavePlan>& final_plans,
+                                bool require_coverage = true);
 
 // One structure JSON from every rank's (identical ones are the common case;
 // otherwise maps are merged key by key and lists element by element).

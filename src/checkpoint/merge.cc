@@ -1,0 +1,246 @@
+// Merge: a rank-local checkpoint (one folder per rank, each with its own
+// metadata.json) becomes a global one. Offline, no data copied:
+//
+//  1. Find every rank-NNNNN/metadata.json; each must be committed and say
+//     it was written by that rank, all with one world size, and ranks
+//     0..world_size-1 must all be there.
+//  2. Combine: each chunk and object keeps its file, now named relative to
+//     the checkpoint (rank-NNNNN/data-00000.safetensors). A box or object
+//     stored by several ranks (replicas: rank-local saves do not dedup) is
+//     kept once, and its copies must agree (size and CRC32C). Tensors must
+//     agree in dtype and shape, scalars in value; the nestings are merged.
+//  3. Check every tensor is covered exactly once and every chunk lies
+//     inside its (real) file.
+//  4. Write metadata.json atomically (refused over an existing one unless
+//     `overwrite`). That is the commit; the rank folders stay as they are.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cairn/checkpoint.h"
+#include "cairn/version.h"
+#include "checkpoint/checkpoint_impl.h"
+#include "core/checked.h"
+#include "core/status.h"
+#include "format/crc32c.h"
+#include "format/metadata_codec.h"
+#include "format/names.h"
+#include "plan/global_plan.h"
+#include "plan/plan_codec.h"
+
+namespace cairn::internal_checkpoint {
+namespace {
+
+using internal_core::Annotate;
+
+// The rank of "rank-NNNNN/metadata.json", or -1.
+int RankOfMetadataName(const std::string& name) {
+  const std::string suffix = absl::StrCat("/", kMetadataFileName);
+  if (!name.starts_with("rank-") || !name.ends_with(suffix)) return -1;
+  const std::string digits =
+      name.substr(5, name.size() - 5 - suffix.size());
+  int rank = -1;
+  if (digits.size() < 5 ||
+      digits.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(digits, &rank) ||
+      internal_format::RankFolderName(rank) != name.substr(0, 5 + digits.size())) {
+    return -1;
+  }
+  return rank;
+}
+
+}  // namespace
+
+absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
+                                           const MergeOptions& options) {
+  // 1. The rank folders.
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
+  std::map<int, std::string> folders;
+  for (const std::string& name : names) {
+    if (int rank = RankOfMetadataName(name); rank >= 0) {
+      folders[rank] = internal_format::RankFolderName(rank);
+    }
+  }
+  if (folders.empty()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%s holds no rank-local checkpoint (no rank-NNNNN/%s)", storage.url(),
+        kMetadataFileName));
+  }
+  std::vector<Metadata> parts;
+  for (const auto& [rank, folder] : folders) {
+    CAIRN_ASSIGN_OR_RETURN(
+        Metadata md,
+        ReadMetadataFile(storage, absl::StrCat(folder, "/", kMetadataFileName)));
+    if (md.rank != rank) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s/%s/%s says it was written by %s, not rank %d", storage.url(),
+          folder, kMetadataFileName,
+          md.rank < 0 ? "a global save" : absl::StrCat("rank ", md.rank),
+          rank));
+    }
+    if (!parts.empty() && md.world_size != parts[0].world_size) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: rank %d's folder says the save had %d ranks, rank %d's says %d",
+          storage.url(), folders.begin()->first, parts[0].world_size, rank,
+          md.world_size));
+    }
+    parts.push_back(std::move(md));
+  }
+  const int world = parts[0].world_size;
+  for (int r = 0; r < world; ++r) {
+    if (!folders.contains(r)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: %s/%s is missing (the save had %d ranks); every rank's folder "
+          "must be committed before merging",
+          storage.url(), internal_format::RankFolderName(r), kMetadataFileName,
+          world));
+    }
+  }
+  if (static_cast<int>(folders.size()) != world) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: found %d rank folders but the save had %d ranks", storage.url(),
+        folders.size(), world));
+  }
+
+  // 2. Combine.
+  MergeResult result;
+  result.ranks = world;
+  Metadata& out = result.metadata;
+  out.world_size = world;
+  out.created_by = "cairn " CAIRN_VERSION_STRING;
+  out.user = parts[0].user;
+  std::vector<std::string> structures;
+  struct Origin {
+    int rank;
+    const ByteLocation* location;
+  };
+  std::map<std::pair<std::string, std::string>, Origin> boxes;  // (fqn, box)
+  std::map<std::string, int> first_rank;  // tensors, objects, scalars
+  for (int r = 0; r < world; ++r) {
+    Metadata& md = parts[r];
+    const std::string folder = internal_format::RankFolderName(r);
+    structures.push_back(md.structure);
+    auto relocate = [&](ByteLocation loc) {
+      loc.file = absl::StrCat(folder, "/", loc.file);
+      return loc;
+    };
+    auto same_copy = [&](const std::string& what, const Origin& first,
+                         const ByteLocation& loc) -> absl::Status {
+      if (first.location->nbytes == loc.nbytes &&
+          first.location->crc32c == loc.crc32c) {
+        return absl::OkStatus();
+      }
+      return absl::DataLossError(absl::StrFormat(
+          "%s is stored by rank %d and rank %d with different contents "
+          "(%d bytes crc32c %s vs %d bytes crc32c %s); replicas must be equal",
+          what, first.rank, r, first.location->nbytes,
+          internal_format::Crc32cToHex(first.location->crc32c), loc.nbytes,
+          internal_format::Crc32cToHex(loc.crc32c)));
+    };
+    for (const auto& [fqn, tm] : md.tensors) {
+      auto [it, inserted] = out.tensors.try_emplace(fqn);
+      TensorMetadata& merged = it->second;
+      if (inserted) {
+        merged.dtype = tm.dtype;
+        merged.shape = tm.shape;
+        first_rank[fqn] = r;
+      } else if (merged.dtype != tm.dtype || merged.shape != tm.shape) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s: rank %d saved %s [%s] but rank %d saved %s [%s]", fqn,
+            first_rank[fqn], DTypeName(merged.dtype),
+            absl::StrJoin(merged.shape, ", "), r, DTypeName(tm.dtype),
+            absl::StrJoin(tm.shape, ", ")));
+      }
+      for (const ChunkMetadata& chunk : tm.chunks) {
+        auto [b, fresh] = boxes.try_emplace(
+            {fqn, chunk.box.ToString()}, Origin{r, &chunk.location});
+        if (!fresh) {
+          CAIRN_RETURN_IF_ERROR(same_copy(
+              absl::StrCat(fqn, " ", chunk.box.ToString()), b->second,
+              chunk.location));
+          ++result.duplicates;
+          continue;
+        }
+        merged.chunks.push_back(ChunkMetadata{chunk.box, relocate(chunk.location)});
+        result.data_bytes += chunk.location.nbytes;
+      }
+    }
+    for (const auto& [fqn, loc] : md.objects) {
+      auto [it, inserted] = out.objects.try_emplace(fqn, relocate(loc));
+      if (inserted) {
+        first_rank[fqn] = r;
+        result.data_bytes += loc.nbytes;
+        continue;
+      }
+      const int fr = first_rank[fqn];
+      CAIRN_RETURN_IF_ERROR(same_copy(absl::StrCat("object ", fqn),
+                                      Origin{fr, &parts[fr].objects.at(fqn)},
+                                      loc));
+      ++result.duplicates;
+    }
+    for (const auto& [fqn, value] : md.scalars) {
+      auto [it, inserted] = out.scalars.try_emplace(fqn, value);
+      if (inserted) {
+        first_rank[fqn] = r;
+        continue;
+      }
+      internal_plan::ByteWriter a, b;
+      a.Scalar(it->second);
+      b.Scalar(value);
+      if (a.data() != b.data()) {
+        return absl::DataLossError(absl::StrFormat(
+            "scalar %s differs between rank %d and rank %d", fqn,
+            first_rank[fqn], r));
+      }
+    }
+  }
+  for (auto& [fqn, tm] : out.tensors) {
+    std::sort(tm.chunks.begin(), tm.chunks.end(),
+              [](const ChunkMetadata& a, const ChunkMetadata& b) {
+                return a.box.offsets < b.box.offsets;
+              });
+  }
+  CAIRN_ASSIGN_OR_RETURN(out.structure,
+                         internal_plan::MergeStructures(structures));
+
+  // 3. Coverage, and every chunk inside its real file.
+  for (const auto& [fqn, tm] : out.tensors) {
+    CAIRN_RETURN_IF_ERROR(Annotate(internal_format::ValidateCoverage(fqn, tm),
+                                   absl::StrCat("merging ", storage.url())));
+  }
+  std::map<std::string, uint64_t> file_sizes;
+  auto note_file = [&](const ByteLocation& loc) -> absl::Status {
+    if (file_sizes.contains(loc.file)) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<ReadableFile>> f = storage.OpenForRead(loc.file);
+    if (absl::IsNotFound(f.status())) return absl::OkStatus();  // reported below
+    CAIRN_RETURN_IF_ERROR(f.status());
+    file_sizes[loc.file] = (*f)->size();
+    return absl::OkStatus();
+  };
+  for (const auto& [fqn, tm] : out.tensors) {
+    for (const ChunkMetadata& c : tm.chunks) CAIRN_RETURN_IF_ERROR(note_file(c.location));
+  }
+  for (const auto& [fqn, loc] : out.objects) CAIRN_RETURN_IF_ERROR(note_file(loc));
+  CAIRN_RETURN_IF_ERROR(Annotate(
+      internal_format::ValidateAgainstFileSizes(out, file_sizes),
+      absl::StrCat("merging ", storage.url())));
+
+  // 4. Commit.
+  CAIRN_ASSIGN_OR_RETURN(bool exists, storage.Exists(kMetadataFileName));
+  if (exists && !options.overwrite) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%s already holds a global %s; pass overwrite to replace it",
+        storage.url(), kMetadataFileName));
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::string json, internal_format::EncodeMetadata(out));
+  CAIRN_RETURN_IF_ERROR(storage.WriteAtomically(kMetadataFileName, json));
+  return result;
+}
+
+}  // namespace cairn::internal_checkpoint

@@ -1,0 +1,216 @@
+// Rank-local checkpoints: saved and loaded with no collective at all, merged
+// offline into a global checkpoint that any number of ranks can load.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
+#include "checkpoint/dist_test_util.h"
+#include "checkpoint/test_util.h"
+#include "core/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cairn {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::CheckRankState;
+using testing_util::MakeRankState;
+using testing_util::Pattern;
+using testing_util::RankState;
+using testing_util::TempDir;
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+// A rank of a world that must not be talked to: every collective fails and
+// is counted, so a test can prove rank-local mode never calls one.
+class NoCollectives : public Communicator {
+ public:
+  NoCollectives(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view kind() const override { return "none"; }
+  int calls = 0;
+
+  absl::Status Barrier() override { return Called(); }
+  absl::Status Broadcast(std::string&, int) override { return Called(); }
+  absl::StatusOr<std::vector<std::string>> Gather(std::string_view, int) override {
+    return Called();
+  }
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view) override {
+    return Called();
+  }
+  absl::StatusOr<std::string> Scatter(const std::vector<std::string>&, int) override {
+    return Called();
+  }
+  absl::Status AllReduce(std::span<int64_t>, ReduceOp) override { return Called(); }
+  absl::Status BroadcastBytes(std::span<std::byte>, int) override { return Called(); }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int) override {
+    return Called();
+  }
+
+ private:
+  absl::Status Called() {
+    ++calls;
+    return absl::FailedPreconditionError("rank-local mode called a collective");
+  }
+  int rank_, size_;
+};
+
+constexpr int kWorld = 4;
+
+absl::Status SaveRankLocal(const std::string& dir, Pattern p, int64_t step,
+                           bool overwrite = false) {
+  for (int r = 0; r < kWorld; ++r) {
+    NoCollectives comm(r, kWorld);
+    RankState s = MakeRankState(p, kWorld, r, step, false);
+    SaveOptions o;
+    o.comm = &comm;
+    o.rank_local = true;
+    o.overwrite = overwrite;
+    CAIRN_RETURN_IF_ERROR(Save(s.sd, dir, o).status());
+    if (comm.calls != 0) return absl::InternalError("a collective was called");
+  }
+  return absl::OkStatus();
+}
+
+// Loads rank `r` of `world` in rank-local mode under `p` and checks it.
+absl::Status LoadOneRankLocal(const std::string& dir, Pattern p, int world,
+                              int r, int64_t step) {
+  NoCollectives comm(r, world);
+  RankState s = MakeRankState(p, world, r, step, true, r % kWorld);
+  LoadOptions o;
+  o.comm = &comm;
+  o.rank_local = true;
+  CAIRN_RETURN_IF_ERROR(Load(s.sd, dir, o).status());
+  if (comm.calls != 0) return absl::InternalError("a collective was called");
+  if (std::string bad = CheckRankState(s, step); !bad.empty()) {
+    return absl::InternalError(bad);
+  }
+  return absl::OkStatus();
+}
+
+// Loads with `world` in-process ranks in global mode and checks every byte.
+absl::Status LoadGlobal(const std::string& dir, Pattern p, int world,
+                        int64_t step) {
+  std::vector<absl::Status> st = RunInProcess(world, [&](Communicator& comm) {
+    RankState s = MakeRankState(p, world, comm.rank(), step, true,
+                                comm.rank() % kWorld);
+    LoadOptions o;
+    o.comm = &comm;
+    CAIRN_RETURN_IF_ERROR(Load(s.sd, dir, o).status());
+    if (std::string bad = CheckRankState(s, step); !bad.empty()) {
+      return absl::InternalError(bad);
+    }
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : st) CAIRN_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+TEST(RankLocalTest, SavesAndLoadsWithoutAnyCollective) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 3).ok());
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(
+        tmp.Sub(absl::StrFormat("rank-%05d/metadata.json", r))));
+  }
+  // No global commit: a global load refuses it.
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("metadata.json")));
+  EXPECT_EQ(ReadMetadata(tmp.path()).status().code(), absl::StatusCode::kNotFound);
+  for (int r = 0; r < kWorld; ++r) {
+    absl::Status s = LoadOneRankLocal(tmp.path(), Pattern::kRows, kWorld, r, 3);
+    EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s;
+  }
+}
+
+TEST(RankLocalTest, MergedCheckpointLoadsWithOtherWorldSizes) {
+  TempDir tmp;
+  for (Pattern p : {Pattern::kCyclic, Pattern::kReplicated}) {
+    const std::string dir = tmp.Sub(testing_util::PatternName(p));
+    ASSERT_TRUE(SaveRankLocal(dir, p, 5).ok());
+    absl::StatusOr<MergeResult> merged = Merge(dir);
+    ASSERT_TRUE(merged.ok()) << merged.status();
+    EXPECT_EQ(merged->ranks, kWorld);
+    // Replicas were stored by every rank; the merge keeps one of each.
+    if (p == Pattern::kReplicated) {
+      EXPECT_GT(merged->duplicates, 0u);
+    }
+    absl::StatusOr<Metadata> md = ReadMetadata(dir);
+    ASSERT_TRUE(md.ok()) << md.status();
+    EXPECT_EQ(md->rank, -1);
+    EXPECT_EQ(md->world_size, kWorld);
+    EXPECT_THAT(md->tensors.at("model.wq").chunks[0].location.file,
+                HasSubstr("rank-0000"));
+    EXPECT_TRUE(LoadGlobal(dir, Pattern::kCols, 2, 5).ok());
+    EXPECT_TRUE(LoadGlobal(dir, Pattern::kBlocks, 3, 5).ok());
+    // Merging twice needs overwrite.
+    EXPECT_EQ(Merge(dir).status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_TRUE(Merge(dir, {.overwrite = true}).ok());
+  }
+}
+
+TEST(RankLocalTest, MissingRankFolderIsAClearError) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 1).ok());
+  std::filesystem::remove_all(tmp.Sub("rank-00002"));
+  absl::Status s = LoadOneRankLocal(tmp.path(), Pattern::kRows, kWorld, 2, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(s), HasSubstr("rank-local load of rank 2"));
+  EXPECT_THAT(Msg(s), HasSubstr("rank-00002/metadata.json"));
+  // The others still load.
+  EXPECT_TRUE(LoadOneRankLocal(tmp.path(), Pattern::kRows, kWorld, 1, 1).ok());
+  absl::Status m = Merge(tmp.path()).status();
+  EXPECT_EQ(m.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(m), HasSubstr("rank-00002/metadata.json is missing"));
+}
+
+TEST(RankLocalTest, AnotherShardingNeedsAMerge) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 1).ok());
+  absl::Status s = LoadOneRankLocal(tmp.path(), Pattern::kCols, kWorld, 1, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s), HasSubstr("only partly in the checkpoint"));
+  EXPECT_THAT(Msg(s), HasSubstr("cairn merge"));
+  // A rank with no folder of its own falls back to the global metadata,
+  // once there is one.
+  EXPECT_EQ(LoadOneRankLocal(tmp.path(), Pattern::kReplicated, kWorld + 1, kWorld, 1).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Merge(tmp.path()).ok());
+  EXPECT_TRUE(LoadOneRankLocal(tmp.path(), Pattern::kReplicated, kWorld + 1, kWorld, 1).ok());
+}
+
+TEST(RankLocalTest, OverwriteUncommitsTheMergedCheckpointFirst) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 1).ok());
+  ASSERT_TRUE(Merge(tmp.path()).ok());
+  absl::Status again = SaveRankLocal(tmp.path(), Pattern::kRows, 2);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 2, /*overwrite=*/true).ok());
+  // The merged metadata pointed into folders that were rewritten: gone.
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("metadata.json")));
+  EXPECT_TRUE(LoadOneRankLocal(tmp.path(), Pattern::kRows, kWorld, 3, 2).ok());
+}
+
+TEST(RankLocalTest, MergeRejectsReplicasThatDiffer) {
+  TempDir tmp;
+  for (int r = 0; r < 2; ++r) {
+    NoCollectives comm(r, 2);
+    StateDict sd;
+    sd["config"] = Object{r == 0 ? "lr=0.1" : "lr=0.2"};
+    SaveOptions o;
+    o.comm = &comm;
+    o.rank_local = true;
+    ASSERT_TRUE(Save(sd, tmp.path(), o).ok());
+  }
+  absl::Status m = Merge(tmp.path()).status();
+  EXPECT_EQ(m.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(m), HasSubstr("object config is stored by rank 0 and rank 1"));
+}
+
+}  // namespace
+}  // namespace cairn
