@@ -139,6 +139,16 @@ struct LoadOptions {
   Communicator* comm = nullptr;
   // Null: a DefaultLoadPlanner with `strict`.
   LoadPlanner* planner = nullptr;
+  // Broadcast load: ranks whose load plans are identical (data-parallel
+  // replicas holding the same boxes) form a replica group; each needed
+  // stored byte is read from storage by one member of the group (spreading
+  // the bytes evenly over the members) and broadcast to the others,
+  // `broadcast_batch_bytes` at a time, so storage serves one copy per group
+  // instead of one per replica. Default: true.
+  bool broadcast_replicas = true;
+  // Staging memory per rank for broadcast load (an item larger than this
+  // gets a buffer of its own size). Default: 64 MiB.
+  uint64_t broadcast_batch_bytes = uint64_t{64} << 20;
   // Rank-local mode: no collective at all. Each rank reads its own
   // rank-NNNNN/metadata.json when it exists, else the global metadata.json.
   // A destination box that the rank's own folder does not fully hold is an
@@ -146,13 +156,25 @@ struct LoadOptions {
   bool rank_local = false;
 };
 
+// Where a load's time went, in seconds, on this rank.
+struct LoadPhaseTimes {
+  double metadata = 0;   // read (coordinator) and exchange metadata.json
+  double planning = 0;   // local plans, global plan, exchange
+  double read = 0;       // storage reads (and copies straight from them)
+  double broadcast = 0;  // broadcast load: moving bytes inside the group
+  double copy = 0;       // broadcast load: staging to destinations
+};
+
 struct LoadResult {
   std::vector<std::string> missing;     // requested but absent (non-strict)
   std::vector<std::string> unexpected;  // in the checkpoint, requested by no rank
   uint64_t bytes_loaded = 0;     // bytes placed into destinations
-  uint64_t bytes_read = 0;       // bytes read from storage
+  uint64_t bytes_read = 0;       // bytes this rank read from storage
   uint64_t chunks_verified = 0;  // chunks and objects whose CRC32C matched
   int world_size = 1;
+  // Ranks in this rank's replica group (1: it read everything itself).
+  int replica_group_size = 1;
+  LoadPhaseTimes phases;
   double seconds = 0;            // wall time of the whole load
 };
 

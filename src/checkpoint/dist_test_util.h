@@ -5,6 +5,7 @@
 #ifndef CAIRN_CHECKPOINT_DIST_TEST_UTIL_H_
 #define CAIRN_CHECKPOINT_DIST_TEST_UTIL_H_
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_format.h"
 #include "cairn/box.h"
 #include "cairn/state_dict.h"
+#include "cairn/storage.h"
+#include "core/status.h"
 #include "cairn/tensor.h"
 #include "checkpoint/test_util.h"
 
@@ -240,6 +243,53 @@ inline std::string CheckRankState(const RankState& st, int64_t step) {
   }
   return "";
 }
+
+// Counts the tensor and object bytes read from data files: reads past the
+// 4096-byte safetensors header region (cairn pads headers to 4096 bytes),
+// so header and metadata.json reads, which every rank that opens a file
+// makes, do not blur "one copy of the data".
+class DataByteCounter : public Storage {
+ public:
+  explicit DataByteCounter(Storage& base) : base_(base) {}
+  uint64_t data_bytes() const { return bytes_->load(); }
+
+  std::string url() const override { return base_.url(); }
+  absl::Status CreateLocation() override { return base_.CreateLocation(); }
+  absl::StatusOr<std::unique_ptr<WritableFile>> Create(std::string_view n) override {
+    return base_.Create(n);
+  }
+  absl::Status WriteAtomically(std::string_view n, std::string_view c) override {
+    return base_.WriteAtomically(n, c);
+  }
+  absl::Status Remove(std::string_view n) override { return base_.Remove(n); }
+  absl::Status Sync() override { return base_.Sync(); }
+  absl::StatusOr<std::vector<std::string>> List() override { return base_.List(); }
+  absl::StatusOr<bool> Exists(std::string_view n) override { return base_.Exists(n); }
+  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(std::string_view n) override {
+    CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, base_.OpenForRead(n));
+    if (!n.ends_with(".safetensors")) return f;
+    return std::unique_ptr<ReadableFile>(new Counted(std::move(f), bytes_));
+  }
+
+ private:
+  class Counted : public ReadableFile {
+   public:
+    Counted(std::unique_ptr<ReadableFile> f, std::shared_ptr<std::atomic<uint64_t>> n)
+        : f_(std::move(f)), n_(std::move(n)) {}
+    uint64_t size() const override { return f_->size(); }
+    absl::Status ReadAt(uint64_t offset, std::span<std::byte> data) const override {
+      if (offset >= 4096) *n_ += data.size();
+      return f_->ReadAt(offset, data);
+    }
+
+   private:
+    std::unique_ptr<ReadableFile> f_;
+    std::shared_ptr<std::atomic<uint64_t>> n_;
+  };
+  Storage& base_;
+  std::shared_ptr<std::atomic<uint64_t>> bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+};
 
 }  // namespace cairn::testing_util
 

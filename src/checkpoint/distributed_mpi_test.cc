@@ -189,6 +189,36 @@ TEST(MpiDistributedTest, PlanCacheHitsOnlyWhenNothingChanged) {
   EXPECT_TRUE(LoadWithFirst(2, dir.Sub("c"), Pattern::kRows, 3).ok());
 }
 
+// Two replica groups of two tensor-parallel shards: storage serves one
+// copy of the data per group, and every rank gets every byte.
+TEST(MpiDistributedTest, BroadcastLoadReadsOncePerReplicaGroup) {
+  SharedDir dir;
+  const int r = g_world->rank();
+  const std::string ckpt = dir.Sub("bcast");
+  ASSERT_TRUE(SaveWorld(ckpt, Pattern::kRows, 4).ok());
+  uint64_t totals[2] = {0, 0};
+  for (int broadcast = 0; broadcast < 2; ++broadcast) {
+    RankState s = MakeRankState(Pattern::kCols, 2, r % 2, 4, true, r % 2);
+    absl::StatusOr<std::unique_ptr<Storage>> base = Storage::Open(ckpt);
+    ASSERT_TRUE(base.ok());
+    testing_util::DataByteCounter counting(**base);
+    LoadOptions o;
+    o.comm = g_world;
+    o.broadcast_replicas = broadcast == 1;
+    o.broadcast_batch_bytes = 1024;
+    absl::StatusOr<LoadResult> res =
+        internal_checkpoint::LoadFromStorage(s.sd, &counting, o);
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->replica_group_size, broadcast ? 2 : 1);
+    EXPECT_EQ(CheckRankState(s, 4), "");
+    int64_t bytes = static_cast<int64_t>(counting.data_bytes());
+    ASSERT_TRUE(g_world->AllReduce(std::span<int64_t>(&bytes, 1), ReduceOp::kSum).ok());
+    totals[broadcast] = static_cast<uint64_t>(bytes);
+  }
+  EXPECT_GT(totals[1], 0u);
+  EXPECT_EQ(totals[0], 2 * totals[1]);
+}
+
 }  // namespace
 }  // namespace cairn
 

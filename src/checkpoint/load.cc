@@ -138,24 +138,38 @@ class Loader {
 
   // Reads every item of `plan` into the planner's destinations.
   absl::StatusOr<LoadResult> Run(const LoadPlan& plan, LoadPlanner& planner) {
-    result_.missing = plan.missing;
-    result_.unexpected = plan.unexpected;
+    std::vector<Destination> dsts;
+    dsts.reserve(plan.items.size());
+    for (const ReadItem& item : plan.items) {
+      CAIRN_ASSIGN_OR_RETURN(Destination dst, planner.ResolveDestination(item));
+      dsts.push_back(dst);
+    }
+    CAIRN_RETURN_IF_ERROR(Read(plan.items, dsts));
+    for (const ReadItem& item : plan.items) {
+      CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
+    }
+    return TakeResult();
+  }
+
+  // Reads items[i] into dsts[i], for every i.
+  absl::Status Read(const std::vector<ReadItem>& items,
+                    const std::vector<Destination>& dsts) {
     // Items of one stored chunk are planned together, so several
     // destination boxes in one chunk can share a read.
     std::map<std::pair<const TensorMetadata*, size_t>, std::vector<Target>>
         by_chunk;
     std::vector<std::pair<const TensorMetadata*, size_t>> chunk_order;
-    for (const ReadItem& item : plan.items) {
-      CAIRN_ASSIGN_OR_RETURN(Destination dst, planner.ResolveDestination(item));
+    for (size_t i = 0; i < items.size(); ++i) {
+      const ReadItem& item = items[i];
       if (item.kind == ItemKind::kObject) {
-        CAIRN_RETURN_IF_ERROR(PlanObject(item, dst));
+        CAIRN_RETURN_IF_ERROR(PlanObject(item, dsts[i]));
         continue;
       }
-      CAIRN_ASSIGN_OR_RETURN(const TensorMetadata* tm, CheckItem(item, dst));
+      CAIRN_ASSIGN_OR_RETURN(const TensorMetadata* tm, CheckItem(item, dsts[i]));
       auto key = std::make_pair(tm, item.chunk);
       std::vector<Target>& targets = by_chunk[key];
       if (targets.empty()) chunk_order.push_back(key);
-      targets.push_back(Target{dst.view, item.overlap});
+      targets.push_back(Target{dsts[i].view, item.overlap});
     }
     for (const auto& key : chunk_order) {
       const TensorMetadata& tm = *key.first;
@@ -164,11 +178,25 @@ class Loader {
           PlanChunk(fqn, tm, tm.chunks[key.second], by_chunk[key]));
     }
     CAIRN_RETURN_IF_ERROR(CheckLocations());
-    CAIRN_RETURN_IF_ERROR(Execute());
-    for (const ReadItem& item : plan.items) {
-      CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
+    return Execute();
+  }
+
+  LoadResult TakeResult() { return std::move(result_); }
+
+  // `dst` when it fits `item` (see CheckItem), else the error.
+  absl::StatusOr<Destination> CheckDestination(const ReadItem& item,
+                                               const Destination& dst) {
+    if (item.kind == ItemKind::kObject) {
+      if (dst.object == nullptr || !metadata_.objects.contains(item.fqn)) {
+        return absl::InternalError(absl::StrFormat(
+            "read item for object %s has no destination string or no "
+            "stored object",
+            item.fqn));
+      }
+      return dst;
     }
-    return std::move(result_);
+    CAIRN_RETURN_IF_ERROR(CheckItem(item, dst).status());
+    return dst;
   }
 
  private:
@@ -661,6 +689,198 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
 
 }  // namespace
 
+namespace {
+
+double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Replica groups: ranks whose final plans read exactly the same items
+// (data-parallel replicas). groups[r] is the lowest rank of r's group.
+std::vector<int> ReplicaGroups(const std::vector<LoadPlan>& plans) {
+  std::map<std::string, int> first;
+  std::vector<int> groups(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    // local_index is the planner's own reference, not what is read.
+    internal_plan::ByteWriter key;
+    for (const ReadItem& item : plans[r].items) {
+      key.Str(item.fqn);
+      key.U8(static_cast<uint8_t>(item.kind));
+      key.U64(item.chunk);
+      key.Ints(item.overlap.offsets);
+      key.Ints(item.overlap.sizes);
+    }
+    groups[r] = plans[r].items.empty()
+                    ? static_cast<int>(r)
+                    : first.try_emplace(key.Take(), static_cast<int>(r))
+                          .first->second;
+  }
+  return groups;
+}
+
+bool HasGroups(const std::vector<int>& groups) {
+  for (size_t r = 0; r < groups.size(); ++r) {
+    if (groups[r] != static_cast<int>(r)) return true;
+  }
+  return false;
+}
+
+// Broadcast load inside one replica group: every member has the same items
+// (in the same order). Each item is read by one member, the one with the
+// fewest bytes assigned so far, into a staging buffer, a bounded batch at a
+// time; the group agrees that the batch's reads succeeded, the owners
+// broadcast, and every member copies staging into its own destinations.
+absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
+                                         const absl::StatusOr<LoadPlan>& plan,
+                                         LoadPlanner& planner, Storage& storage,
+                                         const Metadata& metadata,
+                                         const LoadOptions& options,
+                                         LoadPhaseTimes& phases) {
+  constexpr char kPhase[] = "reading (replica group)";
+  std::vector<Destination> dsts;
+  absl::Status ready = plan.status();
+  if (ready.ok()) {
+    for (const ReadItem& item : plan->items) {
+      absl::StatusOr<Destination> d = planner.ResolveDestination(item);
+      if (d.ok()) {
+        // Owners check their destinations as they read; here every member
+        // checks its own, since it copies into them without reading.
+        Loader check(storage, metadata, options);
+        d = check.CheckDestination(item, *d);
+      }
+      if (!d.ok()) {
+        ready = d.status();
+        break;
+      }
+      dsts.push_back(*d);
+    }
+  }
+  CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, ready, kOperation, kPhase));
+  const std::vector<ReadItem>& items = plan->items;
+
+  // Bytes of each item; the owner of each.
+  std::vector<uint64_t> bytes(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ReadItem& item = items[i];
+    if (item.kind == ItemKind::kObject) {
+      auto it = metadata.objects.find(item.fqn);
+      bytes[i] = it == metadata.objects.end() ? 0 : it->second.nbytes;
+    } else {
+      auto it = metadata.tensors.find(item.fqn);
+      bytes[i] = it == metadata.tensors.end()
+                     ? 0
+                     : static_cast<uint64_t>(item.overlap.num_elements()) *
+                           DTypeSize(it->second.dtype);
+    }
+  }
+  const int members = group.size();
+  const int me = group.rank();
+  std::vector<int> owner(items.size());
+  std::vector<uint64_t> assigned(members, 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    owner[i] = static_cast<int>(
+        std::min_element(assigned.begin(), assigned.end()) - assigned.begin());
+    assigned[owner[i]] += bytes[i];
+  }
+
+  LoadResult result;
+  result.replica_group_size = members;
+  constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
+  const uint64_t batch_limit = std::max<uint64_t>(options.broadcast_batch_bytes, kSlot);
+  Tensor staging;
+  for (size_t begin = 0; begin < items.size();) {
+    // One batch: items [begin, end) whose staging fits the limit (at least
+    // one item, however large).
+    size_t end = begin;
+    uint64_t used = 0;
+    std::vector<uint64_t> offset(items.size(), 0);
+    while (end < items.size()) {
+      const uint64_t slot = (bytes[end] + kSlot - 1) / kSlot * kSlot;
+      if (end > begin && used + slot > batch_limit) break;
+      offset[end] = used;
+      used += slot;
+      ++end;
+    }
+    if (static_cast<uint64_t>(staging.nbytes()) < used) {
+      CAIRN_ASSIGN_OR_RETURN(
+          staging, Tensor::Empty(DType::kU8, {static_cast<int64_t>(used)}));
+    }
+    auto* base = static_cast<std::byte*>(staging.data());
+    std::vector<std::string> objects(end - begin);
+
+    // Read what this member owns into staging.
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<ReadItem> mine;
+    std::vector<Destination> mine_dsts;
+    for (size_t i = begin; i < end; ++i) {
+      if (owner[i] != me) continue;
+      mine.push_back(items[i]);
+      Destination d;
+      if (items[i].kind == ItemKind::kObject) {
+        d.object = &objects[i - begin];
+      } else {
+        d.view = TensorView(base + offset[i], dsts[i].view.dtype(),
+                            items[i].overlap.sizes);
+      }
+      mine_dsts.push_back(d);
+    }
+    absl::Status read = absl::OkStatus();
+    if (!mine.empty()) {
+      Loader loader(storage, metadata, options);
+      read = loader.Read(mine, mine_dsts);
+      const LoadResult part = loader.TakeResult();
+      result.bytes_read += part.bytes_read;
+      result.chunks_verified += part.chunks_verified;
+    }
+    phases.read += Since(t0);
+    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, read, kOperation, kPhase));
+
+    // Share, then place.
+    t0 = std::chrono::steady_clock::now();
+    for (size_t i = begin; i < end; ++i) {
+      absl::Status s =
+          items[i].kind == ItemKind::kObject
+              ? group.Broadcast(objects[i - begin], owner[i])
+              : group.BroadcastBytes(
+                    std::span<std::byte>(base + offset[i], bytes[i]), owner[i]);
+      CAIRN_RETURN_IF_ERROR(
+          Annotate(s, "communicator failed in broadcast load"));
+    }
+    phases.broadcast += Since(t0);
+    t0 = std::chrono::steady_clock::now();
+    for (size_t i = begin; i < end; ++i) {
+      result.bytes_loaded += bytes[i];
+      if (items[i].kind == ItemKind::kObject) {
+        *dsts[i].object = std::move(objects[i - begin]);
+        continue;
+      }
+      const TensorView& dst = dsts[i].view;
+      const size_t es = DTypeSize(dst.dtype());
+      const int rank = dst.rank();
+      std::vector<int64_t> src_strides(rank), dst_strides(rank);
+      int64_t acc = static_cast<int64_t>(es);
+      for (int d = rank - 1; d >= 0; --d) {
+        src_strides[d] = acc;
+        acc *= dst.shape()[d];
+        dst_strides[d] = dst.strides()[d] * static_cast<int64_t>(es);
+      }
+      internal_core::CopyStrided(base + offset[i], src_strides.data(),
+                                 static_cast<std::byte*>(dst.data()),
+                                 dst_strides.data(), dst.shape().data(), rank,
+                                 es);
+    }
+    phases.copy += Since(t0);
+    begin = end;
+  }
+  for (const ReadItem& item : items) {
+    CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
+  }
+  return result;
+}
+
+}  // namespace
+
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage) {
   return ReadAndValidate(storage, nullptr);
 }
@@ -729,33 +949,69 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
             world));
       }
       if (global.ok()) {
-        for (LoadPlan& p : *plans) {
+        const std::vector<int> groups =
+            options.broadcast_replicas ? ReplicaGroups(*plans)
+                                       : std::vector<int>();
+        const bool any_group = HasGroups(groups);
+        for (size_t r = 0; r < plans->size(); ++r) {
+          LoadPlan& p = (*plans)[r];
           p.unexpected = unexpected;
-          finals.push_back(internal_plan::EncodeLoadPlan(p));
+          internal_plan::ByteWriter w;
+          w.U8(any_group ? 1 : 0);
+          w.I64(any_group ? groups[r] : static_cast<int64_t>(r));
+          w.Str(internal_plan::EncodeLoadPlan(p));
+          finals.push_back(w.Take());
         }
       }
     }
   }
   CAIRN_ASSIGN_OR_RETURN(std::string mine,
                          ScatterOutcome(*comm, global, finals));
+  internal_plan::ByteReader header(mine, "load plan from the coordinator");
+  const bool any_group = header.U8() != 0;
+  const int64_t group = header.I64();
+  const std::string plan_bytes = header.Str();
+  CAIRN_RETURN_IF_ERROR(header.status());
+  // Every rank takes part in the Split when any group has several members.
+  std::unique_ptr<Communicator> group_comm;
+  if (any_group) {
+    CAIRN_ASSIGN_OR_RETURN(group_comm,
+                           comm->Split(static_cast<int>(group), rank));
+  }
+  const double planning_done = Since(start);
 
   // 3. Read.
+  LoadPhaseTimes phases;
   absl::StatusOr<LoadResult> result = [&]() -> absl::StatusOr<LoadResult> {
-    CAIRN_ASSIGN_OR_RETURN(
-        LoadPlan plan,
-        internal_plan::DecodeLoadPlan(mine, "load plan from the coordinator"));
-    CAIRN_ASSIGN_OR_RETURN(plan, planner.FinishPlan(std::move(plan)));
-    Loader loader(**storage, metadata, options);
-    return loader.Run(plan, planner);
+    absl::StatusOr<LoadPlan> plan = internal_plan::DecodeLoadPlan(
+        plan_bytes, "load plan from the coordinator");
+    if (plan.ok()) plan = planner.FinishPlan(*std::move(plan));
+    absl::StatusOr<LoadResult> r;
+    if (group_comm != nullptr && group_comm->size() > 1) {
+      r = BroadcastLoad(*group_comm, plan, planner, **storage, metadata,
+                        options, phases);
+    } else {
+      CAIRN_RETURN_IF_ERROR(plan.status());
+      const auto read_start = std::chrono::steady_clock::now();
+      Loader loader(**storage, metadata, options);
+      r = loader.Run(*plan, planner);
+      phases.read = Since(read_start);
+      if (r.ok()) r->replica_group_size = 1;
+    }
+    if (r.ok() && plan.ok()) {
+      r->missing = plan->missing;
+      r->unexpected = plan->unexpected;
+    }
+    return r;
   }();
 
   // 4. Agree.
   CAIRN_RETURN_IF_ERROR(
       AgreeOnStatus(*comm, result.status(), kOperation, "reading"));
   result->world_size = world;
-  result->seconds = std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - start)
-                        .count();
+  result->phases = phases;
+  result->phases.planning = planning_done;
+  result->seconds = Since(start);
   return result;
 }
 
@@ -763,6 +1019,7 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options) {
   if (options.rank_local) return LoadRankLocal(state, storage, options);
+  const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
   LoadOptions opts = options;
   opts.comm = &ranks.comm();
@@ -785,7 +1042,14 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   absl::Status decoded = metadata.status();
   CAIRN_RETURN_IF_ERROR(
       AgreeOnStatus(comm, decoded, kOperation, "reading metadata"));
-  return LoadWithMetadata(state, storage, *metadata, opts);
+  const double metadata_seconds = Since(start);
+  absl::StatusOr<LoadResult> result =
+      LoadWithMetadata(state, storage, *metadata, opts);
+  if (result.ok()) {
+    result->phases.metadata = metadata_seconds;
+    result->seconds += metadata_seconds;
+  }
+  return result;
 }
 
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
