@@ -212,5 +212,24 @@ TEST(RankLocalTest, MergeRejectsReplicasThatDiffer) {
   EXPECT_THAT(Msg(m), HasSubstr("object config is stored by rank 0 and rank 1"));
 }
 
+// A folder whose metadata names another rank (copied or renamed by hand)
+// is refused by both the rank-local load and the merge.
+TEST(RankLocalTest, FolderOfAnotherRankIsRefused) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 1).ok());
+  const std::string path = tmp.Sub("rank-00001/metadata.json");
+  std::string text = testing_util::ReadFile(path);
+  const size_t at = text.find("\"rank\":1");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 8, "\"rank\":2");
+  testing_util::WriteFile(path, text);
+  absl::Status load = LoadOneRankLocal(tmp.path(), Pattern::kRows, kWorld, 1, 1);
+  EXPECT_EQ(load.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(load), HasSubstr("written by rank 2, not 1"));
+  absl::Status merge = Merge(tmp.path()).status();
+  EXPECT_EQ(merge.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(merge), HasSubstr("rank-00001/metadata.json says it was written by rank 2"));
+}
+
 }  // namespace
 }  // namespace cairn

@@ -351,6 +351,26 @@ TEST(MetadataCodecTest, BadWorldSize) {
   }
 }
 
+// Rank-local metadata carries the rank that wrote it, below world_size.
+TEST(MetadataCodecTest, RankLocalRank) {
+  Metadata md = SampleMetadata();
+  md.rank = 3;
+  absl::StatusOr<std::string> text = EncodeMetadata(md);
+  ASSERT_TRUE(text.ok());
+  absl::StatusOr<Metadata> back = DecodeMetadata(*text, "m.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rank, 3);
+  EXPECT_EQ(*back, md);
+  // Absent means global.
+  absl::StatusOr<Metadata> global = DecodeEdited([](json&) {});
+  ASSERT_TRUE(global.ok());
+  EXPECT_EQ(global->rank, -1);
+  for (json bad : {json(-1), json(4), json(1000), json(1.5), json("0")}) {
+    ExpectRejected(DecodeEdited([&bad](json& j) { j["rank"] = bad; }).status(),
+                   "rank");
+  }
+}
+
 // ------------------------------------------------------------ file names
 
 TEST(MetadataCodecTest, UnsafeFileNames) {
