@@ -10,6 +10,7 @@
 #include "cairn/metadata.h"     // IWYU pragma: export
 #include "cairn/planner.h"      // IWYU pragma: export
 #include "cairn/state_dict.h"   // IWYU pragma: export
+#include "cairn/state_dict_utils.h"  // IWYU pragma: export
 #include "cairn/storage.h"      // IWYU pragma: export
 #include "cairn/tensor.h"       // IWYU pragma: export
 

@@ -45,7 +45,8 @@
 #include "absl/strings/str_join.h"
 #include "cairn/checkpoint.h"
 #include "checkpoint/checkpoint_impl.h"
-#include "checkpoint/collective.h"
+#include "comm/collective.h"
+#include "core/byte_codec.h"
 #include "core/buffer_pool.h"
 #include "core/flatten.h"
 #include "core/parallel.h"
@@ -59,6 +60,13 @@
 
 namespace cairn::internal_checkpoint {
 namespace {
+
+using internal_comm::AgreeOnStatus;
+using internal_comm::BroadcastOutcome;
+using internal_comm::GatherOrError;
+using internal_comm::kCoordinator;
+using internal_comm::Ranks;
+using internal_comm::ScatterOutcome;
 
 using internal_core::Annotate;
 using internal_core::BufferPool;
@@ -703,7 +711,7 @@ std::vector<int> ReplicaGroups(const std::vector<LoadPlan>& plans) {
   std::vector<int> groups(plans.size());
   for (size_t r = 0; r < plans.size(); ++r) {
     // local_index is the planner's own reference, not what is read.
-    internal_plan::ByteWriter key;
+    internal_core::ByteWriter key;
     for (const ReadItem& item : plans[r].items) {
       key.Str(item.fqn);
       key.U8(static_cast<uint8_t>(item.kind));
@@ -956,7 +964,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
         for (size_t r = 0; r < plans->size(); ++r) {
           LoadPlan& p = (*plans)[r];
           p.unexpected = unexpected;
-          internal_plan::ByteWriter w;
+          internal_core::ByteWriter w;
           w.U8(any_group ? 1 : 0);
           w.I64(any_group ? groups[r] : static_cast<int64_t>(r));
           w.Str(internal_plan::EncodeLoadPlan(p));
@@ -967,7 +975,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   }
   CAIRN_ASSIGN_OR_RETURN(std::string mine,
                          ScatterOutcome(*comm, global, finals));
-  internal_plan::ByteReader header(mine, "load plan from the coordinator");
+  internal_core::ByteReader header(mine, "load plan from the coordinator");
   const bool any_group = header.U8() != 0;
   const int64_t group = header.I64();
   const std::string plan_bytes = header.Str();

@@ -26,6 +26,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "core/byte_codec.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/crc32c.h"
@@ -190,7 +191,7 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
         first_rank[fqn] = r;
         continue;
       }
-      internal_plan::ByteWriter a, b;
+      internal_core::ByteWriter a, b;
       a.Scalar(it->second);
       b.Scalar(value);
       if (a.data() != b.data()) {

@@ -46,7 +46,8 @@
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
-#include "checkpoint/collective.h"
+#include "comm/collective.h"
+#include "core/byte_codec.h"
 #include "core/buffer_pool.h"
 #include "core/checked.h"
 #include "core/parallel.h"
@@ -83,9 +84,16 @@ void SavePlanCache::Clear() { *state_ = State{}; }
 namespace cairn::internal_checkpoint {
 namespace {
 
+using internal_comm::AgreeOnStatus;
+using internal_comm::BroadcastOutcome;
+using internal_comm::GatherOrError;
+using internal_comm::kCoordinator;
+using internal_comm::Ranks;
+using internal_comm::ScatterOutcome;
+
 using internal_core::Annotate;
-using internal_plan::ByteReader;
-using internal_plan::ByteWriter;
+using internal_core::ByteReader;
+using internal_core::ByteWriter;
 
 constexpr uint64_t kAlignment = internal_core::kIoAlignment;
 constexpr char kOperation[] = "save";

@@ -10,7 +10,8 @@
 namespace cairn::internal_plan {
 namespace {
 
-enum ScalarTag : uint8_t { kInt = 0, kDouble = 1, kBool = 2, kString = 3 };
+using internal_core::ByteReader;
+using internal_core::ByteWriter;
 
 void WriteBox(ByteWriter& w, const Box& box) {
   w.Ints(box.offsets);
@@ -26,138 +27,6 @@ Box ReadBox(ByteReader& r) {
 }
 
 }  // namespace
-
-void ByteWriter::U32(uint32_t v) {
-  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-void ByteWriter::U64(uint64_t v) {
-  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-void ByteWriter::Str(std::string_view s) {
-  U64(s.size());
-  out_.append(s);
-}
-
-void ByteWriter::Ints(const std::vector<int64_t>& v) {
-  U64(v.size());
-  for (int64_t x : v) I64(x);
-}
-
-void ByteWriter::Scalar(const cairn::Scalar& s) {
-  if (const int64_t* i = std::get_if<int64_t>(&s)) {
-    U8(kInt);
-    I64(*i);
-  } else if (const double* d = std::get_if<double>(&s)) {
-    U8(kDouble);
-    uint64_t bits;
-    std::memcpy(&bits, d, sizeof bits);
-    U64(bits);
-  } else if (const bool* b = std::get_if<bool>(&s)) {
-    U8(kBool);
-    U8(*b ? 1 : 0);
-  } else {
-    U8(kString);
-    Str(std::get<std::string>(s));
-  }
-}
-
-bool ByteReader::Need(uint64_t n) {
-  if (!error_.empty()) return false;
-  if (n > data_.size() - pos_) {
-    error_ = absl::StrCat("truncated at byte ", pos_, " (needs ", n,
-                          " more bytes, ", data_.size() - pos_, " left)");
-    return false;
-  }
-  return true;
-}
-
-void ByteReader::Fail(std::string_view why) {
-  if (error_.empty()) {
-    error_ = absl::StrCat(std::string(why), " at byte ", pos_);
-  }
-}
-
-uint8_t ByteReader::U8() {
-  if (!Need(1)) return 0;
-  return static_cast<uint8_t>(data_[pos_++]);
-}
-
-uint32_t ByteReader::U32() {
-  if (!Need(4)) return 0;
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= static_cast<uint32_t>(static_cast<uint8_t>(data_[pos_++])) << (8 * i);
-  }
-  return v;
-}
-
-uint64_t ByteReader::U64() {
-  if (!Need(8)) return 0;
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) {
-    v |= static_cast<uint64_t>(static_cast<uint8_t>(data_[pos_++])) << (8 * i);
-  }
-  return v;
-}
-
-uint64_t ByteReader::Count(uint64_t min_bytes) {
-  const uint64_t n = U64();
-  if (!error_.empty()) return 0;
-  if (min_bytes > 0 && n > (data_.size() - pos_) / min_bytes) {
-    Fail(absl::StrCat("count ", n, " exceeds the buffer"));
-    return 0;
-  }
-  return n;
-}
-
-std::string ByteReader::Str() {
-  const uint64_t n = Count(1);
-  if (!Need(n)) return {};
-  std::string s(data_.substr(pos_, n));
-  pos_ += n;
-  return s;
-}
-
-std::vector<int64_t> ByteReader::Ints() {
-  const uint64_t n = Count(8);
-  std::vector<int64_t> v;
-  v.reserve(n);
-  for (uint64_t i = 0; i < n && error_.empty(); ++i) v.push_back(I64());
-  return v;
-}
-
-cairn::Scalar ByteReader::Scalar() {
-  switch (U8()) {
-    case kInt:
-      return I64();
-    case kDouble: {
-      const uint64_t bits = U64();
-      double d;
-      std::memcpy(&d, &bits, sizeof d);
-      return d;
-    }
-    case kBool:
-      return U8() != 0;
-    case kString:
-      return Str();
-    default:
-      Fail("unknown scalar type");
-      return int64_t{0};
-  }
-}
-
-absl::Status ByteReader::status() const {
-  if (!error_.empty()) {
-    return absl::DataLossError(absl::StrCat(what_, ": ", error_));
-  }
-  if (pos_ != data_.size()) {
-    return absl::DataLossError(absl::StrCat(what_, ": ", data_.size() - pos_,
-                                            " unexpected trailing bytes"));
-  }
-  return absl::OkStatus();
-}
 
 std::string EncodeSavePlan(const SavePlan& plan, bool with_scalar_values) {
   ByteWriter w;

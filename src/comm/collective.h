@@ -1,9 +1,10 @@
-// The failure-safe building blocks of the save and load protocols. Every
-// phase ends in a collective that carries each rank's status next to its
-// payload, so a rank that failed still takes part, and every rank leaves the
-// phase with the same verdict: all OK, or one error naming each failed rank.
-#ifndef CAIRN_CHECKPOINT_COLLECTIVE_H_
-#define CAIRN_CHECKPOINT_COLLECTIVE_H_
+// The failure-safe building blocks of cairn's collective operations (save,
+// load, the state-dict utilities). Every phase ends in a collective that
+// carries each rank's status next to its payload, so a rank that failed
+// still takes part, and every rank leaves the phase with the same verdict:
+// all OK, or one error naming each failed rank.
+#ifndef CAIRN_COMM_COLLECTIVE_H_
+#define CAIRN_COMM_COLLECTIVE_H_
 
 #include <memory>
 #include <string>
@@ -13,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "cairn/communicator.h"
 
-namespace cairn::internal_checkpoint {
+namespace cairn::internal_comm {
 
 inline constexpr int kCoordinator = 0;
 
@@ -40,16 +41,18 @@ absl::StatusOr<std::string> Unseal(std::string_view message,
 
 // One error from every rank's status (indexed by rank), or OK when all are
 // OK: "<operation> failed in <phase> on 2 of 4 ranks: rank 1: ...; rank 3:
-// ...". The code is that of the lowest failed rank.
+// ..." (without " in <phase>" when `phase` is empty). The code is that of
+// the lowest failed rank.
 absl::Status CombineStatuses(const std::vector<absl::Status>& statuses,
                              std::string_view operation,
-                             std::string_view phase);
+                             std::string_view phase = {});
 
 // Collective: OK on every rank when `local` is OK on every rank; else the
 // same combined error on every rank. One AllReduce when all is well; an
 // AllGather of the errors only when something failed.
 absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local,
-                           std::string_view operation, std::string_view phase);
+                           std::string_view operation,
+                           std::string_view phase = {});
 
 // Collective: every rank sends (status, payload) to the coordinator, which
 // receives each rank's payload, or a combined error when any rank failed
@@ -70,6 +73,6 @@ absl::StatusOr<std::string> BroadcastOutcome(Communicator& comm,
                                              const absl::Status& status,
                                              std::string_view payload);
 
-}  // namespace cairn::internal_checkpoint
+}  // namespace cairn::internal_comm
 
-#endif  // CAIRN_CHECKPOINT_COLLECTIVE_H_
+#endif  // CAIRN_COMM_COLLECTIVE_H_

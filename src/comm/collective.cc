@@ -1,18 +1,18 @@
-#include "checkpoint/collective.h"
+#include "comm/collective.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/byte_codec.h"
 #include "core/checked.h"
 #include "core/status.h"
-#include "plan/plan_codec.h"
 
-namespace cairn::internal_checkpoint {
+namespace cairn::internal_comm {
 namespace {
 
-using internal_plan::ByteReader;
-using internal_plan::ByteWriter;
+using internal_core::ByteReader;
+using internal_core::ByteWriter;
 
 // Errors listed in full in a combined error; the rest are counted.
 constexpr int kMaxListedRanks = 8;
@@ -85,8 +85,9 @@ absl::Status CombineStatuses(const std::vector<absl::Status>& statuses,
                     " more ranks");
   }
   return absl::Status(
-      code, absl::StrFormat("%s failed in %s on %d of %d ranks: %s",
-                            operation, phase, failed, statuses.size(), list));
+      code, absl::StrFormat("%s failed%s on %d of %d ranks: %s", operation,
+                            phase.empty() ? "" : absl::StrCat(" in ", std::string(phase)),
+                            failed, statuses.size(), list));
 }
 
 absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local,
@@ -162,4 +163,4 @@ absl::StatusOr<std::string> BroadcastOutcome(Communicator& comm,
   return Unseal(message, "message from the coordinator");
 }
 
-}  // namespace cairn::internal_checkpoint
+}  // namespace cairn::internal_comm

@@ -1,0 +1,67 @@
+// Fixed-width little-endian integers, length-prefixed strings and scalars:
+// the wire format of what ranks send each other (plans, statuses, reports).
+// Messages come from other ranks of the same job but are still decoded with
+// bounds checks on every field, so a damaged or mismatched message is an
+// error, never a read outside the buffer.
+#ifndef CAIRN_CORE_BYTE_CODEC_H_
+#define CAIRN_CORE_BYTE_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cairn/state_dict.h"
+
+namespace cairn::internal_core {
+
+class ByteWriter {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v);
+  void U64(uint64_t v);
+  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
+  void Str(std::string_view s);
+  void Ints(const std::vector<int64_t>& v);
+  void Scalar(const cairn::Scalar& s);
+  std::string Take() { return std::move(out_); }
+  const std::string& data() const { return out_; }
+
+ private:
+  std::string out_;
+};
+
+// Every accessor fails (kDataLoss naming `what`) past the end of the buffer
+// and leaves the reader failed (returning zeros); check status() once at the
+// end.
+class ByteReader {
+ public:
+  ByteReader(std::string_view data, std::string what)
+      : data_(data), what_(std::move(what)) {}
+  uint8_t U8();
+  uint32_t U32();
+  uint64_t U64();
+  int64_t I64() { return static_cast<int64_t>(U64()); }
+  std::string Str();
+  std::vector<int64_t> Ints();
+  cairn::Scalar Scalar();
+  // A count of following elements, each at least `min_bytes` long: fails
+  // when the rest of the buffer cannot hold that many.
+  uint64_t Count(uint64_t min_bytes);
+  bool done() const { return pos_ == data_.size(); }
+  absl::Status status() const;  // also fails when bytes are left over
+
+  void Fail(std::string_view why);
+
+ private:
+  bool Need(uint64_t n);
+  std::string_view data_;
+  std::string what_;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
+}  // namespace cairn::internal_core
+
+#endif  // CAIRN_CORE_BYTE_CODEC_H_
