@@ -198,7 +198,8 @@ TEST(MpiDistributedTest, BroadcastLoadReadsOncePerReplicaGroup) {
   ASSERT_TRUE(SaveWorld(ckpt, Pattern::kRows, 4).ok());
   uint64_t totals[2] = {0, 0};
   for (int broadcast = 0; broadcast < 2; ++broadcast) {
-    RankState s = MakeRankState(Pattern::kCols, 2, r % 2, 4, true, r % 2);
+    // Row shards read exactly the bytes they need, so "one copy" is exact.
+    RankState s = MakeRankState(Pattern::kRows, 2, r % 2, 4, true, r % 2);
     absl::StatusOr<std::unique_ptr<Storage>> base = Storage::Open(ckpt);
     ASSERT_TRUE(base.ok());
     testing_util::DataByteCounter counting(**base);
@@ -217,6 +218,16 @@ TEST(MpiDistributedTest, BroadcastLoadReadsOncePerReplicaGroup) {
   }
   EXPECT_GT(totals[1], 0u);
   EXPECT_EQ(totals[0], 2 * totals[1]);
+  // One copy: every tensor once, plus the objects each group loads.
+  absl::StatusOr<Metadata> md = ReadMetadata(ckpt);
+  ASSERT_TRUE(md.ok());
+  uint64_t one_copy = 0;
+  for (const auto& [fqn, tm] : md->tensors) one_copy += tm.nbytes();
+  for (int shard = 0; shard < 2; ++shard) {
+    one_copy += md->objects.at(absl::StrCat("rng.rank", shard)).nbytes +
+                md->objects.at("config").nbytes;
+  }
+  EXPECT_EQ(totals[1], one_copy);
 }
 
 }  // namespace
