@@ -144,7 +144,9 @@ struct LoadOptions {
   // stored byte is read from storage by one member of the group (spreading
   // the bytes evenly over the members) and broadcast to the others,
   // `broadcast_batch_bytes` at a time, so storage serves one copy per group
-  // instead of one per replica. Default: true.
+  // instead of one per replica. It pays where storage is the bottleneck
+  // (cold reads, network filesystems); on page-cached local files a read is
+  // about as cheap as the broadcast that replaces it. Default: true.
   bool broadcast_replicas = true;
   // Staging memory per rank for broadcast load (an item larger than this
   // gets a buffer of its own size). Default: 64 MiB.

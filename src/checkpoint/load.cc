@@ -626,6 +626,11 @@ namespace {
 
 constexpr char kOperation[] = "load";
 
+double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 // Reads the metadata file `name` (metadata.json, or a rank folder's); with
 // `text`, also returns its bytes. Chunk coverage is checked for global
 // metadata only: rank-local metadata lists one rank's part.
@@ -657,6 +662,7 @@ absl::StatusOr<Metadata> ReadAndValidate(Storage& storage, std::string* text,
 absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
                                          absl::StatusOr<Storage*> storage,
                                          const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
   const int rank = ranks.rank();
   const std::string context = absl::StrCat("rank-local load of rank ", rank);
@@ -689,20 +695,22 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
     }
   }
   CAIRN_RETURN_IF_ERROR(Annotate(metadata.status(), context));
+  const double metadata_seconds = Since(start);
   LoadOptions local = options;
   local.comm = nullptr;
   local.rank_local = false;
-  return LoadWithMetadata(state, storage, *metadata, local);
+  absl::StatusOr<LoadResult> result =
+      LoadWithMetadata(state, storage, *metadata, local);
+  if (result.ok()) {
+    result->phases.metadata = metadata_seconds;
+    result->seconds += metadata_seconds;
+  }
+  return result;
 }
 
 }  // namespace
 
 namespace {
-
-double Since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 // Replica groups: ranks whose final plans read exactly the same items
 // (data-parallel replicas). groups[r] is the lowest rank of r's group.
@@ -736,9 +744,10 @@ bool HasGroups(const std::vector<int>& groups) {
 
 // Broadcast load inside one replica group: every member has the same items
 // (in the same order). Each item is read by one member, the one with the
-// fewest bytes assigned so far, into a staging buffer, a bounded batch at a
-// time; the group agrees that the batch's reads succeeded, the owners
-// broadcast, and every member copies staging into its own destinations.
+// fewest bytes assigned so far, a bounded batch at a time; the group agrees
+// that the batch's reads succeeded, and the owners broadcast. Items land
+// straight in a member's destination where it is contiguous, otherwise in
+// a staging buffer followed by a strided copy.
 absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
                                          const absl::StatusOr<LoadPlan>& plan,
                                          LoadPlanner& planner, Storage& storage,
@@ -794,20 +803,32 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
 
   LoadResult result;
   result.replica_group_size = members;
+  // A member whose destination of an item is contiguous reads (as owner)
+  // or receives it right there; only the others go through staging and a
+  // strided copy. Batch boundaries depend only on item sizes, which every
+  // member shares, so the members' collectives line up.
+  std::vector<bool> direct(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    direct[i] = items[i].kind == ItemKind::kTensor && dsts[i].view.is_contiguous();
+  }
   constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
   const uint64_t batch_limit = std::max<uint64_t>(options.broadcast_batch_bytes, kSlot);
+  auto slot_of = [&](size_t i) { return (bytes[i] + kSlot - 1) / kSlot * kSlot; };
   Tensor staging;
+  std::vector<uint64_t> offset(items.size(), 0);
   for (size_t begin = 0; begin < items.size();) {
-    // One batch: items [begin, end) whose staging fits the limit (at least
+    // One batch: items [begin, end) of at most `batch_limit` bytes (at least
     // one item, however large).
     size_t end = begin;
-    uint64_t used = 0;
-    std::vector<uint64_t> offset(items.size(), 0);
+    uint64_t batch = 0;
+    uint64_t used = 0;  // this member's staging
     while (end < items.size()) {
-      const uint64_t slot = (bytes[end] + kSlot - 1) / kSlot * kSlot;
-      if (end > begin && used + slot > batch_limit) break;
-      offset[end] = used;
-      used += slot;
+      if (end > begin && batch + slot_of(end) > batch_limit) break;
+      batch += slot_of(end);
+      if (items[end].kind == ItemKind::kTensor && !direct[end]) {
+        offset[end] = used;
+        used += slot_of(end);
+      }
       ++end;
     }
     if (static_cast<uint64_t>(staging.nbytes()) < used) {
@@ -815,9 +836,13 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
           staging, Tensor::Empty(DType::kU8, {static_cast<int64_t>(used)}));
     }
     auto* base = static_cast<std::byte*>(staging.data());
+    auto buffer = [&](size_t i) {
+      return direct[i] ? static_cast<std::byte*>(dsts[i].view.data())
+                       : base + offset[i];
+    };
     std::vector<std::string> objects(end - begin);
 
-    // Read what this member owns into staging.
+    // Read what this member owns.
     auto t0 = std::chrono::steady_clock::now();
     std::vector<ReadItem> mine;
     std::vector<Destination> mine_dsts;
@@ -828,7 +853,7 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
       if (items[i].kind == ItemKind::kObject) {
         d.object = &objects[i - begin];
       } else {
-        d.view = TensorView(base + offset[i], dsts[i].view.dtype(),
+        d.view = TensorView(buffer(i), dsts[i].view.dtype(),
                             items[i].overlap.sizes);
       }
       mine_dsts.push_back(d);
@@ -844,14 +869,14 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
     phases.read += Since(t0);
     CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, read, kOperation, kPhase));
 
-    // Share, then place.
+    // Share, then place what went through staging.
     t0 = std::chrono::steady_clock::now();
     for (size_t i = begin; i < end; ++i) {
       absl::Status s =
           items[i].kind == ItemKind::kObject
               ? group.Broadcast(objects[i - begin], owner[i])
-              : group.BroadcastBytes(
-                    std::span<std::byte>(base + offset[i], bytes[i]), owner[i]);
+              : group.BroadcastBytes(std::span<std::byte>(buffer(i), bytes[i]),
+                                     owner[i]);
       CAIRN_RETURN_IF_ERROR(
           Annotate(s, "communicator failed in broadcast load"));
     }
@@ -863,6 +888,7 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
         *dsts[i].object = std::move(objects[i - begin]);
         continue;
       }
+      if (direct[i]) continue;
       const TensorView& dst = dsts[i].view;
       const size_t es = DTypeSize(dst.dtype());
       const int rank = dst.rank();
