@@ -1,7 +1,9 @@
 // Drives the built `cairn` binary (CAIRN_BINARY) end to end: demo (several
-// in-process ranks, resharding, separate save and load runs, MPI errors),
-// inspect, verify (good, corrupted, truncated, missing files), help and usage
-// errors. The demo under mpiexec is tests/demo_mpi_test.sh.
+// in-process ranks, resharding, separate save and load runs, rank-local
+// saves with rank-local or merged loads, data-parallel replicas with
+// broadcast load, MPI errors), inspect, verify (good, corrupted, truncated,
+// missing files), help and usage errors. The demo under mpiexec is
+// tests/demo_mpi_test.sh.
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -284,6 +286,244 @@ TEST_F(CliTest, DemoLoadsACheckpointOfTheSingleProcessDemo) {
   EXPECT_EQ(j["step"], step);
 }
 
+// The sum of a JSON list of numbers.
+double Sum(const nlohmann::json& list) {
+  double sum = 0;
+  for (const auto& v : list) sum += v.get<double>();
+  return sum;
+}
+
+// Rank-local save and load on the same ranks: every rank writes and reads
+// only its own folder; nothing is merged.
+TEST_F(CliTest, DemoRankLocalWithTheSameRanksLoadsRankLocal) {
+  const fs::path dir = root_ / "local44";
+  Result r = Run("demo -q --size 4MiB --rank-local --ranks 4 --load-ranks 4 "
+                 "--json --dir '" +
+                 dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["rank_local"], true);
+  EXPECT_EQ(j["load_mode"], "rank_local");
+  EXPECT_TRUE(j["merge_seconds"].is_null());
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["load_ranks"], 4);
+  EXPECT_EQ(j["save_files"], 4);
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+  EXPECT_EQ(j["load_replica_group_size"], 1);
+  ASSERT_EQ(j["load_bytes_read_per_rank"].size(), 4u);
+  EXPECT_EQ(Sum(j["load_bytes_read_per_rank"]),
+            j["load_bytes_read"].get<double>());
+  for (const char* phase : {"metadata", "planning", "read", "broadcast",
+                            "copy"}) {
+    EXPECT_TRUE(j["load_phases"][phase].is_number()) << phase;
+  }
+  // One folder per rank, no global metadata (nothing was merged).
+  EXPECT_FALSE(fs::exists(dir / "metadata.json"));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(dir / ("rank-0000" + std::to_string(rank)) /
+                           "metadata.json"))
+        << rank;
+  }
+
+  r = Run("demo -q --size 4MiB --rank-local --ranks 4 --load-ranks 4 "
+          "--overwrite --dir '" +
+          dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("save: rank-local"));
+  EXPECT_THAT(r.out, HasSubstr("load: rank-local"));
+  EXPECT_THAT(r.out, HasSubstr("verified: yes"));
+}
+
+// Rank-local save with 4 ranks, load with 3: merge (timed), then reshard.
+TEST_F(CliTest, DemoRankLocalWithOtherRanksMergesThenReshards) {
+  const fs::path dir = root_ / "local43";
+  Result r = Run("demo -q --size 4MiB --rank-local --json --dir '" +
+                 dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["rank_local"], true);
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["load_ranks"], 3);
+  EXPECT_EQ(j["load_mode"], "merge_then_global");
+  ASSERT_TRUE(j["merge_seconds"].is_number()) << r.out;
+  EXPECT_GE(j["merge_seconds"].get<double>(), 0);
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+  // Rank-local saves do not dedup: the replicated norms are on disk 4 times.
+  EXPECT_GT(j["checkpoint_bytes"].get<double>(), j["bytes"].get<double>());
+  // The merge committed a global checkpoint pointing into the rank folders.
+  auto md = cairn::ReadMetadata(dir.string());
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->world_size, 4);
+  EXPECT_EQ(nlohmann::json::parse(md->user)["cairn_demo"]["rank_local"], true);
+
+  r = Run("demo -q --size 2MiB --rank-local --ranks 2 --load-ranks 3");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("load: merged the 2 rank folders"));
+  EXPECT_THAT(r.out, HasSubstr("resharding 2 -> 3"));
+  EXPECT_THAT(r.out, HasSubstr("verified: yes"));
+}
+
+// A rank-local save in one run, loads in others: the demo config comes from
+// rank-00000/metadata.json until the checkpoint is merged.
+TEST_F(CliTest, DemoRankLocalSaveThenLoadInSeparateInvocations) {
+  const fs::path dir = root_ / "local";
+  const std::string at = " --dir '" + dir.string() + "'";
+  Result r = Run("demo -q --size 4MiB --phase save --rank-local --ranks 4 "
+                 "--step 9 --json" +
+                 at);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["rank_local"], true);
+  EXPECT_EQ(j["save_files"], 4);
+  EXPECT_FALSE(fs::exists(dir / "metadata.json"));
+  auto md = cairn::ReadMetadata((dir / "rank-00002").string());
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->rank, 2);
+  EXPECT_EQ(md->world_size, 4);
+  const nlohmann::json user = nlohmann::json::parse(md->user)["cairn_demo"];
+  EXPECT_EQ(user["save_ranks"], 4);
+  EXPECT_EQ(user["replicas"], 1);
+  EXPECT_EQ(user["rank_local"], true);
+
+  // Not over a rank-local checkpoint either, unless asked.
+  r = Run("demo -q --size 4MiB --phase save --ranks 2" + at);
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("already holds a checkpoint"));
+
+  // 2 ranks: merge first.
+  r = Run("demo -q --phase load --load-ranks 2 --json" + at);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["load_mode"], "merge_then_global");
+  EXPECT_TRUE(j["merge_seconds"].is_number());
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["load_ranks"], 2);
+  EXPECT_EQ(j["step"], 9);
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+  EXPECT_TRUE(fs::exists(dir / "metadata.json"));
+
+  // 4 ranks, the save's layout: rank-local, from the rank folders.
+  r = Run("demo -q --phase load --load-ranks 4 --json" + at);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["load_mode"], "rank_local");
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+
+  // 3 ranks: already merged, so a plain global load.
+  r = Run("demo -q --phase load --load-ranks 3" + at);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("merged earlier"));
+  EXPECT_THAT(r.out, HasSubstr("verified: yes"));
+
+  // A smaller rank-local save over it un-commits the extra rank folders, so
+  // that the next merge sees only the new save's ranks.
+  r = Run("demo -q --size 2MiB --phase save --rank-local --ranks 2 --step 3 "
+          "--overwrite" +
+          at);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_FALSE(fs::exists(dir / "metadata.json"));
+  EXPECT_FALSE(fs::exists(dir / "rank-00003" / "metadata.json"));
+  r = Run("demo -q --phase load --load-ranks 3 --json" + at);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["load_mode"], "merge_then_global");
+  EXPECT_EQ(j["step"], 3);
+  EXPECT_EQ(j["rng_objects_verified"], 2);
+}
+
+// Two data-parallel replica groups of 2 tensor-parallel ranks: the save
+// writes one copy, and broadcast load reads one copy from storage (the
+// replicas of a shard split the reads); without broadcast, two copies.
+TEST_F(CliTest, DemoReplicasReadOneCopyWithBroadcastLoad) {
+  Result r = Run("demo -q --size 8MiB --replicas 2 --ranks 2 --load-ranks 2 "
+                 "--json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["replicas"], 2);
+  EXPECT_EQ(j["save_replicas"], 2);
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["load_ranks"], 2);
+  EXPECT_EQ(j["save_world"], 4);
+  EXPECT_EQ(j["load_world"], 4);
+  EXPECT_EQ(j["rank_local"], false);
+  EXPECT_EQ(j["load_mode"], "global");
+  EXPECT_TRUE(j["merge_seconds"].is_null());
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  EXPECT_EQ(j["rng_objects_verified"], 4);  // one per save rank
+  EXPECT_EQ(j["load_replica_group_size"], 2);
+  EXPECT_GT(j["load_phases"]["broadcast"].get<double>(), 0);
+  // Replicated boxes written once: one copy on disk.
+  const double bytes = j["bytes"].get<double>();
+  const double on_disk = j["checkpoint_bytes"].get<double>();
+  EXPECT_LT(on_disk, 1.05 * bytes);
+  ASSERT_EQ(j["load_bytes_read_per_rank"].size(), 4u);
+  for (const auto& v : j["load_bytes_read_per_rank"]) {
+    EXPECT_GT(v.get<double>(), 0);  // every replica did its share
+  }
+  const double with = Sum(j["load_bytes_read_per_rank"]);
+  EXPECT_EQ(with, j["load_bytes_read"].get<double>());
+  // One copy: the uneven (resharding) load reads a little more than the
+  // bytes it needs (nearby runs coalesced), ~1.15x; two copies would be
+  // over 2x.
+  EXPECT_GE(with, bytes);
+  EXPECT_LE(with, 1.3 * on_disk) << r.out;
+
+  r = Run("demo -q --size 8MiB --replicas 2 --ranks 2 --load-ranks 2 "
+          "--no-broadcast --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["broadcast"], false);
+  EXPECT_EQ(j["load_replica_group_size"], 1);
+  const double without = Sum(j["load_bytes_read_per_rank"]);
+  EXPECT_NEAR(without / with, 2.0, 0.1) << with << " vs " << without;
+
+  r = Run("demo -q --size 2MiB --replicas 2 --ranks 2 --load-ranks 3");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("2 replica groups x 2 tensor-parallel"));
+  EXPECT_THAT(r.out, HasSubstr("broadcast load in replica groups of 2"));
+  EXPECT_THAT(r.out, HasSubstr("storage read per rank: "));
+  EXPECT_THAT(r.out, HasSubstr("load phases (slowest rank): "));
+  EXPECT_THAT(r.out, HasSubstr("saved by 4 ranks, loaded by 6"));
+  EXPECT_THAT(r.out, HasSubstr("every replica checked its own copy"));
+}
+
+// Rank-local with replicas: every replica writes its shards, and the
+// rank-local load reads each rank's own folder (no broadcast).
+TEST_F(CliTest, DemoRankLocalWithReplicas) {
+  Result r = Run("demo -q --size 4MiB --rank-local --replicas 2 --ranks 2 "
+                 "--load-ranks 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["load_mode"], "rank_local");
+  EXPECT_EQ(j["load_replica_group_size"], 1);
+  EXPECT_EQ(j["rng_objects_verified"], 4);
+  EXPECT_EQ(j["elements_verified"], j["elements"]);
+  const double bytes = j["bytes"].get<double>();
+  EXPECT_GT(j["checkpoint_bytes"].get<double>(), 1.9 * bytes);  // 2 copies
+  EXPECT_GT(Sum(j["load_bytes_read_per_rank"]), 1.9 * bytes);
+
+  // Another layout: merged (replicas kept once), then broadcast load.
+  r = Run("demo -q --size 4MiB --rank-local --replicas 2 --ranks 2 "
+          "--load-ranks 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["load_mode"], "merge_then_global");
+  EXPECT_EQ(j["load_replica_group_size"], 2);
+  EXPECT_LE(Sum(j["load_bytes_read_per_rank"]),
+            1.05 * j["bytes"].get<double>());
+}
+
 TEST_F(CliTest, DemoRankUsageErrors) {
   EXPECT_EQ(Run("demo --ranks 0").rc, 2);
   EXPECT_EQ(Run("demo --load-ranks 0").rc, 2);
@@ -291,6 +531,11 @@ TEST_F(CliTest, DemoRankUsageErrors) {
   EXPECT_EQ(Run("demo --comm carrier-pigeon").rc, 2);
   Result r = Run("demo --size 1MiB --ranks 1000");
   EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("at most 256 with --comm inproc"));
+  EXPECT_EQ(Run("demo --replicas 0").rc, 2);
+  r = Run("demo --size 1MiB --replicas 100 --ranks 3");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("--replicas x --ranks"));
   EXPECT_THAT(r.err, HasSubstr("at most 256 with --comm inproc"));
 }
 
@@ -306,6 +551,10 @@ TEST_F(CliTest, DemoCommMpiErrorsAreClear) {
     EXPECT_EQ(r.rc, 2) << r.all();
     EXPECT_THAT(r.err, HasSubstr("--load-ranks 2 is more than the MPI world "
                                  "size 1"));
+    r = Run("demo -q --comm mpi --size 1MiB --replicas 2");
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("the MPI world size 1 is not a multiple of "
+                                 "--replicas 2"));
   } else {
     EXPECT_EQ(r.rc, 1) << r.all();
     EXPECT_THAT(r.err, HasSubstr("cairn demo: UNIMPLEMENTED: --comm mpi"));
@@ -451,8 +700,12 @@ TEST_F(CliTest, HelpWorksForEveryCommand) {
     EXPECT_THAT(r.out, HasSubstr("--json")) << cmd;
   }
   r = Run("demo --help");
-  for (const char* flag : {"--ranks", "--load-ranks", "--comm", "inproc",
-                           "mpirun -np", "rng.rank<r>", "uneven"}) {
+  for (const char* flag :
+       {"--ranks", "--load-ranks", "--comm", "inproc", "mpirun -np",
+        "rng.rank<r>", "uneven", "--replicas", "--rank-local",
+        "--no-broadcast", "broadcast load", "rank-NNNNN/", "cairn merge",
+        "cairn demo --replicas 2 --ranks 2 --load-ranks 2",
+        "cairn demo --rank-local"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   r = Run("--version");

@@ -2,7 +2,12 @@
 # `cairn demo --comm mpi` under mpiexec, one rank per process:
 #   1. 4 ranks save, the first 3 load (one run, resharding), JSON verified;
 #   2. 4 ranks save in one run, 2 ranks load in another on the same --dir;
-#   3. a --ranks that is not the world size fails on every process.
+#   3. a --ranks that is not the world size fails on every process;
+#   4. --replicas 2: 2 replica groups x 2 ranks save and load (broadcast
+#      load: storage serves about one copy of the state, not two);
+#   5. --rank-local: 4 ranks save rank-local and load rank-local, then
+#      4 save rank-local and 3 load (merge, then reshard);
+#   6. a world size that is not a multiple of --replicas fails once.
 # Fails if a run fails, does not verify, or more than rank 0 prints.
 #
 # Usage: demo_mpi_test.sh MPIEXEC NUMPROC_FLAG CAIRN
@@ -66,5 +71,50 @@ case "$err" in
 esac
 [ "$(printf '%s\n' "$err" | grep -c 'does not match')" -eq 1 ] ||
   fail "the usage error was printed by more than rank 0: $err"
+
+# json_number KEY OUTPUT: the integer value of "KEY" in OUTPUT's JSON object.
+json_number() {
+  printf '%s\n' "$2" | sed -n "s/.*[{,]\"$1\":\([0-9]*\).*/\1/p"
+}
+
+# 4. Data-parallel replicas with broadcast load.
+out=$("$mpiexec" "$np" 4 "$cairn" demo --comm mpi --replicas 2 --size 8MiB \
+  --json -q --dir "$dir/replicas") ||
+  fail "mpiexec -n 4 demo --replicas 2 failed"
+expect_json "replicas 2" "$out" '"verified":true' '"replicas":2' '"ranks":2' \
+  '"load_ranks":2' '"save_world":4' '"load_world":4' \
+  '"load_replica_group_size":2' '"rng_objects_verified":4' '"mismatch":null'
+bytes=$(json_number bytes "$out")
+nread=$(json_number load_bytes_read "$out")
+[ -n "$bytes" ] && [ -n "$nread" ] && [ "$nread" -gt 0 ] ||
+  fail "replicas 2: no bytes or load_bytes_read in: $out"
+# One copy (a resharding load reads ~1.15x of it), not two.
+[ $((nread * 4)) -le $((bytes * 5)) ] ||
+  fail "replicas 2: read $nread storage bytes for $bytes bytes of state"
+
+# 5. Rank-local: the same ranks load rank-local; 3 ranks merge first.
+out=$("$mpiexec" "$np" 4 "$cairn" demo --comm mpi --rank-local --size 8MiB \
+  --json -q --dir "$dir/local") ||
+  fail "mpiexec -n 4 demo --rank-local failed"
+expect_json "rank-local 4 -> 4" "$out" '"verified":true' '"rank_local":true' \
+  '"load_mode":"rank_local"' '"merge_seconds":null' '"save_files":4'
+[ -f "$dir/local/rank-00003/metadata.json" ] ||
+  fail "rank-local: no rank-00003/metadata.json"
+[ ! -e "$dir/local/metadata.json" ] ||
+  fail "rank-local 4 -> 4 wrote a global metadata.json"
+out=$("$mpiexec" "$np" 4 "$cairn" demo --comm mpi --rank-local --size 8MiB \
+  --load-ranks 3 --json -q --dir "$dir/merged") ||
+  fail "mpiexec -n 4 demo --rank-local --load-ranks 3 failed"
+expect_json "rank-local 4 -> 3" "$out" '"verified":true' '"load_ranks":3' \
+  '"load_mode":"merge_then_global"' '"rng_objects_verified":4'
+[ -f "$dir/merged/metadata.json" ] || fail "rank-local 4 -> 3 did not merge"
+
+# 6. --replicas that does not divide the world size.
+if err=$("$mpiexec" "$np" 3 "$cairn" demo --comm mpi --replicas 2 \
+  --size 1MiB -q 2>&1); then
+  fail "--replicas 2 under mpiexec -n 3 succeeded: $err"
+fi
+[ "$(printf '%s\n' "$err" | grep -c 'is not a multiple of --replicas 2')" \
+  -eq 1 ] || fail "--replicas 2 under mpiexec -n 3: unexpected output: $err"
 
 echo "PASS"
