@@ -40,22 +40,6 @@ namespace {
 
 using internal_core::Annotate;
 
-// The rank of "rank-NNNNN/metadata.json", or -1.
-int RankOfMetadataName(const std::string& name) {
-  const std::string suffix = absl::StrCat("/", kMetadataFileName);
-  if (!name.starts_with("rank-") || !name.ends_with(suffix)) return -1;
-  const std::string digits =
-      name.substr(5, name.size() - 5 - suffix.size());
-  int rank = -1;
-  if (digits.size() < 5 ||
-      digits.find_first_not_of("0123456789") != std::string::npos ||
-      !absl::SimpleAtoi(digits, &rank) ||
-      internal_format::RankFolderName(rank) != name.substr(0, 5 + digits.size())) {
-    return -1;
-  }
-  return rank;
-}
-
 }  // namespace
 
 absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
@@ -64,7 +48,7 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
   std::map<int, std::string> folders;
   for (const std::string& name : names) {
-    if (int rank = RankOfMetadataName(name); rank >= 0) {
+    if (int rank = internal_format::RankOfMetadataName(name); rank >= 0) {
       folders[rank] = internal_format::RankFolderName(rank);
     }
   }

@@ -212,6 +212,32 @@ TEST(RankLocalTest, MergeRejectsReplicasThatDiffer) {
   EXPECT_THAT(Msg(m), HasSubstr("object config is stored by rank 0 and rank 1"));
 }
 
+// Overwriting with fewer ranks un-commits the extra ranks' folders, so the
+// merge sees one save, not two.
+TEST(RankLocalTest, SmallerOverwriteUncommitsExtraRankFolders) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 1).ok());  // 4 ranks
+  for (int r = 0; r < 2; ++r) {
+    NoCollectives comm(r, 2);
+    RankState s = MakeRankState(Pattern::kRows, 2, r, 2, false);
+    SaveOptions o;
+    o.comm = &comm;
+    o.rank_local = true;
+    // Without overwrite, the old folders are refused.
+    absl::Status saved = Save(s.sd, tmp.path(), o).status();
+    EXPECT_EQ(saved.code(), absl::StatusCode::kAlreadyExists) << saved;
+    o.overwrite = true;
+    saved = Save(s.sd, tmp.path(), o).status();
+    ASSERT_TRUE(saved.ok()) << saved;
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("rank-00002/metadata.json")));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("rank-00003/metadata.json")));
+  absl::StatusOr<MergeResult> merged = Merge(tmp.path());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->ranks, 2);
+  EXPECT_TRUE(LoadGlobal(tmp.path(), Pattern::kCols, 2, 2).ok());
+}
+
 // A folder whose metadata names another rank (copied or renamed by hand)
 // is refused by both the rank-local load and the merge.
 TEST(RankLocalTest, FolderOfAnotherRankIsRefused) {

@@ -434,6 +434,21 @@ absl::Status PrepareLocation(Storage& storage, const SaveOptions& options,
     // folder, which is about to be rewritten.
     CAIRN_RETURN_IF_ERROR(Uncommit(storage, kMetadataFileName, options,
                                    "a committed global checkpoint"));
+    // Folders of ranks beyond this job's world size, left by an earlier,
+    // larger save, would make a later Merge mix two saves: rank 0 (the only
+    // writer of names no other rank of this job touches) un-commits them.
+    if (where.rank == 0) {
+      CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
+      for (const std::string& name : names) {
+        const int other = internal_format::RankOfMetadataName(name);
+        if (other >= where.world) {
+          CAIRN_RETURN_IF_ERROR(Uncommit(
+              storage, name, options,
+              absl::StrCat("a rank-local folder of rank ", other,
+                           " from a save with more ranks")));
+        }
+      }
+    }
   }
   CAIRN_RETURN_IF_ERROR(Uncommit(storage, where.metadata_name(), options,
                                  "a committed checkpoint"));
@@ -621,7 +636,9 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     absl::Status prepared = absl::OkStatus();
     if (coordinator) {
       prepared = Annotate(PrepareLocation(**storage, options, where),
-                          "preparing the location (coordinator)");
+                          where.rank_local()
+                              ? "preparing the rank's folder"
+                              : "preparing the location (coordinator)");
     }
     CAIRN_RETURN_IF_ERROR(BroadcastOutcome(*comm, prepared, "").status());
   }

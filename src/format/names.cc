@@ -68,6 +68,27 @@ std::string RankFolderName(int rank) {
   return absl::StrFormat("rank-%05d", rank);
 }
 
+int RankOfMetadataName(std::string_view name) {
+  constexpr std::string_view kPrefix = "rank-";
+  constexpr std::string_view kSuffix = "/metadata.json";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix) ||
+      name.size() < kPrefix.size() + kSuffix.size() + 5) {
+    return -1;
+  }
+  const std::string_view digits = name.substr(
+      kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  if (digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string_view::npos) {
+    return -1;
+  }
+  int rank = 0;
+  for (char c : digits) rank = rank * 10 + (c - '0');
+  // Only the canonical spelling (no extra leading zeros).
+  return RankFolderName(rank) == std::string(name.substr(0, kPrefix.size() + digits.size()))
+             ? rank
+             : -1;
+}
+
 std::string EntryName(std::string_view fqn, const Box& box, bool whole) {
   if (whole) return std::string(fqn);
   return std::string(fqn) + "@" + absl::StrJoin(box.offsets, ",");

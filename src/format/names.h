@@ -25,6 +25,10 @@ std::string DataFileName(int index);
 // "rank-00003": the folder of rank 3 in a rank-local checkpoint.
 std::string RankFolderName(int rank);
 
+// The rank r of "rank-NNNNN/metadata.json" (exactly RankFolderName(r) +
+// "/metadata.json"), or -1 for any other name.
+int RankOfMetadataName(std::string_view name);
+
 // The safetensors entry name of a stored box: `fqn` when the box covers the
 // whole tensor, else "fqn@o0,o1,..." with the box offsets.
 std::string EntryName(std::string_view fqn, const Box& box, bool whole);

@@ -57,5 +57,19 @@ TEST(NamesTest, DataFileAndEntryNames) {
   EXPECT_EQ(EntryName("model.wq", box, /*whole=*/true), "model.wq");
 }
 
+TEST(NamesTest, RankFolders) {
+  EXPECT_EQ(RankFolderName(3), "rank-00003");
+  EXPECT_EQ(RankFolderName(123456), "rank-123456");
+  EXPECT_EQ(RankOfMetadataName("rank-00003/metadata.json"), 3);
+  EXPECT_EQ(RankOfMetadataName("rank-123456/metadata.json"), 123456);
+  for (const char* bad :
+       {"rank-0003/metadata.json", "rank-000003/metadata.json",
+        "rank-0000x/metadata.json", "rank-00003/data-00000.safetensors",
+        "rank-00003/metadata.json.tmp", "metadata.json", "rank-/metadata.json",
+        "rank-9999999999/metadata.json", "x/rank-00003/metadata.json"}) {
+    EXPECT_EQ(RankOfMetadataName(bad), -1) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace cairn::internal_format
