@@ -9,6 +9,7 @@
 #include "cairn/dtype.h"        // IWYU pragma: export
 #include "cairn/metadata.h"     // IWYU pragma: export
 #include "cairn/planner.h"      // IWYU pragma: export
+#include "cairn/stager.h"       // IWYU pragma: export
 #include "cairn/state_dict.h"   // IWYU pragma: export
 #include "cairn/state_dict_utils.h"  // IWYU pragma: export
 #include "cairn/storage.h"      // IWYU pragma: export
