@@ -2,6 +2,7 @@
 #ifndef CAIRN_CAIRN_H_
 #define CAIRN_CAIRN_H_
 
+#include "cairn/async_save.h"   // IWYU pragma: export
 #include "cairn/box.h"          // IWYU pragma: export
 #include "cairn/checkpoint.h"   // IWYU pragma: export
 #include "cairn/communicator.h" // IWYU pragma: export
