@@ -1,0 +1,91 @@
+// CheckpointManager: a root folder of step-numbered checkpoints
+// (root/step-0000000100/, ...), saved asynchronously by default, with
+// retention, and restore of the latest committed step after a crash.
+//
+//   CAIRN_ASSIGN_OR_RETURN(auto manager,
+//                          cairn::CheckpointManager::Create("/ckpt", comm));
+//   if (auto latest = manager->LatestStep(); latest.ok() && *latest) {
+//     CAIRN_RETURN_IF_ERROR(manager->Restore(state).status());  // resume
+//   }
+//   for (int64_t step = ...; ; ++step) {
+//     train(step);
+//     if (step % 100 == 0) CAIRN_RETURN_IF_ERROR(manager->Save(step, state).status());
+//   }
+//
+// Only committed checkpoints count (a step folder with metadata.json).
+// Retention, run by rank 0 before each save and in Wait(): keep the newest
+// `keep_last` committed steps and every step divisible by `keep_every`;
+// never delete the newest committed step or a step still being saved;
+// remove folders that a crash left uncommitted. A step is deleted by
+// un-committing it first (metadata.json removed, directory synced), so a
+// crash mid-delete never leaves a committed, partial checkpoint.
+//
+// The root is a local (POSIX) directory. Every rank calls Create, Save,
+// Restore and Wait in the same order. Thread safety: one thread at a time.
+#ifndef CAIRN_MANAGER_H_
+#define CAIRN_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cairn/async_save.h"
+#include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
+
+namespace cairn {
+
+struct ManagerOptions {
+  int keep_last = 3;   // newest committed steps kept (at least 1)
+  int keep_every = 0;  // also keep steps divisible by this; 0: none
+  bool async = true;   // Save returns after staging
+  AsyncSaveOptions async_options;
+  SaveOptions save_options;  // comm and overwrite are set by the manager
+  LoadOptions load_options;  // comm is set by the manager
+};
+
+class CheckpointManager {
+ public:
+  // Collective over `comm` (null: one rank): creates `root` if needed.
+  static absl::StatusOr<std::unique_ptr<CheckpointManager>> Create(
+      const std::string& root, Communicator* comm,
+      const ManagerOptions& options = {});
+  ~CheckpointManager();
+
+  // Saves `state` as `step` (asynchronously unless options.async is false;
+  // then the handle is already done). A step that is already committed is
+  // kAlreadyExists.
+  absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> Save(int64_t step,
+                                                        const StateDict& state);
+  // Committed steps, ascending; the newest, or nullopt when none.
+  absl::StatusOr<std::vector<int64_t>> Steps() const;
+  absl::StatusOr<std::optional<int64_t>> LatestStep() const;
+  // Loads `step` (default: the newest committed, as rank 0 sees it) into
+  // `state`. kNotFound when there is none.
+  absl::StatusOr<LoadResult> Restore(StateDict& state,
+                                     std::optional<int64_t> step = {});
+  // Waits for saves in flight, then applies retention; the first error.
+  absl::Status Wait();
+
+  std::string StepDir(int64_t step) const;
+
+ private:
+  CheckpointManager(std::string root, Communicator* comm,
+                    std::unique_ptr<AsyncSaver> saver, ManagerOptions options);
+  absl::Status Retain();
+
+  std::string root_;
+  Communicator* comm_;
+  std::unique_ptr<Communicator> local_comm_;
+  std::unique_ptr<AsyncSaver> saver_;
+  ManagerOptions options_;
+  // Saves started and not yet seen finished: never deleted.
+  std::vector<std::pair<int64_t, std::shared_ptr<AsyncSaveHandle>>> pending_;
+};
+
+}  // namespace cairn
+
+#endif  // CAIRN_MANAGER_H_

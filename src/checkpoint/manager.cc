@@ -1,0 +1,219 @@
+// CheckpointManager: step folders under a root, async saves through an
+// AsyncSaver, retention by rank 0 with un-commit-then-delete, and a restore
+// that takes rank 0's view of the newest committed step.
+#include "cairn/manager.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cairn/storage.h"
+#include "core/status.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr char kPrefix[] = "step-";
+
+// The step of a folder name "step-NNNNNNNNNN", or nullopt.
+std::optional<int64_t> StepOfName(const std::string& name) {
+  if (!name.starts_with(kPrefix)) return std::nullopt;
+  const std::string digits = name.substr(sizeof(kPrefix) - 1);
+  int64_t step = 0;
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(digits, &step)) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+struct Folder {
+  int64_t step;
+  bool committed;
+};
+
+absl::StatusOr<std::vector<Folder>> ListFolders(const std::string& root) {
+  std::vector<Folder> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_directory()) continue;
+    std::optional<int64_t> step = StepOfName(e.path().filename().string());
+    if (!step) continue;
+    out.push_back({*step, fs::exists(e.path() / kMetadataFileName)});
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrFormat("listing %s: %s", root, ec.message()));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Folder& a, const Folder& b) { return a.step < b.step; });
+  return out;
+}
+
+// Un-commits (metadata.json removed, directory synced), then removes.
+absl::Status DeleteStep(const std::string& dir) {
+  absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(dir);
+  CAIRN_RETURN_IF_ERROR(storage.status());
+  CAIRN_ASSIGN_OR_RETURN(bool committed, (*storage)->Exists(kMetadataFileName));
+  if (committed) {
+    CAIRN_RETURN_IF_ERROR((*storage)->Remove(kMetadataFileName));
+    CAIRN_RETURN_IF_ERROR((*storage)->Sync());
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrFormat("removing %s: %s", dir, ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(std::string root, Communicator* comm,
+                                     std::unique_ptr<AsyncSaver> saver,
+                                     ManagerOptions options)
+    : root_(std::move(root)),
+      comm_(comm),
+      saver_(std::move(saver)),
+      options_(std::move(options)) {
+  if (comm_ == nullptr) {
+    local_comm_ = LocalCommunicator();
+    comm_ = local_comm_.get();
+  }
+}
+
+CheckpointManager::~CheckpointManager() { (void)saver_->WaitAll(); }
+
+absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
+    const std::string& root, Communicator* comm, const ManagerOptions& options) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  absl::Status made = ec ? absl::UnavailableError(absl::StrFormat(
+                               "creating %s: %s", root, ec.message()))
+                         : absl::OkStatus();
+  if (options.keep_last < 1) {
+    made = absl::InvalidArgumentError("keep_last must be at least 1");
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<AsyncSaver> saver,
+                         AsyncSaver::Create(comm, options.async_options));
+  CAIRN_RETURN_IF_ERROR(made);
+  return std::unique_ptr<CheckpointManager>(
+      new CheckpointManager(root, comm, std::move(saver), options));
+}
+
+std::string CheckpointManager::StepDir(int64_t step) const {
+  return absl::StrFormat("%s/%s%010d", root_, kPrefix, step);
+}
+
+absl::StatusOr<std::vector<int64_t>> CheckpointManager::Steps() const {
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_));
+  std::vector<int64_t> steps;
+  for (const Folder& f : folders) {
+    if (f.committed) steps.push_back(f.step);
+  }
+  return steps;
+}
+
+absl::StatusOr<std::optional<int64_t>> CheckpointManager::LatestStep() const {
+  CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps, Steps());
+  if (steps.empty()) return std::optional<int64_t>();
+  return std::optional<int64_t>(steps.back());
+}
+
+absl::Status CheckpointManager::Retain() {
+  // Forget finished saves; they are ordinary folders now.
+  std::erase_if(pending_, [](const auto& p) { return p.second->done(); });
+  if (comm_->rank() != 0) return absl::OkStatus();
+  std::set<int64_t> busy;
+  for (const auto& [step, handle] : pending_) busy.insert(step);
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_));
+  std::vector<int64_t> committed;
+  for (const Folder& f : folders) {
+    if (f.committed && !busy.contains(f.step)) committed.push_back(f.step);
+  }
+  std::set<int64_t> keep(busy);
+  const size_t n = committed.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t step = committed[i];
+    if (i + static_cast<size_t>(options_.keep_last) >= n ||
+        (options_.keep_every > 0 && step % options_.keep_every == 0)) {
+      keep.insert(step);
+    }
+  }
+  if (!committed.empty()) keep.insert(committed.back());  // the newest, always
+  for (const Folder& f : folders) {
+    if (keep.contains(f.step)) continue;
+    // Old committed steps, and folders a crash left uncommitted.
+    CAIRN_RETURN_IF_ERROR(DeleteStep(StepDir(f.step)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> CheckpointManager::Save(
+    int64_t step, const StateDict& state) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d: steps must not be negative", step));
+  }
+  // A failed earlier save surfaces here (AsyncSaver::Save reports it too).
+  CAIRN_RETURN_IF_ERROR(Retain());
+  SaveOptions options = options_.save_options;
+  options.overwrite = false;  // a committed step is never silently replaced
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<AsyncSaveHandle> handle,
+                         saver_->Save(state, StepDir(step), options));
+  pending_.push_back({step, handle});
+  if (!options_.async) {
+    absl::StatusOr<SaveResult> r = handle->Wait();
+    CAIRN_RETURN_IF_ERROR(r.status());
+    CAIRN_RETURN_IF_ERROR(Retain());
+  }
+  return handle;
+}
+
+absl::Status CheckpointManager::Wait() {
+  absl::Status waited = saver_->WaitAll();
+  absl::Status retained = Retain();
+  return waited.ok() ? retained : waited;
+}
+
+absl::StatusOr<LoadResult> CheckpointManager::Restore(
+    StateDict& state, std::optional<int64_t> step) {
+  // Rank 0 decides which step, so ranks never restore different ones.
+  std::string chosen;
+  absl::Status decided = absl::OkStatus();
+  if (comm_->rank() == 0) {
+    if (step) {
+      chosen = std::to_string(*step);
+    } else {
+      absl::StatusOr<std::optional<int64_t>> latest = LatestStep();
+      if (!latest.ok()) {
+        decided = latest.status();
+      } else if (!latest->has_value()) {
+        decided = absl::NotFoundError(absl::StrFormat(
+            "%s holds no committed checkpoint to restore", root_));
+      } else {
+        chosen = std::to_string(**latest);
+      }
+    }
+    if (!decided.ok()) chosen = "!" + decided.ToString();
+  }
+  CAIRN_RETURN_IF_ERROR(comm_->Broadcast(chosen, 0));
+  int64_t which = 0;
+  if (chosen.starts_with("!") || !absl::SimpleAtoi(chosen, &which)) {
+    return decided.ok() ? absl::NotFoundError(absl::StrCat(
+                              "restore: rank 0 found nothing to restore in ",
+                              root_, ": ", chosen.substr(1)))
+                        : decided;
+  }
+  LoadOptions options = options_.load_options;
+  options.comm = comm_;
+  return Load(state, StepDir(which), options);
+}
+
+}  // namespace cairn
