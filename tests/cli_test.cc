@@ -171,6 +171,48 @@ TEST_F(CliTest, DemoUsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("cairn demo: NOT_FOUND"));
 }
 
+// --async: a training loop with an async save every --save-every steps; the
+// load checks the last one (values changed right after each Save() returned
+// must not have reached it).
+TEST_F(CliTest, DemoAsyncReportsBlockedTimeAndVerifiesLastSave) {
+  Result r = Run("demo -q --async --steps 6 --save-every 3 --size 4MiB --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["verified"], true) << r.out;
+  EXPECT_EQ(j["async_steps"], 6);
+  EXPECT_EQ(j["step"], 1000 + 6);  // the last async save's values
+  ASSERT_TRUE(j["blocked_seconds"].is_array()) << r.out;
+  ASSERT_EQ(j["blocked_seconds"].size(), 6u / 3u) << r.out;
+  for (const nlohmann::json& b : j["blocked_seconds"]) {
+    ASSERT_TRUE(b.is_number()) << r.out;
+    EXPECT_GE(b.get<double>(), 0);
+  }
+  EXPECT_EQ(j["async_save_steps"], nlohmann::json({3, 6}));
+  EXPECT_GT(j["sync_save_seconds"].get<double>(), 0);
+
+  // The table: a line per save; the step folders and the sync one exist.
+  const fs::path dir = root_ / "async";
+  r = Run("demo -q --async --steps 4 --save-every 2 --size 2MiB --dir '" +
+          dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("step 2: training blocked"));
+  EXPECT_THAT(r.out, HasSubstr("step 4: training blocked"));
+  EXPECT_THAT(r.out, HasSubstr("verified: yes"));
+  EXPECT_TRUE(fs::exists(dir / "sync" / "metadata.json"));
+  EXPECT_TRUE(fs::exists(dir / "step-2" / "metadata.json"));
+  EXPECT_TRUE(fs::exists(dir / "step-4" / "metadata.json"));
+  // A separate load of an async step checks that step's values.
+  r = Run("demo -q --phase load --json --dir '" + (dir / "step-2").string() +
+          "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(ParseJson(r)["step"], 1002);
+
+  EXPECT_EQ(Run("demo --async --phase load --dir '" + dir.string() + "'").rc,
+            2);
+  EXPECT_EQ(Run("demo --steps 4").rc, 2);  // needs --async
+  EXPECT_EQ(Run("demo --async --steps 2 --save-every 5").rc, 2);
+}
+
 TEST_F(CliTest, DemoSavesWithFourRanksAndLoadsWithThree) {
   Result r = Run("demo -q --size 4MiB --ranks 4 --load-ranks 3 --json");
   ASSERT_EQ(r.rc, 0) << r.all();

@@ -109,6 +109,15 @@ expect_json "rank-local 4 -> 3" "$out" '"verified":true' '"load_ranks":3' \
   '"load_mode":"merge_then_global"' '"rng_objects_verified":4'
 [ -f "$dir/merged/metadata.json" ] || fail "rank-local 4 -> 3 did not merge"
 
+# 5b. --async: an AsyncSaver on the MPI communicator; the load checks the
+# last async save.
+out=$("$mpiexec" "$np" 2 "$cairn" demo --comm mpi --async --steps 4 \
+  --save-every 2 --size 4MiB --load-ranks 2 --json -q --dir "$dir/async") ||
+  fail "mpiexec -n 2 demo --async failed"
+expect_json "async" "$out" '"verified":true' '"async_steps":4' \
+  '"async_save_steps":[2,4]' '"step":1004'
+[ -f "$dir/async/step-4/metadata.json" ] || fail "--async wrote no step-4"
+
 # 6. --replicas that does not divide the world size.
 if err=$("$mpiexec" "$np" 3 "$cairn" demo --comm mpi --replicas 2 \
   --size 1MiB -q 2>&1); then

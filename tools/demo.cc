@@ -37,6 +37,14 @@
 //      rank folder's) records the model config, the step, N, R and
 //      rank_local, so that a later `--phase load` with any rank count can
 //      rebuild every expected value.
+//   3b. --async: the save of step 3 goes to <dir>/sync (the synchronous
+//      time to compare with); then an AsyncSaver on the same communicator
+//      and --steps simulated training steps s = 1..N, each refilling this
+//      rank's shards, `step` scalar and RNG object with the values of step
+//      --step + s (in place, right after the previous Save() returned), and
+//      every --save-every steps an async Save to <dir>/step-<s>, timed (the
+//      time the loop was blocked; slowest rank per save). WaitAll at the
+//      end; the load phase then reads the last step-<s>.
 //  load phase, on each of the R x M load ranks (under MPI: the first R x M
 //  ranks of the world, on a Split communicator; the others wait at the
 //  final barrier):
@@ -134,6 +142,13 @@ struct DemoOptions {
   bool overwrite = false;
   bool quiet = false;
   int threads = 0;  // 0: the machine's cores
+  // --async: a simulated training loop of `steps` steps with an AsyncSaver
+  // save every `save_every` steps.
+  bool async = false;
+  int steps = 10;
+  bool steps_given = false;
+  int save_every = 5;
+  bool save_every_given = false;
 };
 
 // How the load phase reads the checkpoint.
@@ -184,6 +199,12 @@ struct DemoResult {
   int64_t rng_verified = 0;
   bool verified = false;
   std::string mismatch;  // the first wrong element, when there is one
+  // --async: the training steps that saved, the training loop's blocked
+  // time in each Save() (slowest rank), and a synchronous save of the same
+  // state (slowest rank; also save_seconds).
+  std::vector<int> async_save_steps;
+  std::vector<double> blocked_seconds;
+  std::optional<double> sync_save_seconds;
 };
 
 // What a checkpoint's "cairn_demo" user metadata says.
@@ -212,6 +233,12 @@ absl::StatusOr<double> MaxSeconds(Communicator& comm, double seconds) {
   absl::StatusOr<std::vector<double>> max = MaxSecondsEach(comm, {seconds});
   if (!max.ok()) return max.status();
   return (*max)[0];
+}
+
+// "file:///ckpt/sync" from "file:///ckpt" and "sync".
+std::string SubUrl(std::string url, const std::string& name) {
+  while (url.size() > 1 && url.back() == '/') url.pop_back();
+  return absl::StrCat(url, "/", name);
 }
 
 // "file:///ckpt/rank-00003" from "file:///ckpt" (what Storage::Open takes).
@@ -265,6 +292,26 @@ class Demo {
   void PrintJson() const;
 
   bool saves() const { return o_.phase == "save" || o_.phase == "all"; }
+  // --async: the last training step that saved, and its checkpoint (what
+  // the load phase reads).
+  int LastAsyncSaveStep() const {
+    return o_.steps / o_.save_every * o_.save_every;
+  }
+  std::string AsyncStepUrl(int s) const {
+    return SubUrl(url_, absl::StrCat("step-", s));
+  }
+  // --async, on every save rank after the synchronous save: the training
+  // loop (refills `fills` and the step and RNG leaves of `sd` every step)
+  // with an async save every --save-every steps.
+  struct Fill {
+    const SyntheticTensor* tensor;
+    Box box;
+    TensorView view;
+  };
+  absl::Status AsyncTrainingLoop(Communicator& comm, int threads,
+                                 const SyntheticModel& m,
+                                 const std::vector<Fill>& fills, StateDict& sd,
+                                 const SaveOptions& base, double sync_seconds);
   bool loads() const { return o_.phase == "load" || o_.phase == "all"; }
 
   const DemoOptions& o_;
@@ -495,10 +542,13 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
     model = *std::move(built);
     if (rank != 0) return absl::OkStatus();
     if (absl::Status s = CheckFitsInMemory(
-            JobBytes(*model, replicas, static_cast<size_t>(ranks)),
-            replicas > 1
-                ? absl::StrCat(": ", replicas, " replica groups, each a copy")
-                : std::string());
+            JobBytes(*model, replicas, static_cast<size_t>(ranks)) *
+                (o_.async ? 2 : 1),
+            absl::StrCat(replicas > 1 ? absl::StrCat(": ", replicas,
+                                                     " replica groups, each "
+                                                     "a copy")
+                                      : std::string(),
+                         o_.async ? ", twice for --async staging" : ""));
         !s.ok()) {
       return s;
     }
@@ -524,6 +574,7 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
 
   // 2. This rank's shards only (the same in every replica group).
   StateDict sd;
+  std::vector<Fill> fills;  // for --async's training loop
   status = [&]() -> absl::Status {
     for (const SyntheticTensor& t : m.tensors) {
       std::optional<Box> box = TensorParallelBox(t, shard, tp, false);
@@ -535,6 +586,7 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
         return s;
       }
       auto owned = std::make_shared<Tensor>(*std::move(buf));
+      fills.push_back({&t, *box, owned->view()});
       InsertLeaf(
           sd, t.fqn,
           ShardedTensor(t.dtype, t.shape, {{*box, owned->view()}}, owned));
@@ -547,8 +599,10 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
   }();
   if (status = AgreeOnStatus(comm, status); !status.ok()) return status;
 
-  // 3. The timed save: collective, or rank-local.
-  Log(comm, "saving as %s to %s%s", LayoutText(replicas, tp), url_,
+  // 3. The timed save: collective, or rank-local. With --async it is the
+  // synchronous save the async ones compare with, to <dir>/sync.
+  const std::string save_url = o_.async ? SubUrl(url_, "sync") : url_;
+  Log(comm, "saving as %s to %s%s", LayoutText(replicas, tp), save_url,
       o_.rank_local ? " (rank-local: each rank writes its own rank-NNNNN/ "
                       "folder, no collective)"
                     : "");
@@ -562,7 +616,7 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
           .dump();
   if (absl::Status s = comm.Barrier(); !s.ok()) return s;
   Stopwatch clock;
-  absl::StatusOr<SaveResult> saved = Save(sd, url_, options);
+  absl::StatusOr<SaveResult> saved = Save(sd, save_url, options);
   const double seconds = clock.Seconds();
   // A rank-local save has no collective: this exchange is where the ranks
   // learn whether all of them saved.
@@ -587,6 +641,80 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
       Plural(static_cast<uint64_t>(sums[0]), "data file"),
       HumanBytes(o_.rank_local ? static_cast<uint64_t>(sums[1])
                                : saved->checkpoint_bytes));
+  if (o_.async) {
+    return AsyncTrainingLoop(comm, threads, m, fills, sd, options, *wall);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Demo::AsyncTrainingLoop(Communicator& comm, int threads,
+                                     const SyntheticModel& m,
+                                     const std::vector<Fill>& fills,
+                                     StateDict& sd, const SaveOptions& base,
+                                     double sync_seconds) {
+  const int rank = comm.rank();
+  const int tp = save_tp_;
+  const int replicas = comm.size() / tp;
+  absl::StatusOr<std::unique_ptr<AsyncSaver>> created =
+      AsyncSaver::Create(&comm);
+  if (absl::Status s = AgreeOnStatus(comm, created.status()); !s.ok()) {
+    return s;
+  }
+  std::unique_ptr<AsyncSaver> saver = *std::move(created);
+  Log(comm,
+      "training %d steps from step %d, an async save every %d steps to "
+      "%s/step-<s>",
+      o_.steps, o_.step, o_.save_every, url_);
+  std::vector<int> save_steps;
+  std::vector<double> blocked;
+  for (int s = 1; s <= o_.steps; ++s) {
+    // "Train": this step's values, in place (the state of a save in flight
+    // was staged, so this must not reach its checkpoint).
+    const int64_t value_step = o_.step + s;
+    absl::Status status = [&]() -> absl::Status {
+      for (const Fill& f : fills) {
+        if (absl::Status st =
+                FillBox(*f.tensor, f.box, f.view, value_step, threads);
+            !st.ok()) {
+          return st;
+        }
+      }
+      return absl::OkStatus();
+    }();
+    InsertLeaf(sd, kStepFqn, StateDict(int64_t{value_step}));
+    InsertLeaf(sd, RngFqn(rank),
+               StateDict(Object{RngBytes(RngFqn(rank), value_step,
+                                         m.config.rng_bytes)}));
+    if (status = AgreeOnStatus(comm, status); !status.ok()) return status;
+    if (s % o_.save_every != 0) continue;
+    SaveOptions options = base;
+    options.user_metadata =
+        nlohmann::json{{kUserKey, ConfigJson(m.config, value_step, tp,
+                                             replicas, o_.rank_local)}}
+            .dump();
+    Stopwatch clock;
+    absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> handle =
+        saver->Save(sd, AsyncStepUrl(s), options);
+    const double seconds = clock.Seconds();
+    if (status = AgreeOnStatus(comm, handle.status()); !status.ok()) {
+      return status;
+    }
+    absl::StatusOr<double> max = MaxSeconds(comm, seconds);
+    if (!max.ok()) return max.status();
+    save_steps.push_back(s);
+    blocked.push_back(*max);
+    Log(comm, "step %d: training blocked %.3f s (sync save %.3f s)", s, *max,
+        sync_seconds);
+  }
+  if (absl::Status s = AgreeOnStatus(comm, saver->WaitAll()); !s.ok()) {
+    return s;
+  }
+  if (rank == 0) {
+    r_.async_save_steps = save_steps;
+    r_.blocked_seconds = blocked;
+    r_.sync_save_seconds = sync_seconds;
+    r_.step = o_.step + LastAsyncSaveStep();
+  }
   return absl::OkStatus();
 }
 
@@ -619,7 +747,8 @@ absl::Status Demo::LoadAsRank(Communicator& comm, int threads) {
     }
     if (!md.ok()) return md.status();
     absl::StatusOr<SavedDemo> info = ReadSavedDemo(
-        *md, o_.step_given ? std::optional<int64_t>(o_.step) : std::nullopt);
+        *md, o_.step_given && !o_.async ? std::optional<int64_t>(o_.step)
+                                        : std::nullopt);
     if (!info.ok()) {
       return absl::Status(info.status().code(),
                           absl::StrCat(url_, ": ", info.status().message()));
@@ -989,6 +1118,13 @@ void Demo::PrintJson() const {
                         {"broadcast", r_.load_phases.broadcast},
                         {"copy", r_.load_phases.copy}};
   }
+  if (o_.async) {
+    j["async_steps"] = o_.steps;
+    j["save_every"] = o_.save_every;
+    j["async_save_steps"] = r_.async_save_steps;
+    j["blocked_seconds"] = r_.blocked_seconds;
+    j["sync_save_seconds"] = opt(r_.sync_save_seconds);
+  }
   std::cout << j.dump() << std::endl;
 }
 
@@ -1045,6 +1181,28 @@ void Demo::Print() const {
           "holders: %s, %s on disk\n",
           Plural(static_cast<uint64_t>(r_.save_files), "data file"),
           HumanBytes(r_.checkpoint_bytes));
+    }
+  }
+  if (o_.async && r_.sync_save_seconds) {
+    std::cout << absl::StrFormat(
+        "async: %d training steps, a save every %d (to %s/step-<s>; the "
+        "synchronous save above went to %s/sync)\n",
+        o_.steps, o_.save_every, r_.dir, r_.dir);
+    double total = 0;
+    for (size_t i = 0; i < r_.blocked_seconds.size(); ++i) {
+      total += r_.blocked_seconds[i];
+      std::cout << absl::StrFormat(
+          "step %d: training blocked %.3f s (sync save %.3f s)\n",
+          i < r_.async_save_steps.size() ? r_.async_save_steps[i] : 0,
+          r_.blocked_seconds[i], *r_.sync_save_seconds);
+    }
+    if (!r_.blocked_seconds.empty()) {
+      const double mean =
+          total / static_cast<double>(r_.blocked_seconds.size());
+      std::cout << absl::StrFormat(
+          "async: blocked %.3f s per save on average, %.1fx less than a "
+          "synchronous save\n",
+          mean, mean > 0 ? *r_.sync_save_seconds / mean : 0.0);
     }
   }
   if (r_.load_seconds) {
@@ -1166,6 +1324,8 @@ int Demo::RunInProcessRanks() {
     status = CombineRankStatuses(RunInProcess(n, [&](Communicator& comm) {
       return SaveAsRank(comm, per_rank);
     }));
+    // --async: the load checks the last async checkpoint.
+    if (o_.async) url_ = AsyncStepUrl(LastAsyncSaveStep());
   }
   if (status.ok() && loads()) {
     const int n = o_.replicas * load_tp_;
@@ -1184,7 +1344,11 @@ int Demo::RunMpiRanks(Communicator& world) {
           ? o_.threads
           : std::max(1, DefaultThreads() / MpiRanksOnThisMachine(world.size()));
   absl::Status status;
-  if (saves()) status = SaveAsRank(world, threads);
+  if (saves()) {
+    status = SaveAsRank(world, threads);
+    // --async: the load checks the last async checkpoint.
+    if (o_.async) url_ = AsyncStepUrl(LastAsyncSaveStep());
+  }
   if (status.ok() && loads()) {
     // The first R x M ranks load; Split is collective over the world.
     absl::StatusOr<std::unique_ptr<Communicator>> group =
@@ -1306,6 +1470,21 @@ int Demo::Run() {
                     kMaxInProcessRanks));
       return kUsageError;
     }
+  }
+  if (o_.async && o_.phase == "load") {
+    UsageError("--async runs a training loop that saves; it cannot go with "
+               "--phase load (load a step-<s> folder it wrote instead)");
+    return kUsageError;
+  }
+  if (!o_.async && (o_.steps_given || o_.save_every_given)) {
+    UsageError("--steps and --save-every need --async");
+    return kUsageError;
+  }
+  if (o_.async && o_.steps < o_.save_every) {
+    UsageError(absl::StrFormat(
+        "--steps %d is less than --save-every %d: the loop would never save",
+        o_.steps, o_.save_every));
+    return kUsageError;
   }
   if (o_.phase != "all" && o_.dir.empty()) {
     UsageError(absl::StrCat("--phase ", o_.phase,
@@ -1458,6 +1637,25 @@ void RegisterDemo(CLI::App& app) {
                   "shared by its in-process ranks (default: the cores, "
                   "divided among the MPI processes on this machine)")
       ->check(CLI::Range(1, 1024));
+  cmd->add_flag(
+      "--async", o->async,
+      "after the save (then synchronous, to <dir>/sync), run --steps "
+      "simulated training steps (each refills the state with that step's "
+      "values) with an AsyncSaver save every --save-every steps to "
+      "<dir>/step-<s>; print per save the time the training loop was "
+      "blocked next to the synchronous save's time. The load phase then "
+      "checks the last async checkpoint");
+  CLI::Option* steps =
+      cmd->add_option("--steps", o->steps, "training steps with --async")
+          ->type_name("N")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 1000000));
+  CLI::Option* save_every =
+      cmd->add_option("--save-every", o->save_every,
+                      "with --async, save at steps K, 2K, ...")
+          ->type_name("K")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 1000000));
   cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
   cmd->add_flag("--keep", o->keep, "keep the default temporary directory");
   cmd->add_flag("--overwrite", o->overwrite,
@@ -1491,14 +1689,19 @@ void RegisterDemo(CLI::App& app) {
       "                                       storage serves one copy\n"
       "  cairn demo --replicas 2 --ranks 2 --load-ranks 2 --no-broadcast\n"
       "                                       the same, each replica reads\n"
+      "  cairn demo --async --steps 10 --size 64MiB\n"
+      "                                       training blocked per async save\n"
+      "                                       vs a synchronous save\n"
       "  cairn demo --rank-local              rank-local save; 4 -> 3 ranks:\n"
       "                                       merge, then a resharding load\n"
       "  cairn demo --rank-local --load-ranks 4\n"
       "                                       rank-local save and load\n"
       "  mpirun -np 4 cairn demo --comm mpi --load-ranks 3\n"
       "  mpirun -np 8 cairn demo --comm mpi --replicas 2   (2 x 4 ranks)");
-  cmd->callback([o, step, ranks, load_ranks] {
+  cmd->callback([o, step, ranks, load_ranks, steps, save_every] {
     o->step_given = step->count() > 0;
+    o->steps_given = steps->count() > 0;
+    o->save_every_given = save_every->count() > 0;
     o->ranks_given = ranks->count() > 0;
     o->load_ranks_given = load_ranks->count() > 0;
     Demo demo(*o);
