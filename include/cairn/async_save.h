@@ -22,7 +22,10 @@
 //
 // Errors: a background failure is returned by its handle's Wait(); if the
 // caller never waited for it, the next Save() returns it (and does not
-// start), so no failure passes unseen. Nothing is committed by a failed save.
+// start), so no failure passes unseen. A staging failure (this rank only)
+// is returned by Save() at once, and the rank still takes part in that
+// save's collectives carrying the error, so the other ranks' saves fail
+// with it instead of waiting. Nothing is committed by a failed save.
 //
 // Every rank must call Create, Save and WaitAll in the same order, like any
 // collective. Thread safety: one AsyncSaver is used by one thread at a time.

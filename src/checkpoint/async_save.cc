@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint_impl.h"
 #include "core/status.h"
 
 namespace cairn {
@@ -65,6 +66,10 @@ class Handle : public AsyncSaveHandle {
     return seen ? absl::OkStatus() : result_.status();
   }
   void set_blocked_seconds(double s) { blocked_seconds_ = s; }
+  void MarkObserved() {
+    std::lock_guard<std::mutex> lock(mu_);
+    observed_ = true;
+  }
 
  private:
   const std::string url_;
@@ -113,13 +118,19 @@ class Saver : public AsyncSaver {
     for (const std::shared_ptr<Handle>& h : handles_) {
       CAIRN_RETURN_IF_ERROR(h->TakeUnobservedFailure());
     }
-    CAIRN_ASSIGN_OR_RETURN(StateDict staged, stager_.Stage(state));
+    // A staging failure is this rank's alone: the other ranks' background
+    // saves are already waiting in collectives for this one, so it still
+    // queues a save that takes part carrying the error (every rank then
+    // fails it alike), and returns the error now.
+    absl::StatusOr<StateDict> staged = stager_.Stage(state);
     auto handle = std::make_shared<Handle>(std::string(url));
     handle->set_blocked_seconds(std::chrono::duration<double>(
                                     std::chrono::steady_clock::now() - start)
                                     .count());
-    Job job{std::move(staged), std::string(url), options, handle};
+    Job job{staged.ok() ? *std::move(staged) : StateDict(), std::string(url),
+            options, handle, staged.status()};
     job.options.comm = comm_.get();
+    const absl::Status job_error = job.error;
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(std::move(job));
@@ -127,6 +138,10 @@ class Saver : public AsyncSaver {
     }
     cv_.notify_all();
     handles_.push_back(handle);
+    if (!job_error.ok()) {
+      handle->MarkObserved();  // reported here, not again
+      return internal_core::Annotate(job_error, "staging for an async save");
+    }
     return std::shared_ptr<AsyncSaveHandle>(handle);
   }
 
@@ -153,6 +168,7 @@ class Saver : public AsyncSaver {
     std::string url;
     SaveOptions options;
     std::shared_ptr<Handle> handle;
+    absl::Status error;  // staging failed on this rank
   };
 
   void Work() {
@@ -166,7 +182,10 @@ class Saver : public AsyncSaver {
         queue_.pop_front();
       }
       absl::StatusOr<SaveResult> result =
-          cairn::Save(job.staged, job.url, job.options);
+          job.error.ok()
+              ? cairn::Save(job.staged, job.url, job.options)
+              : internal_checkpoint::SaveToStorage(job.staged, job.error,
+                                                   job.options);
       job.staged = StateDict();  // release the staging buffers first
       job.handle->Finish(std::move(result));
       {

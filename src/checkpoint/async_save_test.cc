@@ -153,5 +153,43 @@ TEST(AsyncSaveTest, BackgroundCollectivesDoNotMixWithTheApplications) {
   }
 }
 
+// Staging fails on one rank only (a device tensor in a build without
+// CUDA): that rank's Save returns the error, the other ranks' background
+// saves fail with it instead of waiting forever, and the next save works.
+TEST(AsyncSaveTest, StagingFailureOnOneRankDoesNotHangTheOthers) {
+  TempDir tmp;
+  std::vector<std::string> errors(2);
+  std::vector<absl::Status> st = RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+    const int r = comm.rank();
+    Tensor mine = Filled({8, 4}, static_cast<float>(r));
+    float device_bytes[4] = {};
+    StateDict sd;
+    sd["w"] = ShardedTensor(DType::kF32, {16, 4}, {Shard{Box{{8 * r, 0}, {8, 4}}, mine.view()}});
+    if (r == 1) sd["gpu"] = TensorView(device_bytes, DType::kF32, {4}, Device::Cuda(0));
+    CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<AsyncSaver> saver, AsyncSaver::Create(&comm));
+    absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h = saver->Save(sd, tmp.Sub("bad"));
+    if (r == 1) {
+      if (h.ok()) return absl::InternalError("rank 1 staged a device tensor");
+      errors[r] = std::string(h.status().message());
+    } else {
+      if (!h.ok()) return h.status();
+      absl::StatusOr<SaveResult> res = (*h)->Wait();
+      if (res.ok()) return absl::InternalError("rank 0's save succeeded alone");
+      errors[r] = std::string(res.status().message());
+    }
+    // Fixed on rank 1: the next save goes through on both.
+    sd = StateDict();
+    sd["w"] = ShardedTensor(DType::kF32, {16, 4}, {Shard{Box{{8 * r, 0}, {8, 4}}, mine.view()}});
+    CAIRN_ASSIGN_OR_RETURN(auto good, saver->Save(sd, tmp.Sub("good")));
+    CAIRN_RETURN_IF_ERROR(good->Wait().status());
+    return saver->WaitAll();
+  });
+  for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_THAT(errors[1], HasSubstr("gpu"));
+  EXPECT_THAT(errors[0], HasSubstr("rank 1"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("bad/metadata.json")));
+  EXPECT_TRUE(std::filesystem::exists(tmp.Sub("good/metadata.json")));
+}
+
 }  // namespace
 }  // namespace cairn
