@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -705,6 +706,29 @@ TEST(DistributedTest, UnexpectedListsLeavesNoRankAskedFor) {
   }));
   EXPECT_THAT(unexpected[0], ::testing::ElementsAre("c"));
   EXPECT_THAT(unexpected[1], ::testing::ElementsAre("c"));
+}
+
+// A scalar held by several ranks is saved once, so the copies must agree
+// (bit for bit: a NaN on every rank is fine).
+TEST(DistributedTest, ScalarsMustAgreeAcrossRanks) {
+  TempDir tmp;
+  for (bool differ : {false, true}) {
+    const std::string dir = tmp.Sub(differ ? "differ" : "same");
+    std::vector<absl::Status> st = OnRanks(3, [&](Communicator& comm) {
+      StateDict sd;
+      sd["step"] = int64_t{differ && comm.rank() == 2 ? 8 : 7};
+      sd["loss"] = std::numeric_limits<double>::quiet_NaN();
+      SaveOptions o;
+      o.comm = &comm;
+      return Save(sd, dir, o).status();
+    });
+    if (differ) {
+      ExpectSameError(st, "scalar step differs between rank 0 and rank 2");
+      EXPECT_TRUE(NothingCommitted(dir));
+    } else {
+      ExpectAllOk(st);
+    }
+  }
 }
 
 // Dedup as a pure function: balancing spreads equal replicated boxes, and

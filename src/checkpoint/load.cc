@@ -743,8 +743,9 @@ bool HasGroups(const std::vector<int>& groups) {
 }
 
 // Broadcast load inside one replica group: every member has the same items
-// (in the same order). Each item is read by one member, the one with the
-// fewest bytes assigned so far, a bounded batch at a time; the group agrees
+// (in the same order). Each item is read by one member (largest items
+// first, each to the member with the fewest bytes so far), a bounded batch
+// at a time; the group agrees
 // that the batch's reads succeeded, and the owners broadcast. Items land
 // straight in a member's destination where it is contiguous, otherwise in
 // a staging buffer followed by a strided copy.
@@ -757,13 +758,13 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
   constexpr char kPhase[] = "reading (replica group)";
   std::vector<Destination> dsts;
   absl::Status ready = plan.status();
+  Loader check(storage, metadata, options);
   if (ready.ok()) {
     for (const ReadItem& item : plan->items) {
       absl::StatusOr<Destination> d = planner.ResolveDestination(item);
       if (d.ok()) {
         // Owners check their destinations as they read; here every member
         // checks its own, since it copies into them without reading.
-        Loader check(storage, metadata, options);
         d = check.CheckDestination(item, *d);
       }
       if (!d.ok()) {
@@ -793,9 +794,17 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
   }
   const int members = group.size();
   const int me = group.rank();
+  // Largest items first, each to the member with the fewest bytes so far
+  // (as dedup balances writers): in plan order, one large item late in the
+  // plan could land on an already loaded member. Every member computes the
+  // same assignment from the same sizes.
+  std::vector<size_t> by_size(items.size());
+  for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
   std::vector<int> owner(items.size());
   std::vector<uint64_t> assigned(members, 0);
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t i : by_size) {
     owner[i] = static_cast<int>(
         std::min_element(assigned.begin(), assigned.end()) - assigned.begin());
     assigned[owner[i]] += bytes[i];
@@ -890,19 +899,8 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
       }
       if (direct[i]) continue;
       const TensorView& dst = dsts[i].view;
-      const size_t es = DTypeSize(dst.dtype());
-      const int rank = dst.rank();
-      std::vector<int64_t> src_strides(rank), dst_strides(rank);
-      int64_t acc = static_cast<int64_t>(es);
-      for (int d = rank - 1; d >= 0; --d) {
-        src_strides[d] = acc;
-        acc *= dst.shape()[d];
-        dst_strides[d] = dst.strides()[d] * static_cast<int64_t>(es);
-      }
-      internal_core::CopyStrided(base + offset[i], src_strides.data(),
-                                 static_cast<std::byte*>(dst.data()),
-                                 dst_strides.data(), dst.shape().data(), rank,
-                                 es);
+      internal_core::CopyView(TensorView(base + offset[i], dst.dtype(), dst.shape()),
+                              dst);
     }
     phases.copy += Since(t0);
     begin = end;

@@ -175,10 +175,7 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
         first_rank[fqn] = r;
         continue;
       }
-      internal_core::ByteWriter a, b;
-      a.Scalar(it->second);
-      b.Scalar(value);
-      if (a.data() != b.data()) {
+      if (!internal_core::SameScalar(it->second, value)) {
         return absl::DataLossError(absl::StrFormat(
             "scalar %s differs between rank %d and rank %d", fqn,
             first_rank[fqn], r));

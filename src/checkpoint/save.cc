@@ -475,7 +475,7 @@ absl::StatusOr<Metadata> Assemble(
   }
   md.created_by = "cairn " CAIRN_VERSION_STRING;
   md.user = options.user_metadata;
-  std::map<std::string, std::pair<int, std::string>> scalar_from;
+  std::map<std::string, int> scalar_from;  // first rank holding each scalar
   *checkpoint_bytes = 0;
   for (int r = 0; r < static_cast<int>(encoded_reports.size()); ++r) {
     CAIRN_ASSIGN_OR_RETURN(WriteReport report,
@@ -497,17 +497,14 @@ absl::StatusOr<Metadata> Assemble(
       }
     }
     for (auto& [fqn, value] : report.scalars) {
-      ByteWriter w;
-      w.Scalar(value);
-      std::string bytes = w.Take();  // compared bitwise: NaN equals NaN
-      auto [it, inserted] = scalar_from.try_emplace(fqn, r, bytes);
+      auto [it, inserted] = md.scalars.try_emplace(fqn, value);
       if (inserted) {
-        md.scalars[fqn] = value;
-      } else if (it->second.second != bytes) {
+        scalar_from[fqn] = r;
+      } else if (!internal_core::SameScalar(it->second, value)) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "scalar %s differs between rank %d and rank %d; a scalar held "
             "by several ranks is saved once, so every copy must be equal",
-            fqn, it->second.first, r));
+            fqn, scalar_from[fqn], r));
       }
     }
   }

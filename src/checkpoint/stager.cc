@@ -156,18 +156,11 @@ absl::StatusOr<StateDict> Stager::Stage(const StateDict& state) {
     for (size_t idx : st.shards) {
       const Source& src = sources[idx];
       const TensorView& v = src.tensor->shards()[src.shard].view;
-      const size_t es = DTypeSize(v.dtype());
-      std::vector<int64_t> strides(v.rank());
-      for (int d = 0; d < v.rank(); ++d) {
-        strides[d] = v.strides()[d] * static_cast<int64_t>(es);
-      }
       std::byte* dst = base + (reinterpret_cast<uintptr_t>(v.data()) - st.begin);
       // Same offsets and strides as the source: shared bytes stay shared.
-      internal_core::CopyStrided(v.data(), strides.data(), dst, strides.data(),
-                                 v.shape().data(), v.rank(), es);
-      staged_shards[idx] =
-          Shard{src.tensor->shards()[src.shard].box,
-                TensorView(dst, v.dtype(), v.shape(), v.strides())};
+      const TensorView staged_view(dst, v.dtype(), v.shape(), v.strides());
+      internal_core::CopyView(v, staged_view);
+      staged_shards[idx] = Shard{src.tensor->shards()[src.shard].box, staged_view};
     }
   }
 

@@ -144,4 +144,11 @@ absl::Status ByteReader::status() const {
   return absl::OkStatus();
 }
 
+bool SameScalar(const cairn::Scalar& a, const cairn::Scalar& b) {
+  ByteWriter wa, wb;
+  wa.Scalar(a);
+  wb.Scalar(b);
+  return wa.data() == wb.data();
+}
+
 }  // namespace cairn::internal_core

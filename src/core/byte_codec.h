@@ -62,6 +62,10 @@ class ByteReader {
   std::string error_;
 };
 
+// True when `a` and `b` encode to the same bytes: same type and value bit
+// for bit (a NaN equals the same NaN, 0.0 differs from -0.0).
+bool SameScalar(const cairn::Scalar& a, const cairn::Scalar& b);
+
 }  // namespace cairn::internal_core
 
 #endif  // CAIRN_CORE_BYTE_CODEC_H_

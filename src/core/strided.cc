@@ -264,4 +264,18 @@ void CopyRowMajorBytes(const TensorView& view, uint64_t begin, uint64_t end,
   }
 }
 
+void CopyView(const TensorView& src, const TensorView& dst) {
+  if (src.num_elements() == 0) return;
+  const auto elem = static_cast<int64_t>(DTypeSize(src.dtype()));
+  const int rank = src.rank();
+  std::vector<int64_t> src_strides(rank), dst_strides(rank);
+  for (int i = 0; i < rank; ++i) {
+    src_strides[i] = src.strides()[i] * elem;
+    dst_strides[i] = dst.strides()[i] * elem;
+  }
+  CopyStrided(src.data(), src_strides.data(), dst.data(),
+                             dst_strides.data(), src.shape().data(), rank,
+                             static_cast<size_t>(elem));
+}
+
 }  // namespace cairn::internal_core

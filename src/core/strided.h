@@ -48,6 +48,10 @@ void CopyStrided(const void* src, const int64_t* src_strides, void* dst,
                  const int64_t* dst_strides, const int64_t* shape, int rank,
                  size_t elem_size);
 
+// Copies the elements of `src` into `dst` (same dtype and shape, any
+// non-negative strides, host memory): CopyStrided on two views.
+void CopyView(const TensorView& src, const TensorView& dst);
+
 // Copies bytes [begin, end) of the row-major image of `view` to `dst`,
 // honouring the view's strides. The range may start or end inside an
 // element (a save streams a file in fixed-size blocks that cut entries

@@ -14,6 +14,7 @@
 #include "cairn/state_dict_utils.h"
 #include "core/flatten.h"
 #include "core/status.h"
+#include "core/strided.h"
 #include "utils/internal.h"
 
 namespace cairn {
@@ -204,7 +205,7 @@ absl::Status CopyInto(const StateDict& src, StateDict& dst) {
         const TensorView& sv = st->shards()[k].view;
         const TensorView& tv = t.tensor()->shards()[k].view;
         if (sv.data() == tv.data() && sv.strides() == tv.strides()) continue;
-        internal_utils::CopyView(sv, tv);
+        internal_core::CopyView(sv, tv);
       }
     } else if (const Object* o = s.object()) {
       *t.object() = *o;

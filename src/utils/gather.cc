@@ -429,7 +429,7 @@ absl::StatusOr<Tensor> GatherFull(Communicator& comm,
     }
     // The holder copies into its own result directly from its shard.
     if (sending && receiving) {
-      internal_utils::CopyView(src_views[i], out_views[i]);
+      internal_core::CopyView(src_views[i], out_views[i]);
     }
     if (!someone_else_receives) continue;
     if (plan.to_all) {
@@ -442,7 +442,7 @@ absl::StatusOr<Tensor> GatherFull(Communicator& comm,
       CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
           comm.BroadcastBytes(std::span<std::byte>(buf, bytes), p.src), op));
       if (!sending && buf != out_views[i].data()) {
-        internal_utils::CopyView(TensorView(buf, plan.dtype, p.box.sizes),
+        internal_core::CopyView(TensorView(buf, plan.dtype, p.box.sizes),
                                  out_views[i]);
       }
       continue;
@@ -463,7 +463,7 @@ absl::StatusOr<Tensor> GatherFull(Communicator& comm,
         continue;
       }
       // The view only reads the received bytes.
-      internal_utils::CopyView(
+      internal_core::CopyView(
           TensorView(const_cast<char*>((*got)[p.src].data()), plan.dtype,
                      p.box.sizes),
           out_views[i]);

@@ -56,20 +56,6 @@ absl::Status ValidateHostView(std::string_view where, const TensorView& view,
   return absl::OkStatus();
 }
 
-void CopyView(const TensorView& src, const TensorView& dst) {
-  if (src.num_elements() == 0) return;
-  const auto elem = static_cast<int64_t>(DTypeSize(src.dtype()));
-  const int rank = src.rank();
-  std::vector<int64_t> src_strides(rank), dst_strides(rank);
-  for (int i = 0; i < rank; ++i) {
-    src_strides[i] = src.strides()[i] * elem;
-    dst_strides[i] = dst.strides()[i] * elem;
-  }
-  internal_core::CopyStrided(src.data(), src_strides.data(), dst.data(),
-                             dst_strides.data(), src.shape().data(), rank,
-                             static_cast<size_t>(elem));
-}
-
 // Finds the outermost dimension k whose slabs (one index of k, all of the
 // dimensions inside it) fit the budget; dimensions outside k are walked
 // index by index and k is cut into runs of as many slabs as fit.

@@ -37,9 +37,6 @@ absl::Status ValidateShape(std::string_view where, const Shape& shape,
 absl::Status ValidateHostView(std::string_view where, const TensorView& view,
                               DType dtype, const Shape& shape);
 
-// Copies the elements of `src` into `dst` (same shape and dtype, host
-// memory, any strides).
-void CopyView(const TensorView& src, const TensorView& dst);
 
 // `box` cut into boxes of at most `max_bytes` bytes each (at least one
 // element each), in row-major order: whole outer slabs where they fit, so
