@@ -128,9 +128,11 @@ std::vector<SavePlan> DedupSavePlans(std::vector<SavePlan> local_plans,
 
 // The default save planner: every tensor shard, object and scalar of the
 // state dict, host memory read in place. Tensors for which NeedsMaterialize
-// is true are copied (Materialize) once per tensor, the first time one of
-// their items is written, and the copy is released after the tensor's last
-// item is written.
+// is true (by default: those with a shard in device memory) are copied
+// (Materialize) once per tensor, the first time one of their items is
+// written, and the copy is released after the tensor's last item is
+// written. Device shards need a CUDA build and a GPU; without them the plan
+// fails before any byte is written, naming the FQN and the device.
 class DefaultSavePlanner : public SavePlanner {
  public:
   explicit DefaultSavePlanner(DedupPolicy dedup = DedupPolicy::kBalanceBytes);
@@ -146,13 +148,14 @@ class DefaultSavePlanner : public SavePlanner {
 
  protected:
   // True when `tensor`'s bytes cannot be read in place (e.g. device memory,
-  // or values the planner transforms). Default: false; host shards are
-  // required then.
+  // or values the planner transforms). Default: true when a shard is in
+  // device memory. When false, every shard must be host memory.
   virtual bool NeedsMaterialize(const std::string& fqn,
                                 const ShardedTensor& tensor) const;
   // Host copies of `tensor`'s shards, in shards() order, each with its
   // box's shape and the tensor's dtype. Called at most once per tensor per
-  // save, from an IO thread. Default: kUnimplemented.
+  // save, from an IO thread. Default: device shards copied to the host
+  // (after the device's queued work is done), host shards copied.
   virtual absl::StatusOr<std::vector<Tensor>> Materialize(
       const std::string& fqn, const ShardedTensor& tensor);
 

@@ -10,10 +10,10 @@
 //     ... save `copy` ...
 //   }
 //
-// Buffers are keyed by the source's storage: the byte span of the tensor
-// views that share memory. Views whose spans overlap (a tensor and a view
-// into it, shards of one allocation) are staged into one buffer at the same
-// relative offsets, so aliasing survives staging: one copy, same sharing.
+// Buffers are keyed by the source's storage: the device and byte span of the
+// tensor views that share memory (pinned host memory for device storages).
+// Views whose spans overlap (a tensor and a view into it, shards of one
+// allocation) are staged into one buffer at the same relative offsets, so aliasing survives staging: one copy, same sharing.
 // A cached buffer is reused only when nothing else still holds it (a staged
 // state dict from an earlier call that is still being saved keeps its
 // buffer, and the new call gets a fresh one), so a reuse can never change
@@ -50,9 +50,17 @@ class Stager {
   Stager& operator=(const Stager&) = delete;
 
   // A state dict of the same nesting in which every tensor shard views a
-  // staging copy of its source (objects and scalars copied too). Sources
-  // must be host memory (device tensors need a CUDA build: kUnimplemented
-  // naming the FQN). The staged tensors keep their buffers alive.
+  // host staging copy of its source (objects and scalars copied too). The
+  // staged tensors keep their buffers alive.
+  //
+  // Device (CUDA) shards: Stage first waits for the work already queued on
+  // each device (so the copy holds the values the application's kernels
+  // wrote), then copies each device storage's span with one
+  // cudaMemcpyAsync on cairn's own stream into a pinned host buffer, copies
+  // the host shards meanwhile, and returns once every copy has landed. In a
+  // build without CUDA, or on a machine without a usable GPU, device shards
+  // are an error naming the FQN and the device (kUnimplemented /
+  // kFailedPrecondition).
   absl::StatusOr<StateDict> Stage(const StateDict& state);
 
   // Frees every cached buffer (staged state dicts still alive keep theirs).

@@ -151,16 +151,6 @@ TEST(StagerTest, BuffersOfSourcesThatWentAwayAreFreed) {
   EXPECT_EQ(stager.cached_bytes(), 512u);
 }
 
-TEST(StagerTest, DeviceTensorsNeedACudaBuild) {
-  float x[4] = {};
-  StateDict sd;
-  sd["gpu"] = TensorView(x, DType::kF32, {4}, Device::Cuda(0));
-  Stager stager;
-  absl::Status s = stager.Stage(sd).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("gpu"));
-}
-
 // The staged copy saves like the original.
 TEST(StagerTest, StagedStateSaves) {
   testing_util::TempDir tmp;

@@ -10,6 +10,7 @@
 #include "core/checked.h"
 #include "core/flatten.h"
 #include "core/status.h"
+#include "cuda/device_runtime.h"
 #include "plan/validate.h"
 
 namespace cairn {
@@ -34,16 +35,33 @@ DefaultSavePlanner::DefaultSavePlanner(DedupPolicy dedup) : dedup_(dedup) {}
 DefaultSavePlanner::~DefaultSavePlanner() = default;
 
 bool DefaultSavePlanner::NeedsMaterialize(const std::string&,
-                                          const ShardedTensor&) const {
+                                          const ShardedTensor& tensor) const {
+  for (const Shard& shard : tensor.shards()) {
+    if (!shard.view.device().is_cpu()) return true;
+  }
   return false;
 }
 
 absl::StatusOr<std::vector<Tensor>> DefaultSavePlanner::Materialize(
-    const std::string& fqn, const ShardedTensor&) {
-  return absl::UnimplementedError(absl::StrFormat(
-      "%s: the planner asked to materialize this tensor but does not "
-      "implement Materialize",
-      fqn));
+    const std::string& fqn, const ShardedTensor& tensor) {
+  // Device shards are copied to host memory (one device-to-host copy per
+  // shard, on cairn's own stream, after the device's queued work); host
+  // shards of the same tensor are copied too, so the copies are uniform.
+  std::vector<Tensor> copies;
+  copies.reserve(tensor.shards().size());
+  for (const Shard& shard : tensor.shards()) {
+    if (shard.view.device().is_cpu()) {
+      CAIRN_ASSIGN_OR_RETURN(Tensor copy, Tensor::CopyOf(shard.view));
+      copies.push_back(std::move(copy));
+    } else {
+      CAIRN_ASSIGN_OR_RETURN(
+          Tensor copy,
+          internal_cuda::CopyToHostTensor(
+              absl::StrCat(fqn, " shard ", shard.box.ToString()), shard.view));
+      copies.push_back(std::move(copy));
+    }
+  }
+  return copies;
 }
 
 absl::Status DefaultSavePlanner::SetUp(const StateDict& state,
@@ -116,6 +134,13 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
         const Shard& shard = t->shards()[s];
         CAIRN_RETURN_IF_ERROR(internal_plan::ValidateShard(
             leaf.fqn, *t, shard, /*allow_device=*/leaf.materialize));
+        if (!shard.view.device().is_cpu()) {
+          // Fail at planning, before any byte is written, when this build
+          // or machine cannot copy from the device.
+          CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
+              internal_cuda::RuntimeFor(shard.view.device()).status(),
+              absl::StrCat(leaf.fqn, " shard ", shard.box.ToString())));
+        }
         if (shard.box.empty()) continue;
         WriteItem item;
         item.fqn = leaf.fqn;

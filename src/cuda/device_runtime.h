@@ -1,0 +1,79 @@
+// DeviceRuntime: the few device operations cairn needs to get tensors out of
+// GPU memory (staging for async save, materializing for a synchronous save):
+// pinned host buffers, a wait for the application's queued work, and
+// device-to-host copies on cairn's own stream.
+//
+// The CUDA implementation (cuda_runtime.cc) is compiled only when the build
+// has CAIRN_WITH_CUDA; everything else in cairn talks to this interface, so
+// the same code paths run (and are tested, with a fake runtime that treats
+// host memory as a device) on machines without a GPU.
+//
+// Thread safety: implementations are safe to call from several threads.
+#ifndef CAIRN_CUDA_DEVICE_RUNTIME_H_
+#define CAIRN_CUDA_DEVICE_RUNTIME_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cairn/tensor.h"
+
+namespace cairn::internal_cuda {
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+
+  // "CUDA runtime 13.0, 1 device", for messages.
+  virtual std::string Describe() const = 0;
+
+  // kOk when `device` exists and can be used; else why not (no driver, no
+  // such ordinal), naming the device.
+  virtual absl::Status CheckDevice(Device device) = 0;
+
+  // `bytes` of page-locked host memory that devices copy into at full
+  // speed, freed when the last owner lets go. Any alignment of at least
+  // 4096 bytes.
+  virtual absl::StatusOr<std::shared_ptr<void>> AllocatePinned(
+      size_t bytes) = 0;
+
+  // Waits until all work queued on `device` so far, on any stream, is done:
+  // the application's kernels that write the tensors about to be copied.
+  virtual absl::Status WaitForDevice(Device device) = 0;
+
+  // Queues a copy of `bytes` from device memory at `src` on `device` to host
+  // memory at `dst`, on this runtime's own stream for `device`.
+  // kInvalidArgument when `src` is not memory of `device`.
+  virtual absl::Status CopyToHostAsync(Device device, const void* src,
+                                       void* dst, size_t bytes) = 0;
+
+  // Waits for every copy this runtime queued on `device`; returns the first
+  // error any of them hit.
+  virtual absl::Status Synchronize(Device device) = 0;
+};
+
+// The runtime for `device` (a kCuda device): the test override when one is
+// set, else the CUDA runtime of a CAIRN_WITH_CUDA build after CheckDevice.
+// kUnimplemented in a build without CUDA; kFailedPrecondition (with the
+// driver's reason) when CUDA finds no usable device. Messages name the
+// device.
+absl::StatusOr<DeviceRuntime*> RuntimeFor(Device device);
+
+// Whether this build has the CUDA runtime compiled in.
+bool BuiltWithCuda();
+
+// Tests: makes RuntimeFor return `runtime` for every device (nullptr
+// restores the real one). Not for concurrent use with RuntimeFor.
+void SetRuntimeForTesting(DeviceRuntime* runtime);
+
+// Synchronous copy of a device view into a new contiguous host tensor (one
+// copy of the view's byte span, then a host gather when the view is not
+// contiguous). `where` prefixes errors (an FQN and box).
+absl::StatusOr<Tensor> CopyToHostTensor(const std::string& where,
+                                        const TensorView& device_view);
+
+}  // namespace cairn::internal_cuda
+
+#endif  // CAIRN_CUDA_DEVICE_RUNTIME_H_

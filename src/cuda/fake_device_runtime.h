@@ -1,0 +1,170 @@
+// Tests only: a DeviceRuntime that treats registered host memory as the
+// memory of simulated CUDA devices, so the device staging paths run (and can
+// fail) on machines without a GPU.
+//
+// It is strict where a real device would be unforgiving:
+//  - copies are deferred until Synchronize, so code that reads a staging
+//    buffer before waiting for its copy sees stale bytes;
+//  - a copy from memory not registered for that device is kInvalidArgument,
+//    as the CUDA runtime's pointer check is;
+//  - copies left unsynchronized are counted (pending()), so a test can show
+//    that no copy is still in flight after an error.
+// Failures can be injected per operation.
+#ifndef CAIRN_CUDA_FAKE_DEVICE_RUNTIME_H_
+#define CAIRN_CUDA_FAKE_DEVICE_RUNTIME_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "cuda/device_runtime.h"
+
+namespace cairn::internal_cuda {
+
+class FakeDeviceRuntime : public DeviceRuntime {
+ public:
+  explicit FakeDeviceRuntime(int num_devices = 1) : num_devices_(num_devices) {}
+
+  // [data, data + bytes) is memory of cuda:`index` from now on.
+  void AddDeviceMemory(int index, const void* data, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto* p = static_cast<const char*>(data);
+    regions_[index].push_back({p, p + bytes});
+  }
+
+  // Failure injection: the next calls of that operation fail.
+  absl::Status fail_wait;
+  absl::Status fail_copy;
+  absl::Status fail_sync;
+  absl::Status fail_pinned;
+
+  std::string Describe() const override { return "fake device runtime"; }
+
+  absl::Status CheckDevice(Device device) override {
+    if (device.is_cpu() || device.index < 0 || device.index >= num_devices_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: no such device (the fake runtime has %d)", device.ToString(),
+          num_devices_));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<void>> AllocatePinned(size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fail_pinned.ok()) return fail_pinned;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+    void* p = std::aligned_alloc(4096, rounded);
+    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
+    // Poisoned: bytes no copy wrote are visible as 0xAB.
+    std::memset(p, 0xAB, rounded);
+    ++pinned_allocations_;
+    ++*live_pinned_;
+    // The counter is shared: a buffer may outlive this runtime.
+    return std::shared_ptr<void>(p, [live = live_pinned_](void* q) {
+      std::free(q);
+      --*live;
+    });
+  }
+
+  absl::Status WaitForDevice(Device device) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fail_wait.ok()) return fail_wait;
+    ++waits_[device.index];
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyToHostAsync(Device device, const void* src, void* dst,
+                               size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fail_copy.ok()) return fail_copy;
+    const auto* s = static_cast<const char*>(src);
+    bool inside = false;
+    for (const Region& r : regions_[device.index]) {
+      inside |= s >= r.begin && s + bytes <= r.end;
+    }
+    if (!inside) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%p (+%d bytes) is not memory of %s", src, bytes,
+          device.ToString()));
+    }
+    pending_[device.index].push_back({src, dst, bytes});
+    ++copies_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize(Device device) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Copy& c : pending_[device.index]) {
+      std::memcpy(c.dst, c.src, c.bytes);
+    }
+    pending_[device.index].clear();
+    ++syncs_;
+    return fail_sync;
+  }
+
+  int64_t pinned_allocations() const { return Read(pinned_allocations_); }
+  int64_t live_pinned() const { return live_pinned_->load(); }
+  int64_t copies() const { return Read(copies_); }
+  int64_t syncs() const { return Read(syncs_); }
+  int64_t waits(int index) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waits_.find(index);
+    return it == waits_.end() ? 0 : it->second;
+  }
+  // Copies queued and not yet synchronized, on all devices.
+  int64_t pending() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = 0;
+    for (const auto& [index, copies] : pending_) n += copies.size();
+    return n;
+  }
+
+ private:
+  struct Region {
+    const char* begin;
+    const char* end;
+  };
+  struct Copy {
+    const void* src;
+    void* dst;
+    size_t bytes;
+  };
+  int64_t Read(const int64_t& v) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return v;
+  }
+
+  const int num_devices_;
+  mutable std::mutex mu_;
+  std::map<int, std::vector<Region>> regions_;
+  std::map<int, std::vector<Copy>> pending_;
+  std::map<int, int64_t> waits_;
+  int64_t pinned_allocations_ = 0;
+  std::shared_ptr<std::atomic<int64_t>> live_pinned_ =
+      std::make_shared<std::atomic<int64_t>>(0);
+  int64_t copies_ = 0;
+  int64_t syncs_ = 0;
+};
+
+// Installs a runtime for RuntimeFor for the scope's lifetime.
+class ScopedRuntimeForTesting {
+ public:
+  explicit ScopedRuntimeForTesting(DeviceRuntime* runtime) {
+    SetRuntimeForTesting(runtime);
+  }
+  ~ScopedRuntimeForTesting() { SetRuntimeForTesting(nullptr); }
+  ScopedRuntimeForTesting(const ScopedRuntimeForTesting&) = delete;
+  ScopedRuntimeForTesting& operator=(const ScopedRuntimeForTesting&) = delete;
+};
+
+}  // namespace cairn::internal_cuda
+
+#endif  // CAIRN_CUDA_FAKE_DEVICE_RUNTIME_H_
