@@ -9,6 +9,7 @@
 #include "format/metadata_codec.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -50,13 +51,204 @@ std::string Quote(std::string_view s_std) {
 
 // ---------------------------------------------------------------- encoding
 
-json EncodeLocation(const ByteLocation& loc) {
-  json j = json::object();
-  j["file"] = loc.file;
-  j["offset"] = loc.offset;
-  j["nbytes"] = loc.nbytes;
-  j["crc32c"] = Crc32cToHex(loc.crc32c);
-  return j;
+// metadata.json is written as text directly, byte for byte what
+// nlohmann::json's dump() of the same document gives (compact, keys sorted,
+// strings escaped by its rules): building that document first costs a heap
+// node per value, gigabytes and seconds for the millions of chunks of a
+// save at 16k ranks. The text is written twice through one template: first
+// to count its bytes, then into a string of that size.
+
+// Sink that counts the bytes it is given.
+class CountingSink {
+ public:
+  void Put(char) { ++size_; }
+  void Put(std::string_view s) { size_ += s.size(); }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+// Sink that appends to a string reserved to the counted size.
+class StringSink {
+ public:
+  explicit StringSink(std::string& out) : out_(out) {}
+  void Put(char c) { out_.push_back(c); }
+  void Put(std::string_view s) { out_.append(s.data(), s.size()); }
+
+ private:
+  std::string& out_;
+};
+
+template <typename Sink, typename Int>
+void PutInt(Sink& sink, Int v) {
+  char buf[24];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  sink.Put(std::string_view(buf, end - buf));
+}
+
+// A JSON string as nlohmann's dump writes it. Printable ASCII other than
+// '"' and '\\' (every FQN and file name cairn writes in practice) is copied
+// as is; anything else is escaped by nlohmann itself, so its rules (control
+// characters, UTF-8 passed through) and its error for invalid UTF-8 are
+// exactly the same.
+template <typename Sink>
+absl::Status PutString(Sink& sink, std::string_view s) {
+  const bool plain = std::all_of(s.begin(), s.end(), [](char c) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x80 && c != '"' && c != '\\';
+  });
+  if (plain) {
+    sink.Put('"');
+    sink.Put(s);
+    sink.Put('"');
+    return absl::OkStatus();
+  }
+  try {
+    sink.Put(json(std::string(s)).dump(-1, ' ', false,
+                                      json::error_handler_t::strict));
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metadata contains a string that is not valid UTF-8: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// `"key":`; keys are literals here, plain ASCII.
+template <typename Sink>
+void PutKey(Sink& sink, std::string_view key) {
+  sink.Put('"');
+  sink.Put(key);
+  sink.Put("\":");
+}
+
+template <typename Sink>
+void PutDims(Sink& sink, const std::vector<int64_t>& dims) {
+  sink.Put('[');
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) sink.Put(',');
+    PutInt(sink, dims[i]);
+  }
+  sink.Put(']');
+}
+
+// The members of a location, without braces; ",offsets..." may follow.
+template <typename Sink>
+absl::Status PutLocationMembers(Sink& sink, const ByteLocation& loc) {
+  // Crc32cToHex's "%08x", without a format call per chunk.
+  static constexpr char kHex[] = "0123456789abcdef";
+  char crc[8];
+  for (int i = 0; i < 8; ++i) crc[i] = kHex[(loc.crc32c >> (28 - 4 * i)) & 0xf];
+  PutKey(sink, "crc32c");
+  sink.Put('"');
+  sink.Put(std::string_view(crc, 8));
+  sink.Put("\",");
+  PutKey(sink, "file");
+  CAIRN_RETURN_IF_ERROR(PutString(sink, loc.file));
+  sink.Put(',');
+  PutKey(sink, "nbytes");
+  PutInt(sink, loc.nbytes);
+  sink.Put(',');
+  PutKey(sink, "offset");
+  PutInt(sink, loc.offset);
+  return absl::OkStatus();
+}
+
+// The parts of the document that are already text.
+struct Prepared {
+  // In metadata.scalars order: the value's text, or why it has none.
+  std::vector<absl::StatusOr<std::string>> scalars;
+  std::string structure;
+  std::string user;
+};
+
+template <typename Sink>
+absl::Status PutMetadata(Sink& sink, const Metadata& md,
+                         const Prepared& prepared) {
+  // Members in key order: created_by, format, objects, rank, scalars,
+  // structure, tensors, user, version, world_size.
+  sink.Put('{');
+  PutKey(sink, "created_by");
+  CAIRN_RETURN_IF_ERROR(PutString(sink, md.created_by));
+  sink.Put(',');
+  PutKey(sink, "format");
+  CAIRN_RETURN_IF_ERROR(PutString(sink, kFormatName));
+  sink.Put(',');
+  PutKey(sink, "objects");
+  sink.Put('{');
+  bool first = true;
+  for (const auto& [fqn, loc] : md.objects) {
+    if (!first) sink.Put(',');
+    first = false;
+    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+    sink.Put(":{");
+    CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, loc));
+    sink.Put('}');
+  }
+  sink.Put("},");
+  if (md.rank >= 0) {
+    PutKey(sink, "rank");
+    PutInt(sink, md.rank);
+    sink.Put(',');
+  }
+  PutKey(sink, "scalars");
+  sink.Put('{');
+  first = true;
+  size_t s = 0;
+  for (const auto& [fqn, unused] : md.scalars) {
+    if (!first) sink.Put(',');
+    first = false;
+    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+    sink.Put(':');
+    const absl::StatusOr<std::string>& value = prepared.scalars[s++];
+    CAIRN_RETURN_IF_ERROR(value.status());
+    sink.Put(*value);
+  }
+  sink.Put("},");
+  PutKey(sink, "structure");
+  sink.Put(prepared.structure);
+  sink.Put(',');
+  PutKey(sink, "tensors");
+  sink.Put('{');
+  first = true;
+  for (const auto& [fqn, tensor] : md.tensors) {
+    if (!first) sink.Put(',');
+    first = false;
+    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+    sink.Put(":{");
+    PutKey(sink, "chunks");
+    sink.Put('[');
+    for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+      const ChunkMetadata& chunk = tensor.chunks[c];
+      sink.Put(c == 0 ? "{" : ",{");
+      CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, chunk.location));
+      sink.Put(',');
+      PutKey(sink, "offsets");
+      PutDims(sink, chunk.box.offsets);
+      sink.Put(',');
+      PutKey(sink, "sizes");
+      PutDims(sink, chunk.box.sizes);
+      sink.Put('}');
+    }
+    sink.Put("],");
+    PutKey(sink, "dtype");
+    CAIRN_RETURN_IF_ERROR(PutString(sink, DTypeName(tensor.dtype)));
+    sink.Put(',');
+    PutKey(sink, "shape");
+    PutDims(sink, tensor.shape);
+    sink.Put('}');
+  }
+  sink.Put("},");
+  PutKey(sink, "user");
+  sink.Put(prepared.user);
+  sink.Put(',');
+  PutKey(sink, "version");
+  PutInt(sink, md.version);
+  sink.Put(',');
+  PutKey(sink, "world_size");
+  PutInt(sink, md.world_size);
+  sink.Put('}');
+  return absl::OkStatus();
 }
 
 json EncodeScalar(const Scalar& scalar) {
@@ -98,6 +290,8 @@ class Decoder {
   }
 
   absl::StatusOr<Metadata> Decode(std::string_view text) const;
+  absl::StatusOr<Scalar> ScalarValue(const json& j,
+                                     absl::string_view where) const;
 
  private:
   // The member `key` of `object`, required.
@@ -166,8 +360,6 @@ class Decoder {
                                         absl::string_view where) const;
   absl::StatusOr<TensorMetadata> Tensor(const json& j,
                                         const std::string& fqn) const;
-  absl::StatusOr<Scalar> ScalarValue(const json& j,
-                                     absl::string_view where) const;
 
   absl::string_view source_;
 };
@@ -395,6 +587,355 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
   return md;
 }
 
+// ------------------------------------------------------ decoding, fast path
+
+// Decodes metadata.json as EncodeMetadata writes it straight into Metadata,
+// with no JSON tree: the tree costs a heap node per value (about ten times
+// the text in memory) and most of the time, and every rank of a load decodes
+// the whole file. It accepts a strict subset of what Decoder accepts (any
+// member order and JSON whitespace, strings of printable ASCII without
+// escapes, plain non-negative integers) and for it yields what Decoder
+// yields: the same checks are made, and any value it does not take apart
+// itself (structure, user, scalars) goes through nlohmann and Decoder as
+// before. On anything else (escapes, non-ASCII, unknown or repeated
+// members, other number forms, any error) it gives up, and Decoder decodes
+// the text, giving the result or the error it always gave.
+class FastDecoder {
+ public:
+  FastDecoder(std::string_view text, std::string_view source)
+      : p_(text.data()), end_(text.data() + text.size()), source_(source) {}
+
+  std::optional<Metadata> Decode();
+
+ private:
+  // Root members, by bit.
+  enum Member : uint32_t {
+    kFormat = 1,
+    kVersion = 2,
+    kCreatedBy = 4,
+    kWorldSize = 8,
+    kRank = 16,
+    kTensors = 32,
+    kObjects = 64,
+    kScalars = 128,
+    kStructure = 256,
+    kUser = 512,
+  };
+  static constexpr uint32_t kRequired = kFormat | kVersion | kCreatedBy |
+                                        kWorldSize | kTensors | kObjects |
+                                        kScalars | kStructure | kUser;
+
+  void SkipSpace() {
+    while (p_ < end_ &&
+           (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) {
+      ++p_;
+    }
+  }
+  // Skips whitespace, then consumes `c`.
+  bool Take(char c) {
+    SkipSpace();
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  // A string of printable ASCII without escapes, as a view of the text.
+  bool String(std::string_view* out) {
+    if (!Take('"')) return false;
+    const char* start = p_;
+    while (p_ < end_ && *p_ != '"') {
+      const unsigned char u = static_cast<unsigned char>(*p_);
+      if (u < 0x20 || u >= 0x80 || *p_ == '\\') return false;
+      ++p_;
+    }
+    if (p_ == end_) return false;
+    *out = std::string_view(start, p_ - start);
+    ++p_;
+    return true;
+  }
+  // A plain non-negative integer that fits uint64 and is not followed by a
+  // fraction or exponent (nlohmann makes anything else a float or an
+  // error).
+  bool Uint(uint64_t* out) {
+    SkipSpace();
+    const char* start = p_;
+    uint64_t v = 0;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
+      if (__builtin_mul_overflow(v, 10, &v) ||
+          __builtin_add_overflow(v, static_cast<uint64_t>(*p_ - '0'), &v)) {
+        return false;
+      }
+      ++p_;
+    }
+    if (p_ == start || (*start == '0' && p_ - start > 1)) return false;
+    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) return false;
+    *out = v;
+    return true;
+  }
+  // An array of integers in [0, 2^63), appended to `out`.
+  bool Dims(std::vector<int64_t>* out) {
+    if (!Take('[')) return false;
+    if (Take(']')) return true;
+    do {
+      uint64_t v;
+      if (!Uint(&v) || v > internal_core::kInt64Max) return false;
+      out->push_back(static_cast<int64_t>(v));
+    } while (Take(','));
+    return Take(']');
+  }
+  // Members of an object: calls member(key) for each, which parses the
+  // value. False when `member` does, or on malformed text.
+  template <typename Fn>
+  bool Members(Fn&& member) {
+    if (!Take('{')) return false;
+    if (Take('}')) return true;
+    do {
+      std::string_view key;
+      if (!String(&key) || !Take(':') || !member(key)) return false;
+    } while (Take(','));
+    return Take('}');
+  }
+  // The text of any JSON value, found by matching brackets outside strings;
+  // nlohmann checks it when it parses it.
+  bool RawValue(std::string_view* out) {
+    SkipSpace();
+    const char* start = p_;
+    int depth = 0;
+    while (p_ < end_) {
+      const char c = *p_;
+      if (c == '"') {
+        for (++p_; p_ < end_ && *p_ != '"'; ++p_) {
+          if (*p_ == '\\') ++p_;
+        }
+        if (p_ >= end_) return false;
+        ++p_;
+      } else if (c == '{' || c == '[') {
+        ++depth;
+        ++p_;
+      } else if (c == '}' || c == ']') {
+        if (depth == 0) break;  // the end of the enclosing object
+        --depth;
+        ++p_;
+      } else if (depth == 0 && (c == ',' || c == ' ' || c == '\n' ||
+                                c == '\r' || c == '\t')) {
+        break;
+      } else {
+        ++p_;
+      }
+      // A string or container at the top ends the value.
+      if (depth == 0 && (c == '"' || c == '}' || c == ']')) break;
+    }
+    if (depth != 0 || p_ == start) return false;
+    *out = std::string_view(start, p_ - start);
+    // Decoder refuses text nested deeper than kMaxJsonDepth; this value
+    // sits one level inside the root.
+    return json_util::NestingDepth(*out, json_util::kMaxJsonDepth) + 1 <=
+           json_util::kMaxJsonDepth;
+  }
+  // A JSON value's text re-serialized as Decoder stores structure and user.
+  bool Dumped(bool object, std::string* out) {
+    std::string_view raw;
+    if (!RawValue(&raw)) return false;
+    std::optional<json> value = json_util::Parse(raw);
+    if (!value || (object && !value->is_object())) return false;
+    try {
+      *out = value->dump();
+    } catch (const std::exception&) {
+      return false;
+    }
+    return true;
+  }
+
+  // A location's members as they are read, checked once all are in.
+  struct PendingLocation {
+    explicit PendingLocation(ByteLocation* l) : location(l) {}
+    ByteLocation* location;
+    std::string_view file;
+    std::string_view crc;
+    uint32_t seen = 0;
+  };
+  bool LocationMember(std::string_view key, PendingLocation* pending);
+  bool FinishLocation(const PendingLocation& pending);
+  bool Location(ByteLocation* loc);
+  bool Chunk(ChunkMetadata* chunk);
+  bool Tensor(TensorMetadata* tensor);
+  bool Scalars(std::map<std::string, Scalar>* scalars);
+
+  const char* p_;
+  const char* end_;
+  std::string_view source_;
+};
+
+bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending) {
+  uint32_t bit = 0;
+  bool ok = false;
+  if (key == "file") {
+    bit = 1, ok = String(&pending->file);
+  } else if (key == "offset") {
+    bit = 2, ok = Uint(&pending->location->offset);
+  } else if (key == "nbytes") {
+    bit = 4, ok = Uint(&pending->location->nbytes);
+  } else if (key == "crc32c") {
+    bit = 8, ok = String(&pending->crc);
+  }
+  if (!ok || (pending->seen & bit)) return false;
+  pending->seen |= bit;
+  return true;
+}
+
+// Decoder::Location's checks.
+bool FastDecoder::FinishLocation(const PendingLocation& pending) {
+  ByteLocation& loc = *pending.location;
+  uint64_t end = 0;
+  if (pending.seen != 15 || !ValidateRelativeName(pending.file).ok() ||
+      __builtin_add_overflow(loc.offset, loc.nbytes, &end)) {
+    return false;
+  }
+  absl::StatusOr<uint32_t> crc = Crc32cFromHex(pending.crc);
+  if (!crc.ok()) return false;
+  loc.file = std::string(pending.file);
+  loc.crc32c = *crc;
+  return true;
+}
+
+bool FastDecoder::Location(ByteLocation* loc) {
+  PendingLocation pending{loc};
+  return Members([&](std::string_view key) {
+           return LocationMember(key, &pending);
+         }) &&
+         FinishLocation(pending);
+}
+
+bool FastDecoder::Chunk(ChunkMetadata* chunk) {
+  PendingLocation pending{&chunk->location};
+  bool offsets = false;
+  bool sizes = false;
+  return Members([&](std::string_view key) {
+           if (key == "offsets") {
+             return !std::exchange(offsets, true) && Dims(&chunk->box.offsets);
+           }
+           if (key == "sizes") {
+             return !std::exchange(sizes, true) && Dims(&chunk->box.sizes);
+           }
+           return LocationMember(key, &pending);
+         }) &&
+         offsets && sizes && FinishLocation(pending);
+}
+
+bool FastDecoder::Tensor(TensorMetadata* tensor) {
+  bool chunks = false;
+  bool shape = false;
+  std::optional<std::string_view> dtype_name;
+  const bool parsed = Members([&](std::string_view key) {
+    if (key == "dtype") {
+      std::string_view name;
+      if (dtype_name || !String(&name)) return false;
+      dtype_name = name;
+      return true;
+    }
+    if (key == "shape") {
+      return !std::exchange(shape, true) && Dims(&tensor->shape);
+    }
+    if (key == "chunks") {
+      if (std::exchange(chunks, true) || !Take('[')) return false;
+      if (Take(']')) return true;
+      do {
+        if (!Chunk(&tensor->chunks.emplace_back())) return false;
+      } while (Take(','));
+      return Take(']');
+    }
+    return false;
+  });
+  if (!parsed || !dtype_name || !shape || !chunks) return false;
+  // Decoder::Tensor's checks, once dtype and shape are known (the members
+  // may come in any order).
+  absl::StatusOr<DType> dtype = DTypeFromName(*dtype_name);
+  if (!dtype.ok()) return false;
+  tensor->dtype = *dtype;
+  if (!internal_core::CheckedBytes(tensor->shape, tensor->dtype)) return false;
+  for (const ChunkMetadata& c : tensor->chunks) {
+    if (!ValidateBox(c.box, tensor->shape).ok() ||
+        c.location.nbytes !=
+            internal_core::CheckedBytes(c.box.sizes, tensor->dtype)
+                .value_or(0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool FastDecoder::Scalars(std::map<std::string, Scalar>* scalars) {
+  std::string_view raw;
+  if (!RawValue(&raw)) return false;
+  std::optional<json> value = json_util::Parse(raw);
+  if (!value || !value->is_object()) return false;
+  const Decoder decoder(source_);
+  for (const auto& [fqn, v] : value->items()) {
+    absl::StatusOr<Scalar> scalar = decoder.ScalarValue(v, "");
+    if (!scalar.ok()) return false;
+    scalars->emplace(fqn, *std::move(scalar));
+  }
+  return true;
+}
+
+std::optional<Metadata> FastDecoder::Decode() {
+  Metadata md;
+  uint32_t seen = 0;
+  uint64_t version = 0;
+  uint64_t world_size = 0;
+  uint64_t rank = 0;
+  auto once = [&seen](uint32_t bit) {
+    if (seen & bit) return false;
+    seen |= bit;
+    return true;
+  };
+  const bool parsed = Members([&](std::string_view key) {
+    if (key == "format") {
+      std::string_view format;
+      return once(kFormat) && String(&format) && format == kFormatName;
+    }
+    if (key == "version") return once(kVersion) && Uint(&version);
+    if (key == "created_by") {
+      std::string_view created_by;
+      if (!once(kCreatedBy) || !String(&created_by)) return false;
+      md.created_by = std::string(created_by);
+      return true;
+    }
+    if (key == "world_size") return once(kWorldSize) && Uint(&world_size);
+    if (key == "rank") return once(kRank) && Uint(&rank);
+    if (key == "tensors") {
+      return once(kTensors) && Members([&](std::string_view fqn) {
+               auto [it, inserted] =
+                   md.tensors.try_emplace(std::string(fqn));
+               return inserted && Tensor(&it->second);
+             });
+    }
+    if (key == "objects") {
+      return once(kObjects) && Members([&](std::string_view fqn) {
+               auto [it, inserted] =
+                   md.objects.try_emplace(std::string(fqn));
+               return inserted && Location(&it->second);
+             });
+    }
+    if (key == "scalars") return once(kScalars) && Scalars(&md.scalars);
+    if (key == "structure") {
+      return once(kStructure) && Dumped(false, &md.structure);
+    }
+    if (key == "user") return once(kUser) && Dumped(true, &md.user);
+    return false;
+  });
+  SkipSpace();
+  if (!parsed || p_ != end_ || (seen & kRequired) != kRequired ||
+      version != static_cast<uint64_t>(kFormatVersion) || world_size == 0 ||
+      world_size > static_cast<uint64_t>(std::numeric_limits<int>::max()) ||
+      ((seen & kRank) && rank >= world_size)) {
+    return std::nullopt;
+  }
+  md.version = kFormatVersion;
+  md.world_size = static_cast<int>(world_size);
+  if (seen & kRank) md.rank = static_cast<int>(rank);
+  return md;
+}
+
 // Half-open overlap of two boxes of the same rank that lie inside one shape
 // (so the ends cannot overflow).
 bool Overlaps(const Box& a, const Box& b) {
@@ -407,9 +948,9 @@ bool Overlaps(const Box& a, const Box& b) {
   return true;
 }
 
-std::string ChunkName(std::string_view fqn, const TensorMetadata& tensor,
-                      const ChunkMetadata& chunk) {
-  return EntryName(fqn, chunk.box, chunk.box == Box::Full(tensor.shape));
+std::string ChunkName(std::string_view fqn, const Shape& shape,
+                      const Box& box) {
+  return EntryName(fqn, box, box == Box::Full(shape));
 }
 
 }  // namespace
@@ -420,68 +961,61 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
         absl::StrCat("cannot encode metadata version ", metadata.version,
                      "; this writer writes version ", kFormatVersion));
   }
-  json root = json::object();
-  root["format"] = kFormatName;
-  root["version"] = metadata.version;
-  root["created_by"] = metadata.created_by;
-  root["world_size"] = metadata.world_size;
-  if (metadata.rank >= 0) root["rank"] = metadata.rank;
-
-  json tensors = json::object();
-  for (const auto& [fqn, tensor] : metadata.tensors) {
-    json t = json::object();
-    t["dtype"] = std::string(DTypeName(tensor.dtype));
-    t["shape"] = tensor.shape;
-    json chunks = json::array();
-    for (const ChunkMetadata& chunk : tensor.chunks) {
-      json c = EncodeLocation(chunk.location);
-      c["offsets"] = chunk.box.offsets;
-      c["sizes"] = chunk.box.sizes;
-      chunks.push_back(std::move(c));
-    }
-    t["chunks"] = std::move(chunks);
-    tensors[fqn] = std::move(t);
-  }
-  root["tensors"] = std::move(tensors);
-
-  json objects = json::object();
-  for (const auto& [fqn, loc] : metadata.objects) {
-    objects[fqn] = EncodeLocation(loc);
-  }
-  root["objects"] = std::move(objects);
-
-  json scalars = json::object();
-  for (const auto& [fqn, scalar] : metadata.scalars) {
-    scalars[fqn] = EncodeScalar(scalar);
-  }
-  root["scalars"] = std::move(scalars);
-
   std::optional<json> structure = json_util::Parse(metadata.structure);
   if (!structure) {
     return absl::InvalidArgumentError(
         "metadata.structure is not valid JSON (or nests too deeply)");
   }
-  root["structure"] = std::move(*structure);
   std::optional<json> user = json_util::Parse(metadata.user);
   if (!user || !user->is_object()) {
     return absl::InvalidArgumentError(
         "metadata.user must be the text of a JSON object");
   }
-  root["user"] = std::move(*user);
-
+  Prepared prepared;
   try {
-    std::string text = root.dump(-1, ' ', false, json::error_handler_t::strict);
-    text += '\n';
-    return text;
+    // Parsed from valid UTF-8 and depth-bounded: these cannot throw.
+    prepared.structure =
+        structure->dump(-1, ' ', false, json::error_handler_t::strict);
+    prepared.user = user->dump(-1, ' ', false, json::error_handler_t::strict);
   } catch (const json::exception& e) {
-    // An FQN, file name or string scalar that is not valid UTF-8.
     return absl::InvalidArgumentError(absl::StrCat(
         "metadata contains a string that is not valid UTF-8: ", e.what()));
   }
+  // A scalar's text, or (a string scalar that is not UTF-8) the error
+  // dump() gives, reported when the text reaches it.
+  prepared.scalars.reserve(metadata.scalars.size());
+  for (const auto& [fqn, scalar] : metadata.scalars) {
+    try {
+      prepared.scalars.push_back(EncodeScalar(scalar).dump(
+          -1, ' ', false, json::error_handler_t::strict));
+    } catch (const json::exception& e) {
+      prepared.scalars.push_back(absl::InvalidArgumentError(absl::StrCat(
+          "metadata contains a string that is not valid UTF-8: ", e.what())));
+    }
+  }
+  CountingSink counter;
+  CAIRN_RETURN_IF_ERROR(PutMetadata(counter, metadata, prepared));
+  std::string text;
+  text.reserve(counter.size() + 1);
+  StringSink sink(text);
+  CAIRN_RETURN_IF_ERROR(PutMetadata(sink, metadata, prepared));
+  text += '\n';
+  return text;
 }
 
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
                                         std::string_view source) {
+  if (json_text.size() <= kMaxMetadataBytes) {
+    if (std::optional<Metadata> md = FastDecoder(json_text, source).Decode()) {
+      return *std::move(md);
+    }
+  }
+  return Decoder(source).Decode(json_text);
+}
+
+absl::StatusOr<Metadata> DecodeMetadataWithTreeForTesting(
+    std::string_view json_text, std::string_view source) {
+  if (json_text.size() > kMaxMetadataBytes) return DecodeMetadata(json_text, source);
   return Decoder(source).Decode(json_text);
 }
 
@@ -494,14 +1028,20 @@ absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
 // (Adversarial layouts can still make it quadratic; it stays correct.)
 absl::Status ValidateCoverage(std::string_view fqn,
                               const TensorMetadata& tensor) {
-  const Shape& shape = tensor.shape;
+  std::vector<const Box*> boxes;
+  boxes.reserve(tensor.chunks.size());
+  for (const ChunkMetadata& chunk : tensor.chunks) boxes.push_back(&chunk.box);
+  return ValidateCoverage(fqn, tensor.shape, boxes);
+}
+
+absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
+                              std::span<const Box* const> all_boxes) {
   const std::string where = absl::StrCat("tensor ", Quote(fqn));
-  for (size_t i = 0; i < tensor.chunks.size(); ++i) {
-    const Box& box = tensor.chunks[i].box;
-    if (absl::Status s = ValidateBox(box, shape); !s.ok()) {
+  for (const Box* box : all_boxes) {
+    if (absl::Status s = ValidateBox(*box, shape); !s.ok()) {
       return absl::DataLossError(absl::StrCat(
-          where, ": chunk ", ChunkName(fqn, tensor, tensor.chunks[i]), " ",
-          box.ToString(), " lies outside the shape: ", s.message()));
+          where, ": chunk ", ChunkName(fqn, shape, *box), " ",
+          box->ToString(), " lies outside the shape: ", s.message()));
     }
   }
   std::optional<uint64_t> total_opt = internal_core::CheckedBytes(shape, DType::kU8);
@@ -511,9 +1051,9 @@ absl::Status ValidateCoverage(std::string_view fqn,
   const uint64_t total = *total_opt;
 
   std::vector<const Box*> boxes;
-  boxes.reserve(tensor.chunks.size());
-  for (const ChunkMetadata& chunk : tensor.chunks) {
-    if (!chunk.box.empty()) boxes.push_back(&chunk.box);
+  boxes.reserve(all_boxes.size());
+  for (const Box* box : all_boxes) {
+    if (!box->empty()) boxes.push_back(box);
   }
   auto overlap_error = [&](const Box& a, const Box& b) {
     return absl::DataLossError(absl::StrCat(where, ": chunks ", a.ToString(),
@@ -593,7 +1133,8 @@ absl::Status ValidateAgainstFileSizes(
   for (const auto& [fqn, tensor] : metadata.tensors) {
     for (const ChunkMetadata& chunk : tensor.chunks) {
       CAIRN_RETURN_IF_ERROR(
-          check(absl::StrCat("chunk ", Quote(ChunkName(fqn, tensor, chunk))),
+          check(absl::StrCat("chunk ",
+                             Quote(ChunkName(fqn, tensor.shape, chunk.box))),
                 chunk.location));
     }
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -32,8 +33,19 @@ absl::StatusOr<Metadata> DecodeMetadata(std::string_view json,
 
 // OK when the chunks of `tensor` cover its shape exactly once (no gap, no
 // overlap). kDataLoss naming `fqn` and the offending boxes otherwise.
+// Tests only: DecodeMetadata without its fast path (the nlohmann tree
+// decoder every other input falls back to), so tests can check that both
+// give the same result or the same error on every input.
+absl::StatusOr<Metadata> DecodeMetadataWithTreeForTesting(
+    std::string_view json, std::string_view source);
+
 absl::Status ValidateCoverage(std::string_view fqn,
                               const TensorMetadata& tensor);
+// The same check of the boxes of a tensor of `shape` (same errors), for
+// callers that hold boxes and not chunks: the save coordinator checks the
+// final plans' boxes in place instead of copying millions of them.
+absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
+                              std::span<const Box* const> boxes);
 
 // OK when every chunk and object lies inside its file, given the real file
 // sizes by name. kDataLoss naming FQN, file, offset and size otherwise;

@@ -602,6 +602,58 @@ TEST(MetadataCodecTest, CorruptionNeverCrashes) {
   }
 }
 
+// The fast decoder (no JSON tree) must give exactly what the tree decoder
+// gives: the same Metadata, or the same error, on good and damaged input.
+void ExpectSameAsTree(const std::string& text) {
+  absl::StatusOr<Metadata> fast = DecodeMetadata(text, kSource);
+  absl::StatusOr<Metadata> tree = DecodeMetadataWithTreeForTesting(text, kSource);
+  ASSERT_EQ(fast.ok(), tree.ok()) << text << "\nfast: " << fast.status()
+                                  << "\ntree: " << tree.status();
+  if (fast.ok()) {
+    EXPECT_TRUE(*fast == *tree) << text;
+  } else {
+    EXPECT_EQ(fast.status(), tree.status()) << text;
+  }
+}
+
+TEST(MetadataCodecTest, FastDecoderMatchesTheTreeDecoder) {
+  Metadata md = SampleMetadata();
+  // Names the fast path leaves to the tree decoder: escapes, non-ASCII.
+  md.tensors["caf\xc3\xa9.w"] = md.tensors.begin()->second;
+  md.tensors["quote\"d"] = md.tensors.begin()->second;
+  const std::string text = Encoded(md);
+  ExpectSameAsTree(text);
+  ExpectSameAsTree(Encoded(SampleMetadata()));
+  // Re-indented (any JSON whitespace) and reordered members.
+  ExpectSameAsTree(json::parse(text).dump(2));
+  // Every truncation and a set of single-byte corruptions.
+  const std::string plain = Encoded(SampleMetadata());
+  for (size_t n = 0; n < plain.size(); n += 7) {
+    ExpectSameAsTree(plain.substr(0, n));
+  }
+  const char kBytes[] = {'\0', '"', '{', '}', ',', ':', '9', '-', ' ', 'x'};
+  for (size_t i = 0; i < plain.size(); i += 3) {
+    for (char b : kBytes) {
+      std::string t = plain;
+      t[i] = b;
+      ExpectSameAsTree(t);
+    }
+  }
+}
+
+// The direct text encoder writes what nlohmann's dump writes of the same
+// document (compact, keys sorted, its escaping).
+TEST(MetadataCodecTest, EncoderWritesCanonicalJson) {
+  Metadata md = SampleMetadata();
+  md.tensors["caf\xc3\xa9 \"x\"\t"] = md.tensors.begin()->second;
+  md.objects["o\\bj"] = md.objects.empty() ? ByteLocation{"data-00000.safetensors", 0, 1, 2}
+                                            : md.objects.begin()->second;
+  const std::string text = Encoded(md);
+  // The file ends with a newline after the document.
+  ASSERT_TRUE(text.ends_with("\n"));
+  EXPECT_EQ(json::parse(text).dump() + "\n", text);
+}
+
 // ------------------------------------------------------------ coverage
 
 TEST(MetadataCodecTest, CoverageAcceptsExactTilings) {

@@ -1,12 +1,12 @@
 #include "plan/global_plan.h"
 
 #include <algorithm>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,16 +31,20 @@ struct Holder {
   size_t item;
 };
 
-// Key of a distinct stored piece: FQN, kind and box.
-std::string PieceKey(const WriteItem& item) {
-  std::string key = item.fqn;
-  key.push_back('\0');
-  key.push_back(static_cast<char>(item.kind));
-  for (int64_t v : item.box.offsets) absl::StrAppend(&key, ",", v);
-  key.push_back(';');
-  for (int64_t v : item.box.sizes) absl::StrAppend(&key, ",", v);
-  return key;
-}
+// A distinct stored piece is an item's (FQN, kind, box); items are hashed
+// and compared in place, so no key string is built per item (the save
+// coordinator sees ranks x tensors of them).
+struct PieceHash {
+  size_t operator()(const WriteItem* item) const {
+    return absl::HashOf(absl::string_view(item->fqn), item->kind,
+                        item->box.offsets, item->box.sizes);
+  }
+};
+struct PieceEq {
+  bool operator()(const WriteItem* a, const WriteItem* b) const {
+    return a->fqn == b->fqn && a->kind == b->kind && a->box == b->box;
+  }
+};
 
 std::string ListHolders(const std::vector<std::pair<int, Box>>& holders) {
   std::vector<std::string> parts;
@@ -85,79 +89,155 @@ absl::Status MergeJson(Json& into, const Json& from, const std::string& path,
   return absl::OkStatus();
 }
 
+// MergeStructures on views. Each distinct text is merged once: merging a
+// structure again changes nothing and cannot fail (everything it holds is
+// already in `merged`, with the same types and leaf strings), and the first
+// rank holding a text is the one an error names, so the result and the
+// errors are those of merging every rank's in turn. Ranks of one pipeline
+// stage share a structure, so a save of 16k ranks parses a handful.
+absl::StatusOr<std::string> MergeStructureViews(
+    const std::vector<absl::string_view>& structures) {
+  if (structures.empty()) return std::string("{}");
+  bool all_same = true;
+  for (absl::string_view s : structures) all_same &= s == structures[0];
+  if (all_same) return std::string(structures[0]);
+  Json merged;
+  absl::flat_hash_set<absl::string_view> seen;
+  for (size_t r = 0; r < structures.size(); ++r) {
+    if (!seen.insert(structures[r]).second) continue;
+    Json j = Json::parse(structures[r].begin(), structures[r].end(), nullptr,
+                         /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank %d sent a malformed structure", r));
+    }
+    CAIRN_RETURN_IF_ERROR(MergeJson(merged, j, "", static_cast<int>(r)));
+  }
+  return merged.dump();
+}
+
 }  // namespace
 
 std::vector<SavePlan> DedupImpl(std::vector<SavePlan> local_plans,
                                 DedupPolicy policy) {
   const int world = static_cast<int>(local_plans.size());
-  absl::flat_hash_map<std::string, std::vector<Holder>> pieces;
-  std::vector<std::string> order;  // first-seen order, for determinism
+  // Items of all ranks in one index space: rank r's item i is base[r] + i.
+  std::vector<size_t> base(world + 1, 0);
+  for (int r = 0; r < world; ++r) {
+    base[r + 1] = base[r] + local_plans[r].items.size();
+  }
+  // Pieces are numbered in first-seen order, for determinism. A rank
+  // holding the same piece twice is one holder (it writes it at most once):
+  // its later copies get no holder slot.
+  constexpr size_t kNotHolder = ~size_t{0};
+  absl::flat_hash_map<const WriteItem*, size_t, PieceHash, PieceEq> ids;
+  ids.reserve(base[world]);
+  std::vector<size_t> piece_of(base[world]);
+  std::vector<int> last_rank;
+  std::vector<size_t> num_holders;
   for (int r = 0; r < world; ++r) {
     for (size_t i = 0; i < local_plans[r].items.size(); ++i) {
-      std::string key = PieceKey(local_plans[r].items[i]);
-      auto [it, inserted] = pieces.try_emplace(key);
-      if (inserted) order.push_back(std::move(key));
-      std::vector<Holder>& holders = it->second;
-      // A rank holding the same piece twice writes it at most once.
-      if (holders.empty() || holders.back().rank != r) {
-        holders.push_back({r, i});
+      auto [it, inserted] =
+          ids.try_emplace(&local_plans[r].items[i], last_rank.size());
+      const size_t id = it->second;
+      if (inserted) {
+        last_rank.push_back(r);
+        num_holders.push_back(1);
+      } else if (last_rank[id] != r) {
+        last_rank[id] = r;
+        ++num_holders[id];
+      } else {
+        piece_of[base[r] + i] = kNotHolder;
+        continue;
+      }
+      piece_of[base[r] + i] = id;
+    }
+  }
+  ids = {};
+  last_rank = {};
+  // Each piece's holders, in rank order, at [first[id], first[id + 1]).
+  const size_t num_pieces = num_holders.size();
+  std::vector<size_t> first(num_pieces + 1, 0);
+  for (size_t id = 0; id < num_pieces; ++id) {
+    first[id + 1] = first[id] + num_holders[id];
+  }
+  std::vector<Holder> holders(first[num_pieces]);
+  {
+    std::vector<size_t> next(first.begin(), first.end() - 1);
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < local_plans[r].items.size(); ++i) {
+        const size_t id = piece_of[base[r] + i];
+        if (id != kNotHolder) holders[next[id]++] = Holder{r, i};
       }
     }
   }
+  piece_of = {};
 
-  std::vector<std::vector<bool>> keep(world);
-  for (int r = 0; r < world; ++r) {
-    keep[r].assign(local_plans[r].items.size(), false);
-  }
+  std::vector<bool> keep(base[world], false);
   std::vector<uint64_t> load(world, 0);
-  std::vector<const std::vector<Holder>*> replicated;
-  for (const std::string& key : order) {
-    const std::vector<Holder>& holders = pieces[key];
-    if (holders.size() == 1 || policy == DedupPolicy::kLowestRank) {
-      const Holder& h = holders.front();  // ranks were visited in order
-      keep[h.rank][h.item] = true;
+  auto bytes_of = [&](size_t id) {
+    const Holder& h = holders[first[id]];
+    return local_plans[h.rank].items[h.item].nbytes;
+  };
+  std::vector<size_t> replicated;
+  for (size_t id = 0; id < num_pieces; ++id) {
+    if (num_holders[id] == 1 || policy == DedupPolicy::kLowestRank) {
+      const Holder& h = holders[first[id]];  // ranks were visited in order
+      keep[base[h.rank] + h.item] = true;
       load[h.rank] += local_plans[h.rank].items[h.item].nbytes;
     } else {
-      replicated.push_back(&holders);
+      replicated.push_back(id);
     }
   }
   // Greedy: the most constrained pieces (fewest holders) first, larger
   // before smaller, each to the holder with the fewest bytes so far; ties
   // go to the lower rank.
-  auto bytes_of = [&](const std::vector<Holder>* h) {
-    return local_plans[h->front().rank].items[h->front().item].nbytes;
-  };
   std::stable_sort(replicated.begin(), replicated.end(),
-                   [&](const std::vector<Holder>* a,
-                       const std::vector<Holder>* b) {
-                     if (a->size() != b->size()) return a->size() < b->size();
+                   [&](size_t a, size_t b) {
+                     if (num_holders[a] != num_holders[b]) {
+                       return num_holders[a] < num_holders[b];
+                     }
                      return bytes_of(a) > bytes_of(b);
                    });
-  for (const std::vector<Holder>* holders : replicated) {
-    const Holder* best = &holders->front();
-    for (const Holder& h : *holders) {
-      if (load[h.rank] < load[best->rank]) best = &h;
+  for (size_t id : replicated) {
+    const Holder* best = &holders[first[id]];
+    for (size_t h = first[id]; h < first[id + 1]; ++h) {
+      if (load[holders[h].rank] < load[best->rank]) best = &holders[h];
     }
-    keep[best->rank][best->item] = true;
-    load[best->rank] += bytes_of(holders);
+    keep[base[best->rank] + best->item] = true;
+    load[best->rank] += bytes_of(id);
   }
 
   // Zero-byte tensor items only declare a tensor: keep one only for a
-  // tensor no rank writes bytes of (a zero-element tensor).
-  std::set<std::string> has_bytes;
-  for (int r = 0; r < world; ++r) {
-    for (const WriteItem& item : local_plans[r].items) {
-      if (item.kind == ItemKind::kTensor && item.nbytes > 0) {
-        has_bytes.insert(item.fqn);
+  // tensor no rank writes bytes of (a zero-element tensor). Which tensors
+  // have bytes is only worked out when a declaration was kept.
+  bool kept_declaration = false;
+  for (int r = 0; r < world && !kept_declaration; ++r) {
+    for (size_t i = 0; i < local_plans[r].items.size(); ++i) {
+      const WriteItem& item = local_plans[r].items[i];
+      if (keep[base[r] + i] && item.kind == ItemKind::kTensor &&
+          item.nbytes == 0) {
+        kept_declaration = true;
+        break;
       }
     }
   }
-  for (int r = 0; r < world; ++r) {
-    for (size_t i = 0; i < keep[r].size(); ++i) {
-      const WriteItem& item = local_plans[r].items[i];
-      if (item.kind == ItemKind::kTensor && item.nbytes == 0 &&
-          has_bytes.contains(item.fqn)) {
-        keep[r][i] = false;
+  if (kept_declaration) {
+    absl::flat_hash_set<absl::string_view> has_bytes;
+    for (int r = 0; r < world; ++r) {
+      for (const WriteItem& item : local_plans[r].items) {
+        if (item.kind == ItemKind::kTensor && item.nbytes > 0) {
+          has_bytes.insert(item.fqn);
+        }
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < local_plans[r].items.size(); ++i) {
+        const WriteItem& item = local_plans[r].items[i];
+        if (item.kind == ItemKind::kTensor && item.nbytes == 0 &&
+            has_bytes.contains(item.fqn)) {
+          keep[base[r] + i] = false;
+        }
       }
     }
   }
@@ -165,7 +245,7 @@ std::vector<SavePlan> DedupImpl(std::vector<SavePlan> local_plans,
     std::vector<WriteItem>& items = local_plans[r].items;
     size_t kept = 0;
     for (size_t i = 0; i < items.size(); ++i) {
-      if (!keep[r][i]) continue;
+      if (!keep[base[r] + i]) continue;
       if (kept != i) items[kept] = std::move(items[i]);  // never self-move
       ++kept;
     }
@@ -179,8 +259,10 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
     int rank;
     const WriteItem* item;
   };
-  std::map<std::string, First> first;
-  std::map<std::string, int> scalar_rank;
+  // Keyed by views of the plans' own FQN strings: ranks x tensors lookups,
+  // no copies.
+  absl::flat_hash_map<absl::string_view, First> first;
+  absl::flat_hash_map<absl::string_view, int> scalar_rank;
   for (int r = 0; r < static_cast<int>(local_plans.size()); ++r) {
     for (const auto& [fqn, unused] : local_plans[r].scalars) {
       scalar_rank.try_emplace(fqn, r);
@@ -243,29 +325,44 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
 absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
                                 const std::vector<SavePlan>& final_plans,
                                 bool require_coverage) {
+  // Boxes are pointers into the final plans (not copies), FQNs views of the
+  // plans' strings: one entry per FQN, millions of boxes.
   struct Written {
+    const std::string* fqn = nullptr;
     const WriteItem* any = nullptr;  // from the local plans
-    std::vector<std::pair<int, Box>> boxes;
+    std::vector<std::pair<int, const Box*>> boxes;
   };
-  std::map<std::string, Written> written;
+  std::vector<Written> written;
+  absl::flat_hash_map<absl::string_view, size_t> index;
   for (const SavePlan& plan : local_plans) {
-    for (const WriteItem& item : plan.items) written[item.fqn].any = &item;
+    for (const WriteItem& item : plan.items) {
+      auto [it, inserted] = index.try_emplace(item.fqn, written.size());
+      if (inserted) written.push_back(Written{&item.fqn, nullptr, {}});
+      written[it->second].any = &item;  // the last one, as before
+    }
   }
   for (int r = 0; r < static_cast<int>(final_plans.size()); ++r) {
     for (const WriteItem& item : final_plans[r].items) {
-      auto it = written.find(item.fqn);
-      if (it == written.end() || it->second.any->kind != item.kind ||
-          it->second.any->dtype != item.dtype ||
-          it->second.any->global_shape != item.global_shape) {
+      auto it = index.find(item.fqn);
+      const WriteItem* any =
+          it == index.end() ? nullptr : written[it->second].any;
+      if (any == nullptr || any->kind != item.kind ||
+          any->dtype != item.dtype ||
+          any->global_shape != item.global_shape) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "the global plan has rank %d write %s, which no rank's local "
             "plan holds in that form",
             r, item.fqn));
       }
-      it->second.boxes.push_back({r, item.box});
+      written[it->second].boxes.push_back({r, &item.box});
     }
   }
-  for (auto& [fqn, w] : written) {
+  // In FQN order, so the first error reported does not depend on hashing.
+  std::sort(written.begin(), written.end(),
+            [](const Written& a, const Written& b) { return *a.fqn < *b.fqn; });
+  std::vector<const Box*> boxes;
+  for (Written& w : written) {
+    const std::string& fqn = *w.fqn;
     if (w.boxes.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "the global plan writes %s on no rank", fqn));
@@ -279,58 +376,44 @@ absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
       continue;
     }
     if (!require_coverage) continue;
-    TensorMetadata tm;
-    tm.dtype = w.any->dtype;
-    tm.shape = w.any->global_shape;
-    for (const auto& [rank, box] : w.boxes) {
-      tm.chunks.push_back(ChunkMetadata{box, {}});
-    }
-    absl::Status coverage = internal_format::ValidateCoverage(fqn, tm);
-    if (coverage.ok()) continue;
+    const Shape& shape = w.any->global_shape;
+    boxes.clear();
+    for (const auto& [rank, box] : w.boxes) boxes.push_back(box);
+    if (internal_format::ValidateCoverage(fqn, shape, boxes).ok()) continue;
     // Say which ranks: find an overlapping pair, else list the holders.
-    std::sort(w.boxes.begin(), w.boxes.end(),
+    std::vector<std::pair<int, Box>> holders;
+    for (const auto& [rank, box] : w.boxes) holders.push_back({rank, *box});
+    std::sort(holders.begin(), holders.end(),
               [](const auto& a, const auto& b) {
                 return a.second.offsets < b.second.offsets;
               });
-    for (size_t i = 0; i < w.boxes.size(); ++i) {
-      for (size_t j = i + 1; j < w.boxes.size(); ++j) {
-        if (Intersect(w.boxes[i].second, w.boxes[j].second)) {
+    for (size_t i = 0; i < holders.size(); ++i) {
+      for (size_t j = i + 1; j < holders.size(); ++j) {
+        if (Intersect(holders[i].second, holders[j].second)) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "%s %s: box %s on rank %d overlaps box %s on rank %d; shards "
               "must not overlap unless they are identical (replicas)",
-              fqn, ShapeString(tm.shape), w.boxes[i].second.ToString(),
-              w.boxes[i].first, w.boxes[j].second.ToString(),
-              w.boxes[j].first));
+              fqn, ShapeString(shape), holders[i].second.ToString(),
+              holders[i].first, holders[j].second.ToString(),
+              holders[j].first));
         }
       }
     }
     int64_t covered = 0;
-    for (const auto& [rank, box] : w.boxes) covered += box.num_elements();
+    for (const auto& [rank, box] : holders) covered += box.num_elements();
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s %s: the ranks' shards cover %d of %d elements (%s); every "
         "element must be held by some rank",
-        fqn, ShapeString(tm.shape), covered, NumElements(tm.shape),
-        ListHolders(w.boxes)));
+        fqn, ShapeString(shape), covered, NumElements(shape),
+        ListHolders(holders)));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> MergeStructures(
     const std::vector<std::string>& structures) {
-  if (structures.empty()) return std::string("{}");
-  bool all_same = true;
-  for (const std::string& s : structures) all_same &= s == structures[0];
-  if (all_same) return structures[0];
-  Json merged;
-  for (size_t r = 0; r < structures.size(); ++r) {
-    Json j = Json::parse(structures[r], nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("rank %d sent a malformed structure", r));
-    }
-    CAIRN_RETURN_IF_ERROR(MergeJson(merged, j, "", static_cast<int>(r)));
-  }
-  return merged.dump();
+  return MergeStructureViews(
+      std::vector<absl::string_view>(structures.begin(), structures.end()));
 }
 
 absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
@@ -338,14 +421,20 @@ absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
   MetadataSkeleton out;
   Metadata& md = out.metadata;
   md.world_size = static_cast<int>(final_plans.size());
-  std::vector<std::string> structures;
+  std::vector<absl::string_view> structures;
+  structures.reserve(final_plans.size());
   out.refs.resize(final_plans.size());
   // Chunks in box order so the metadata does not depend on rank order.
   struct Pending {
     int rank;
     size_t item;
   };
-  std::map<std::string, std::vector<Pending>> chunks;
+  struct Chunks {
+    TensorMetadata* tensor;  // a node of md.tensors: stable
+    std::vector<Pending> pending;
+  };
+  // One map lookup per FQN, not per item.
+  absl::flat_hash_map<absl::string_view, Chunks> chunks;
   for (int r = 0; r < static_cast<int>(final_plans.size()); ++r) {
     const SavePlan& plan = final_plans[r];
     structures.push_back(plan.structure);
@@ -357,27 +446,31 @@ absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
         md.objects[item.fqn] = ByteLocation{};
         out.refs[r][i].object = true;
       } else {
-        TensorMetadata& tm = md.tensors[item.fqn];
+        auto [it, inserted] = chunks.try_emplace(item.fqn);
+        if (inserted) it->second.tensor = &md.tensors[item.fqn];
+        TensorMetadata& tm = *it->second.tensor;
         tm.dtype = item.dtype;
         tm.shape = item.global_shape;
-        chunks[item.fqn].push_back({r, i});
+        it->second.pending.push_back({r, i});
       }
     }
   }
-  for (auto& [fqn, pending] : chunks) {
+  for (auto& [fqn, c] : chunks) {
+    std::vector<Pending>& pending = c.pending;
     std::sort(pending.begin(), pending.end(),
               [&](const Pending& a, const Pending& b) {
                 return final_plans[a.rank].items[a.item].box.offsets <
                        final_plans[b.rank].items[b.item].box.offsets;
               });
-    TensorMetadata& tm = md.tensors[fqn];
+    TensorMetadata& tm = *c.tensor;
+    tm.chunks.reserve(pending.size());
     for (const Pending& p : pending) {
       out.refs[p.rank][p.item].chunk = tm.chunks.size();
       tm.chunks.push_back(
           ChunkMetadata{final_plans[p.rank].items[p.item].box, {}});
     }
   }
-  CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructures(structures));
+  CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructureViews(structures));
   return out;
 }
 
