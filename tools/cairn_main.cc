@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "cairn " CAIRN_VERSION_STRING
       ": distributed checkpoints of sharded tensor state.\n"
-      "Inspect, verify and merge checkpoints, or run a synthetic save/load "
-      "demo.",
+      "Inspect, verify and merge checkpoints, run a synthetic save/load "
+      "demo, or benchmark save and load on your storage.",
       "cairn"};
   app.set_version_flag("--version", "cairn " CAIRN_VERSION_STRING);
   app.require_subcommand(1);
@@ -46,12 +46,14 @@ int main(int argc, char** argv) {
       "  cairn inspect /ckpt/step-100       list tensors, objects, scalars\n"
       "  cairn verify /ckpt/step-100        recompute every checksum\n"
       "  cairn merge /ckpt/step-100         rank-local folders -> global\n"
+      "  cairn bench --dir /mnt/nvme/tmp    time save, async save and loads\n"
       "Run 'cairn <command> --help' for a command's options.");
 
   cairn::tools::RegisterInspect(app);
   cairn::tools::RegisterVerify(app);
   cairn::tools::RegisterDemo(app);
   cairn::tools::RegisterMerge(app);
+  cairn::tools::RegisterBench(app);
 
   try {
     app.parse(argc, argv);

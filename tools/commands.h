@@ -14,6 +14,7 @@ void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
 void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]
 void RegisterDemo(CLI::App& app);     // cairn demo [--size ...] [--phase ...]
 void RegisterMerge(CLI::App& app);    // cairn merge CKPT [--overwrite] [--json]
+void RegisterBench(CLI::App& app);    // cairn bench --dir DIR [--size ...]
 
 }  // namespace cairn::tools
 

@@ -1,0 +1,236 @@
+// Drives `cairn bench` (CAIRN_BINARY) end to end on a 4 MiB state: the JSON
+// object has the headline figures and a row for every phase and load
+// variant, named as bench/peers/torch_peer.py names its rows; the model file
+// is what the peer reads; the work folder is removed (or kept with --keep);
+// usage errors exit 2 and an unwritable --dir exits 1.
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#ifndef CAIRN_BINARY
+#error "CAIRN_BINARY must name the cairn executable"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+struct Result {
+  int rc = -1;
+  std::string out;
+  std::string err;
+  std::string all() const { return out + err; }
+};
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class BenchCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/cairn-bench-test-XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // Runs `cairn args` with stdout and stderr captured separately.
+  Result Run(const std::string& args) {
+    const fs::path out = root_ / "stdout", err = root_ / "stderr";
+    const std::string cmd = "'" CAIRN_BINARY "' " + args + " >'" +
+                            out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    r.out = ReadFile(out);
+    r.err = ReadFile(err);
+    return r;
+  }
+
+  std::string Dir() const { return "'" + (root_ / "bench").string() + "'"; }
+
+  fs::path root_;
+};
+
+std::vector<std::string> Names(const nlohmann::json& results) {
+  std::vector<std::string> out;
+  for (const nlohmann::json& row : results) {
+    out.push_back(row["name"].get<std::string>() + "/" +
+                  (row["cache"].is_null() ? std::string("-")
+                                          : row["cache"].get<std::string>()));
+  }
+  return out;
+}
+
+TEST_F(BenchCliTest, JsonHasEveryPhaseAndLoadVariant) {
+  const fs::path model = root_ / "model.json";
+  Result r = Run("bench --dir " + Dir() +
+                 " --size 4MiB --json --cold none -q --model-out '" +
+                 model.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(r.err, "");  // -q
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "not one JSON object: " << r.out;
+
+  EXPECT_EQ(j["tool"], "cairn");
+  EXPECT_TRUE(j["version"].is_string());
+  const double bytes = j["bytes"].get<double>();
+  EXPECT_NEAR(bytes, 4.0 * (1 << 20), 0.02 * 4 * (1 << 20));
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["cold_method"], "unavailable");
+  for (const char* key :
+       {"save_seconds", "load_seconds", "async_blocked_seconds",
+        "async_total_seconds", "memcpy_gb_per_s"}) {
+    ASSERT_TRUE(j.contains(key) && j[key].is_number()) << key << ": " << j;
+    EXPECT_GT(j[key].get<double>(), 0) << key;
+  }
+  EXPECT_LE(j["async_blocked_seconds"].get<double>(),
+            j["async_total_seconds"].get<double>());
+  bool said_why = false;
+  for (const auto& note : j["notes"]) {
+    said_why |= note.get<std::string>().find("--cold none") !=
+                std::string::npos;
+  }
+  EXPECT_TRUE(said_why) << j["notes"];
+
+  // torch_peer.py's rows, in its order; warm only under --cold none.
+  const nlohmann::json& results = j["results"];
+  EXPECT_THAT(Names(results),
+              ElementsAreArray({"save_sync/-", "async_save/-",
+                                "load_same/warm", "load_4to2_rows/warm",
+                                "load_4to2_cols/warm", "load_4to3_rows/warm",
+                                "load_4to3_cols/warm"}));
+  const int ranks[] = {4, 4, 4, 2, 2, 3, 3};
+  const char* kinds[] = {"save", "async", "load", "load",
+                         "load", "load",  "load"};
+  for (size_t i = 0; i < results.size() && i < 7; ++i) {
+    const nlohmann::json& row = results[i];
+    SCOPED_TRACE(row.dump());
+    EXPECT_EQ(row["kind"], kinds[i]);
+    EXPECT_EQ(row["ranks"], ranks[i]);
+    EXPECT_GT(row["seconds"].get<double>(), 0);
+    EXPECT_NEAR(row["gb_per_s"].get<double>(),
+                bytes / row["seconds"].get<double>() / 1e9, 1e-6);
+    EXPECT_GT(row["peak_rss_bytes"].get<double>(), 0);
+    if (row["kind"] == "load") {
+      EXPECT_EQ(row["dest_bytes"].get<double>(), bytes);
+      EXPECT_EQ(row["verified"], true);
+      EXPECT_EQ(row["save_ranks"], 4);
+      EXPECT_TRUE(row.contains("memcpy_fraction"));
+    }
+    if (row["kind"] == "async") {
+      EXPECT_LE(row["blocked_seconds"].get<double>(),
+                row["seconds"].get<double>());
+    }
+  }
+  EXPECT_EQ(j["load_seconds"], results[2]["seconds"]);
+  EXPECT_EQ(j["save_seconds"], results[0]["seconds"]);
+
+  // The work folder is gone; --dir itself stays.
+  ASSERT_TRUE(fs::is_directory(root_ / "bench"));
+  EXPECT_TRUE(fs::is_empty(root_ / "bench"));
+
+  // The model file, as torch_peer.py's load_model() checks it.
+  nlohmann::json m = nlohmann::json::parse(ReadFile(model), nullptr, false);
+  ASSERT_TRUE(m.is_object()) << ReadFile(model);
+  double total = 0;
+  for (const auto& t : m["tensors"]) {
+    EXPECT_EQ(t["dtype"], "float32");
+    double n = 1;
+    for (const auto& d : t["shape"]) n *= d.get<double>();
+    EXPECT_GT(n, 0) << t;
+    total += 4 * n;
+  }
+  EXPECT_EQ(m["tensors"].size(), j["tensors"].get<size_t>());
+  EXPECT_EQ(m["bytes"].get<double>(), total);
+  EXPECT_EQ(m["bytes"].get<double>(), bytes);
+}
+
+TEST_F(BenchCliTest, TwoRanksHaveOneReshardedLayoutAndKeepKeepsIt) {
+  Result r =
+      Run("bench --dir " + Dir() + " --size 1MiB --ranks 2 --cold none "
+          "--keep --repeat 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("cairn bench: "));  // progress lines
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  // W/2 == W-1 == 1: one resharded layout, not two.
+  EXPECT_THAT(Names(j["results"]),
+              ElementsAreArray({"save_sync/-", "async_save/-",
+                                "load_same/warm", "load_2to1_rows/warm",
+                                "load_2to1_cols/warm"}));
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["samples"].size(), 2u) << row;
+  }
+  const fs::path work = j["work_dir"].get<std::string>();
+  EXPECT_TRUE(fs::exists(work / "sync" / "metadata.json"));
+  EXPECT_TRUE(fs::exists(work / "async" / "metadata.json"));
+}
+
+TEST_F(BenchCliTest, TableNamesEveryPhase) {
+  Result r = Run("bench --dir " + Dir() + " --size 2MiB --cold none -q");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  for (const char* s : {"save_sync", "async_save", "load_same",
+                        "load_4to2_rows", "load_4to3_cols", "memcpy:",
+                        "blocked/sync", "cold rows skipped"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+}
+
+TEST_F(BenchCliTest, UsageErrorsExitTwo) {
+  for (const std::string args :
+       {"--size 0", "--size 12XB", "--size -5", "--ranks 0", "--ranks x",
+        "--cold maybe", "--repeat 0"}) {
+    Result r = Run("bench -q --dir " + Dir() + " " + args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.all();
+    EXPECT_THAT(r.err, HasSubstr("cairn bench")) << args;
+    EXPECT_EQ(r.out, "") << args;
+  }
+  Result r = Run("bench --size 1MiB");  // --dir is required
+  EXPECT_EQ(r.rc, 2) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("--dir"));
+}
+
+TEST_F(BenchCliTest, UnwritableDirExitsOne) {
+  const fs::path file = root_ / "file";
+  std::ofstream(file) << "not a directory";
+  Result r = Run("bench -q --size 1MiB --cold none --dir '" +
+                 (file / "sub").string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("cairn bench: "));
+  EXPECT_THAT(r.err, HasSubstr("--dir"));
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(BenchCliTest, HelpExplainsPhases) {
+  Result r = Run("bench --help");
+  EXPECT_EQ(r.rc, 0) << r.all();
+  for (const char* s : {"--dir", "--size", "--ranks", "--json", "--cold",
+                        "--model-out", "--repeat", "--keep", "save_sync",
+                        "async_save", "load_same", "memcpy", "Examples"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+}
+
+}  // namespace
