@@ -1,0 +1,833 @@
+// cairn_scale_sim: the scale simulation of issue 6. Global save planning and
+// metadata.json for thousands of simulated ranks, in one process, with no
+// communicator: the functions the coordinator and the ranks run are pure
+// functions of plans and metadata, so they are called here exactly as
+// src/checkpoint/save.cc and load.cc call them.
+//
+// Per layout and world size W:
+//  inputs (not timed as part of any pipeline): every rank's state dict
+//    (shards viewing a placeholder byte; planning never reads tensor data)
+//    and its local plan from the real DefaultSavePlanner, encoded with the
+//    plan codec as each rank sends it to the coordinator.
+//  coordinator, in save.cc's order (PlanGlobally, the scatter, Assemble):
+//    decode the local plans, ValidateLocalPlans, CreateGlobalPlan (dedup, on
+//    a copy of the local plans, as save.cc passes them), ValidateFinalPlans
+//    with coverage, BuildMetadataSkeleton, the probe encode of the skeleton
+//    (save.cc checks that the metadata encodes before any data is written),
+//    the final plans encoded for the scatter, the locations filled in from
+//    the write reports, and EncodeMetadata: metadata.json.
+//  load: metadata.json written and read back through the file storage (the
+//    read is from the page cache), DecodeMetadata (every rank), coverage of
+//    every tensor (the coordinator), and rank 0's DefaultLoadPlanner local
+//    plan for the sharding it saved.
+//
+// Each phase is timed on its own with steady_clock. Data lifetimes follow
+// save.cc, so the peak RSS is what its coordinator would hold.
+#include <malloc.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cairn/metadata.h"
+#include "cairn/planner.h"
+#include "cairn/state_dict.h"
+#include "cairn/storage.h"
+#include "cairn/tensor.h"
+#include "cairn/version.h"
+#include "core/byte_codec.h"
+#include "core/status.h"
+#include "format/metadata_codec.h"
+#include "format/names.h"
+#include "nlohmann/json.hpp"
+#include "plan/global_plan.h"
+#include "plan/plan_codec.h"
+
+namespace cairn::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// 3d: tensor parallel x pipeline parallel model-parallel ranks; the rest of
+// the world is data parallel.
+constexpr int kTensorParallel = 8;
+constexpr int kPipelineParallel = 8;
+constexpr int kModelParallel = kTensorParallel * kPipelineParallel;
+// Hidden sizes: 3d shards a model of hidden 8192 across TP x PP x DP; fsdp
+// uses hidden 16384 so that every dim 0 is at least 16384 and each of up to
+// 16k ranks gets rows of every tensor.
+constexpr int64_t kHidden3d = 8192;
+constexpr int64_t kHiddenFsdp = 16384;
+constexpr int64_t kStep = 1000;
+// Every rank saves the same value, so the commit's scalar check passes.
+constexpr char kStepName[] = "step";
+
+enum class Layout { k3d, kFsdp };
+
+const char* LayoutName(Layout layout) {
+  return layout == Layout::k3d ? "3d" : "fsdp";
+}
+
+// One transformer layer's weights: name, global shape, and how tensor
+// parallelism splits it (-1: replicated on every TP rank).
+struct Param {
+  const char* name;
+  int64_t rows_per_hidden;  // shape[0] / hidden
+  int64_t cols_per_hidden;  // shape[1] / hidden; 0 for a 1-D tensor
+  int tp_dim;
+};
+constexpr Param kParams[] = {
+    {"self_attention.linear_qkv.weight", 3, 1, 0},  // column parallel
+    {"self_attention.linear_proj.weight", 1, 1, 1},  // row parallel
+    {"mlp.linear_fc1.weight", 4, 1, 0},
+    {"mlp.linear_fc2.weight", 1, 4, 1},
+    {"input_layernorm.weight", 1, 0, -1},
+    {"pre_mlp_layernorm.weight", 1, 0, -1},
+};
+constexpr int kParamsPerLayer = sizeof(kParams) / sizeof(kParams[0]);
+
+// Tensor t of a rank's `tensors`: weight t / 3, as the weight itself (t % 3
+// == 0, BF16) or one of its two Adam moments (F32). So a third of the
+// tensors are weights and two thirds optimizer state.
+struct TensorRole {
+  int64_t weight;
+  int moment;  // 0: the weight; 1: exp_avg; 2: exp_avg_sq
+};
+TensorRole RoleOf(int64_t t) { return {t / 3, static_cast<int>(t % 3)}; }
+
+int64_t WeightsPerRank(int64_t tensors) { return (tensors + 2) / 3; }
+
+std::string TensorName(int64_t layer, const Param& p, int moment) {
+  static constexpr const char* kPrefix[] = {"", "optimizer.exp_avg.",
+                                            "optimizer.exp_avg_sq."};
+  return absl::StrCat(kPrefix[moment], "model.layers.", layer, ".", p.name);
+}
+
+Shape ShapeOf(const Param& p, int64_t hidden) {
+  if (p.cols_per_hidden == 0) return {p.rows_per_hidden * hidden};
+  return {p.rows_per_hidden * hidden, p.cols_per_hidden * hidden};
+}
+
+// Part `part` of `parts` of `box` along `dim`, rows split as evenly as
+// possible (some parts are empty when the box has fewer rows than parts).
+Box Slice(Box box, int dim, int64_t part, int64_t parts) {
+  const int64_t n = box.sizes[dim];
+  const int64_t begin = n * part / parts;
+  const int64_t end = n * (part + 1) / parts;
+  box.offsets[dim] += begin;
+  box.sizes[dim] = end - begin;
+  return box;
+}
+
+// Planning never reads tensor data: every shard views one placeholder byte
+// with zero strides.
+TensorView PlaceholderView(DType dtype, const Shape& sizes) {
+  static char placeholder[8];
+  return TensorView(placeholder, dtype, sizes,
+                    std::vector<int64_t>(sizes.size(), 0));
+}
+
+// Puts `leaf` at the dotted path `fqn` of `root` (maps all the way down).
+void Put(StateDict& root, const std::string& fqn, StateDict leaf) {
+  StateDict* node = &root;
+  for (absl::string_view part : absl::StrSplit(fqn, '.')) {
+    node = &(*node)[std::string(part)];
+  }
+  *node = std::move(leaf);
+}
+
+// The state dict rank `rank` of `world` saves (and loads back).
+//  3d (Megatron): rank = tp + TP * (dp + DP * pp). A PP stage holds its own
+//    layers; each weight is split across TP (or replicated for layer norms)
+//    and replicated across DP; each Adam moment is the weight's TP box split
+//    along dim 0 across DP (the distributed optimizer).
+//  fsdp: every rank holds rows [r * n / W, (r + 1) * n / W) of every tensor.
+StateDict RankState(Layout layout, int world, int64_t tensors, int rank) {
+  StateDict state;
+  const int64_t weights = WeightsPerRank(tensors);
+  const int64_t layers = (weights + kParamsPerLayer - 1) / kParamsPerLayer;
+  const int dp_degree = world / kModelParallel;
+  const int tp = rank % kTensorParallel;
+  const int dp = (rank / kTensorParallel) % std::max(dp_degree, 1);
+  const int pp = rank / (kTensorParallel * std::max(dp_degree, 1));
+  for (int64_t t = 0; t < tensors; ++t) {
+    const TensorRole role = RoleOf(t);
+    const Param& p = kParams[role.weight % kParamsPerLayer];
+    const DType dtype = role.moment == 0 ? DType::kBF16 : DType::kF32;
+    Shape shape;
+    Box box;
+    std::string fqn;
+    if (layout == Layout::k3d) {
+      const int64_t layer = pp * layers + role.weight / kParamsPerLayer;
+      fqn = TensorName(layer, p, role.moment);
+      shape = ShapeOf(p, kHidden3d);
+      box = Box::Full(shape);
+      if (p.tp_dim >= 0) box = Slice(box, p.tp_dim, tp, kTensorParallel);
+      if (role.moment != 0) box = Slice(box, 0, dp, dp_degree);
+    } else {
+      fqn = TensorName(role.weight / kParamsPerLayer, p, role.moment);
+      shape = ShapeOf(p, kHiddenFsdp);
+      box = Slice(Box::Full(shape), 0, rank, world);
+    }
+    Shard shard{box, PlaceholderView(dtype, box.sizes)};
+    Put(state, fqn, ShardedTensor(dtype, shape, {std::move(shard)}));
+  }
+  state[kStepName] = int64_t{kStep};
+  return state;
+}
+
+// --------------------------------------------------------------- measuring
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct Phase {
+  std::string name;
+  double seconds;      // wall clock
+  double sys_seconds;  // in the kernel: mostly page faults of new memory
+};
+
+struct Result {
+  Layout layout;
+  int ranks = 0;
+  int64_t tensors = 0;
+  uint64_t local_items = 0;
+  uint64_t final_items = 0;
+  uint64_t chunks = 0;
+  uint64_t local_plan_bytes = 0;  // all encoded local plans
+  uint64_t final_plan_bytes = 0;  // all scatter payloads
+  uint64_t metadata_bytes = 0;
+  uint64_t peak_rss_bytes = 0;  // of the process that ran it
+  double inputs_seconds = 0;       // state dicts + local plans, all ranks
+  double encode_local_seconds = 0; // all ranks' plan encodes (each rank: /W)
+  std::vector<Phase> coordinator;  // in order
+  std::vector<Phase> load;         // in order
+  double coordinator_total() const {
+    double s = 0;
+    for (const Phase& p : coordinator) s += p.seconds;
+    return s;
+  }
+};
+
+double SystemSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_stime.tv_sec + 1e-6 * usage.ru_stime.tv_usec;
+}
+
+// Times `fn` as phase `name` of `into`; fn returns a Status.
+template <typename Fn>
+absl::Status Timed(std::vector<Phase>& into, const char* name, Fn&& fn) {
+  const Clock::time_point start = Clock::now();
+  const double sys_start = SystemSeconds();
+  absl::Status s = fn();
+  into.push_back({name, Since(start), SystemSeconds() - sys_start});
+  if (!s.ok()) return absl::InternalError(absl::StrCat(name, ": ", s.ToString()));
+  return absl::OkStatus();
+}
+
+// Write report of one final item, as a rank sends it at commit.
+struct Written {
+  uint64_t offset;
+  uint64_t nbytes;
+  uint32_t crc32c;
+};
+
+// A stand-in CRC32C with a checksum's spread of hex digits.
+uint32_t FakeCrc(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<uint32_t>(x >> 32);
+}
+
+absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
+                           const std::string& dir) {
+  Result res;
+  res.layout = layout;
+  res.ranks = world;
+  res.tensors = tensors;
+
+  // Inputs: every rank plans locally and encodes its plan.
+  std::vector<std::string> encoded(world);
+  {
+    const Clock::time_point start = Clock::now();
+    for (int r = 0; r < world; ++r) {
+      StateDict state = RankState(layout, world, tensors, r);
+      DefaultSavePlanner planner;
+      if (absl::Status s = planner.SetUp(state, r == 0, r, world); !s.ok()) {
+        return s;
+      }
+      absl::StatusOr<SavePlan> plan = planner.CreateLocalPlan();
+      if (!plan.ok()) return plan.status();
+      res.local_items += plan->items.size();
+      const Clock::time_point encode_start = Clock::now();
+      encoded[r] =
+          internal_plan::EncodeSavePlan(*plan, /*with_scalar_values=*/false);
+      res.encode_local_seconds += Since(encode_start);
+      res.local_plan_bytes += encoded[r].size();
+    }
+    res.inputs_seconds = Since(start) - res.encode_local_seconds;
+  }
+
+  // Coordinator: PlanGlobally.
+  auto& phases = res.coordinator;
+  std::vector<SavePlan> locals;
+  std::vector<SavePlan> finals;
+  internal_plan::MetadataSkeleton skeleton;
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "decode_plans", [&] {
+    locals.reserve(world);
+    for (int r = 0; r < world; ++r) {
+      absl::StatusOr<SavePlan> p = internal_plan::DecodeSavePlan(
+          encoded[r], absl::StrCat("local plan of rank ", r));
+      if (!p.ok()) return p.status();
+      locals.push_back(*std::move(p));
+    }
+    return absl::OkStatus();
+  }));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "validate_local", [&] {
+    return internal_plan::ValidateLocalPlans(locals);
+  }));
+  // save.cc passes CreateGlobalPlan a copy (it keeps the local plans for
+  // ValidateFinalPlans); the copy is timed on its own.
+  std::vector<SavePlan> copy;
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "copy_locals", [&] {
+    copy = locals;
+    return absl::OkStatus();
+  }));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "dedup", [&] {
+    DefaultSavePlanner coordinator;
+    absl::StatusOr<std::vector<SavePlan>> g =
+        coordinator.CreateGlobalPlan(std::move(copy));
+    if (!g.ok()) return g.status();
+    finals = *std::move(g);
+    return absl::OkStatus();
+  }));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "validate_final", [&] {
+    return internal_plan::ValidateFinalPlans(locals, finals,
+                                             /*require_coverage=*/true);
+  }));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "skeleton", [&] {
+    absl::StatusOr<internal_plan::MetadataSkeleton> s =
+        internal_plan::BuildMetadataSkeleton(finals);
+    if (!s.ok()) return s.status();
+    skeleton = *std::move(s);
+    return absl::OkStatus();
+  }));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "probe_encode", [&] {
+    Metadata probe = skeleton.metadata;
+    probe.user = "{}";
+    return internal_format::EncodeMetadata(probe).status();
+  }));
+  locals.clear();
+  locals.shrink_to_fit();
+
+  // The scatter's payloads, as save.cc builds them.
+  std::vector<std::string> payloads;
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "encode_finals", [&] {
+    payloads.reserve(world);
+    for (const SavePlan& p : finals) {
+      internal_core::ByteWriter w;
+      w.I64(1);  // the plan id
+      w.Str(internal_plan::EncodeSavePlan(p, false));
+      payloads.push_back(w.Take());
+    }
+    return absl::OkStatus();
+  }));
+  for (const std::string& p : payloads) res.final_plan_bytes += p.size();
+  // Each rank writes its items back to back after a header and reports
+  // where they went (not timed: that is the ranks' work).
+  std::vector<std::vector<Written>> reports(world);
+  for (int r = 0; r < world; ++r) {
+    uint64_t offset = 4096 * (1 + finals[r].items.size() * 128 / 4096);
+    for (size_t i = 0; i < finals[r].items.size(); ++i) {
+      const uint64_t n = finals[r].items[i].nbytes;
+      reports[r].push_back({offset, n, FakeCrc(r, i)});
+      offset += n;
+    }
+    res.final_items += finals[r].items.size();
+  }
+  payloads.clear();
+  payloads.shrink_to_fit();
+  finals.clear();
+  finals.shrink_to_fit();
+  encoded.clear();
+  encoded.shrink_to_fit();
+
+  // Commit: Assemble's fill-in, then metadata.json.
+  Metadata md;
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "fill_locations", [&] {
+    md = skeleton.metadata;
+    md.created_by = "cairn " CAIRN_VERSION_STRING;
+    md.user = "{}";
+    for (int r = 0; r < world; ++r) {
+      const std::string file = internal_format::DataFileName(r);
+      const std::vector<internal_plan::ItemRef>& refs = skeleton.refs[r];
+      for (size_t i = 0; i < refs.size(); ++i) {
+        const ByteLocation loc{file, reports[r][i].offset, reports[r][i].nbytes,
+                               reports[r][i].crc32c};
+        if (refs[i].object) {
+          md.objects[refs[i].fqn] = loc;
+        } else {
+          md.tensors[refs[i].fqn].chunks[refs[i].chunk].location = loc;
+        }
+      }
+      auto [it, inserted] = md.scalars.try_emplace(kStepName, int64_t{kStep});
+      if (!inserted && !internal_core::SameScalar(it->second, int64_t{kStep})) {
+        return absl::InternalError("scalars differ");
+      }
+    }
+    return absl::OkStatus();
+  }));
+  reports.clear();
+  reports.shrink_to_fit();
+  for (const auto& [fqn, t] : md.tensors) res.chunks += t.chunks.size();
+  std::string text;
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "encode_metadata", [&] {
+    absl::StatusOr<std::string> json = internal_format::EncodeMetadata(md);
+    if (!json.ok()) return json.status();
+    text = *std::move(json);
+    return absl::OkStatus();
+  }));
+  res.metadata_bytes = text.size();
+  skeleton = {};
+
+  // Load.
+  auto& load = res.load;
+  std::string read_back;
+  if (!dir.empty()) {
+    absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(dir);
+    if (!storage.ok()) return storage.status();
+    CAIRN_RETURN_IF_ERROR((*storage)->CreateLocation());
+    CAIRN_RETURN_IF_ERROR(Timed(load, "write_metadata", [&] {
+      return (*storage)->WriteAtomically(kMetadataFileName, text);
+    }));
+    text.clear();
+    text.shrink_to_fit();
+    CAIRN_RETURN_IF_ERROR(Timed(load, "read_metadata", [&] {
+      absl::StatusOr<std::string> bytes = (*storage)->ReadAll(
+          kMetadataFileName, internal_format::kMaxMetadataBytes);
+      if (!bytes.ok()) return bytes.status();
+      read_back = *std::move(bytes);
+      return absl::OkStatus();
+    }));
+    CAIRN_RETURN_IF_ERROR((*storage)->Remove(kMetadataFileName));
+  } else {
+    read_back = std::move(text);
+  }
+  Metadata decoded;
+  CAIRN_RETURN_IF_ERROR(Timed(load, "parse_metadata", [&] {
+    absl::StatusOr<Metadata> m =
+        internal_format::DecodeMetadata(read_back, "metadata.json");
+    if (!m.ok()) return m.status();
+    decoded = *std::move(m);
+    return absl::OkStatus();
+  }));
+  read_back.clear();
+  read_back.shrink_to_fit();
+  if (!(decoded == md)) {
+    return absl::InternalError("metadata.json does not decode to what was encoded");
+  }
+  md = {};
+  CAIRN_RETURN_IF_ERROR(Timed(load, "coverage", [&] {
+    for (const auto& [fqn, tensor] : decoded.tensors) {
+      CAIRN_RETURN_IF_ERROR(internal_format::ValidateCoverage(fqn, tensor));
+    }
+    return absl::OkStatus();
+  }));
+  StateDict dest = RankState(layout, world, tensors, 0);
+  CAIRN_RETURN_IF_ERROR(Timed(load, "load_plan_rank0", [&] {
+    DefaultLoadPlanner planner;
+    CAIRN_RETURN_IF_ERROR(planner.SetUp(dest, decoded, true, 0, world));
+    return planner.CreateLocalPlan().status();
+  }));
+  return res;
+}
+
+// --------------------------------------------------------------- output
+
+std::string Mib(uint64_t bytes) {
+  return absl::StrFormat("%.1f", static_cast<double>(bytes) / (1 << 20));
+}
+
+// The phases issue 6 names: decode the local plans, validate, dedup,
+// validate with coverage, skeleton, metadata.json. The others are work
+// save.cc's coordinator also does (the copy CreateGlobalPlan gets, the
+// probe encode, the scatter's encoding, the commit's fill-in).
+bool InPipeline(const std::string& phase) {
+  return phase == "decode_plans" || phase == "validate_local" ||
+         phase == "dedup" || phase == "validate_final" ||
+         phase == "skeleton" || phase == "encode_metadata";
+}
+
+double PipelineSeconds(const Result& r) {
+  double s = 0;
+  for (const Phase& p : r.coordinator) {
+    if (InPipeline(p.name)) s += p.seconds;
+  }
+  return s;
+}
+
+double LoadSeconds(const Result& r, const std::string& name) {
+  for (const Phase& p : r.load) {
+    if (p.name == name) return p.seconds;
+  }
+  return 0;
+}
+
+// One column per run, one row per phase: "wall (sys)" seconds.
+void PrintTable(const std::vector<Result>& results, bool warm) {
+  std::printf(
+      "cairn_scale_sim: global planning and metadata.json, W simulated ranks "
+      "in one process, one thread.\nInputs (state dicts, local plans, write "
+      "reports) are built outside the timers. Seconds: wall (of which in "
+      "the kernel,\nmostly page faults of new memory). * = a phase of the "
+      "issue 6 pipeline.\n%s\n",
+      warm ? "Warm: each run is timed the second time in its process, on "
+             "memory the first run faulted in.\n"
+           : "Cold: each run in a fresh process.\n");
+  auto row = [&](const std::string& label, auto&& cell) {
+    std::printf("%-24s", label.c_str());
+    for (const Result& r : results) std::printf(" %17s", cell(r).c_str());
+    std::printf("\n");
+  };
+  row("", [](const Result& r) {
+    return absl::StrCat(LayoutName(r.layout), " W=", r.ranks);
+  });
+  auto count = [](uint64_t n) { return absl::StrCat(n); };
+  row("local items", [&](const Result& r) { return count(r.local_items); });
+  row("written items (chunks)",
+      [&](const Result& r) { return count(r.final_items); });
+  row("local plans MiB",
+      [](const Result& r) { return Mib(r.local_plan_bytes); });
+  row("rank plan encode ms", [](const Result& r) {
+    return absl::StrFormat("%.3f", 1e3 * r.encode_local_seconds / r.ranks);
+  });
+  auto phase_rows = [&](bool coordinator) {
+    const Result& first = results.front();
+    for (const Phase& p : coordinator ? first.coordinator : first.load) {
+      const std::string label =
+          absl::StrCat(coordinator && InPipeline(p.name) ? "* " : "  ", p.name);
+      row(label, [&](const Result& r) {
+        for (const Phase& q : coordinator ? r.coordinator : r.load) {
+          if (q.name == p.name) {
+            return absl::StrFormat("%.3f (%.2f)", q.seconds, q.sys_seconds);
+          }
+        }
+        return std::string("-");
+      });
+    }
+  };
+  std::printf("coordinator (save)\n");
+  phase_rows(true);
+  row("pipeline total (*)", [](const Result& r) {
+    return absl::StrFormat("%.3f", PipelineSeconds(r));
+  });
+  row("coordinator total", [](const Result& r) {
+    return absl::StrFormat("%.3f", r.coordinator_total());
+  });
+  row("metadata.json MiB", [](const Result& r) { return Mib(r.metadata_bytes); });
+  row("metadata.json bytes", [&](const Result& r) {
+    return count(r.metadata_bytes);
+  });
+  std::printf("load\n");
+  phase_rows(false);
+  row("peak RSS MiB", [](const Result& r) { return Mib(r.peak_rss_bytes); });
+
+  // Growth between successive world sizes of one layout.
+  std::printf("\n");
+  for (size_t i = 1; i < results.size(); ++i) {
+    const Result& a = results[i - 1];
+    const Result& b = results[i];
+    if (a.layout != b.layout) continue;
+    std::printf(
+        "%s W %d -> %d (x%.2f): pipeline x%.2f, coordinator x%.2f, "
+        "metadata.json x%.2f, parse x%.2f, peak RSS x%.2f\n",
+        LayoutName(b.layout), a.ranks, b.ranks,
+        static_cast<double>(b.ranks) / a.ranks,
+        PipelineSeconds(b) / PipelineSeconds(a),
+        b.coordinator_total() / a.coordinator_total(),
+        static_cast<double>(b.metadata_bytes) / a.metadata_bytes,
+        LoadSeconds(b, "parse_metadata") / LoadSeconds(a, "parse_metadata"),
+        static_cast<double>(b.peak_rss_bytes) / a.peak_rss_bytes);
+  }
+}
+
+using OrderedJson = nlohmann::ordered_json;
+
+OrderedJson ToJson(const Result& r) {
+  OrderedJson j;
+  j["layout"] = LayoutName(r.layout);
+  j["ranks"] = r.ranks;
+  j["tensors_per_rank"] = r.tensors;
+  j["local_items"] = r.local_items;
+  j["written_items"] = r.final_items;
+  j["chunks"] = r.chunks;
+  j["local_plan_bytes"] = r.local_plan_bytes;
+  j["final_plan_bytes"] = r.final_plan_bytes;
+  j["metadata_bytes"] = r.metadata_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["inputs_seconds"] = r.inputs_seconds;
+  j["encode_local_plans_seconds"] = r.encode_local_seconds;
+  for (const char* part : {"coordinator", "load"}) {
+    const std::vector<Phase>& phases =
+        part == std::string("load") ? r.load : r.coordinator;
+    OrderedJson& seconds = j[part] = OrderedJson::object();
+    OrderedJson& sys = j[absl::StrCat(part, "_sys")] = OrderedJson::object();
+    for (const Phase& p : phases) {
+      seconds[p.name] = p.seconds;
+      sys[p.name] = p.sys_seconds;
+    }
+  }
+  j["pipeline_seconds"] = PipelineSeconds(r);
+  j["coordinator_total_seconds"] = r.coordinator_total();
+  return j;
+}
+
+Result FromJson(const OrderedJson& j) {
+  Result r;
+  r.layout = j.at("layout") == "3d" ? Layout::k3d : Layout::kFsdp;
+  r.ranks = j.at("ranks");
+  r.tensors = j.at("tensors_per_rank");
+  r.local_items = j.at("local_items");
+  r.final_items = j.at("written_items");
+  r.chunks = j.at("chunks");
+  r.local_plan_bytes = j.at("local_plan_bytes");
+  r.final_plan_bytes = j.at("final_plan_bytes");
+  r.metadata_bytes = j.at("metadata_bytes");
+  r.inputs_seconds = j.at("inputs_seconds");
+  r.encode_local_seconds = j.at("encode_local_plans_seconds");
+  for (const char* part : {"coordinator", "load"}) {
+    std::vector<Phase>& phases =
+        part == std::string("load") ? r.load : r.coordinator;
+    const OrderedJson& sys = j.at(absl::StrCat(part, "_sys"));
+    for (const auto& [name, s] : j.at(part).items()) {
+      phases.push_back({name, s.get<double>(), sys.at(name).get<double>()});
+    }
+  }
+  return r;
+}
+
+void PrintJson(const std::vector<Result>& results, bool warm) {
+  OrderedJson out;
+  out["inputs_outside_timers"] = true;
+  out["warm"] = warm;
+  out["runs"] = OrderedJson::array();
+  for (const Result& r : results) out["runs"].push_back(ToJson(r));
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+// Runs one configuration in a child process, so that each starts from a
+// fresh heap (later runs would otherwise reuse the pages earlier ones
+// faulted in) and its peak RSS is its own. With `memory_limit` (bytes), the
+// child's address space is capped: a run that needs more fails instead of
+// pushing the machine into swap or the OOM killer. With `warm`, the child
+// first runs the configuration once untimed, with glibc keeping all freed
+// memory (no mmap, no trimming), so that the timed run reuses pages already
+// faulted in: the cost of the planning itself, without the first-touch page
+// faults of a fresh process (expensive on virtual machines).
+absl::StatusOr<Result> RunIsolated(Layout layout, int world, int64_t tensors,
+                                   const std::string& dir,
+                                   uint64_t memory_limit, bool warm) {
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    std::string message;
+    if (memory_limit > 0) {
+      const rlimit limit{memory_limit, memory_limit};
+      setrlimit(RLIMIT_AS, &limit);
+    }
+    try {
+      absl::StatusOr<Result> r;
+      if (warm) {
+        mallopt(M_MMAP_MAX, 0);
+        mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+        r = Run(layout, world, tensors, dir);
+      }
+      if (!warm || r.ok()) r = Run(layout, world, tensors, dir);
+      message = r.ok() ? ToJson(*r).dump() : "!" + r.status().ToString();
+    } catch (const std::bad_alloc&) {
+      message = absl::StrCat("!out of memory (address space limited to ",
+                             Mib(memory_limit), " MiB)");
+    }
+    for (size_t done = 0; done < message.size();) {
+      const ssize_t n =
+          write(fds[1], message.data() + done, message.size() - done);
+      if (n <= 0) _exit(1);
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string message;
+  char buf[65536];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) {
+    message.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  rusage usage{};
+  if (wait4(pid, &status, 0, &usage) != pid) {
+    return absl::InternalError("wait4 failed");
+  }
+  if (WIFSIGNALED(status)) {
+    return absl::InternalError(
+        absl::StrCat("killed by signal ", WTERMSIG(status)));
+  }
+  if (message.empty() || message[0] == '!') {
+    return absl::InternalError(message.empty() ? "no result" : message.substr(1));
+  }
+  Result r = FromJson(OrderedJson::parse(message));
+  r.peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+  return r;
+}
+
+int Usage(const char* argv0) {
+  std::fprintf(
+      stderr,
+      "usage: %s [--ranks 1024,4096,16384] [--tensors 500] "
+      "[--layout 3d|fsdp|both] [--dir PATH | --no-io] [--warm] "
+      "[--max-memory-gib N] [--json]\n"
+      "  --ranks    world sizes to simulate (3d: multiples of %d)\n"
+      "  --tensors  tensor shards per rank\n"
+      "  --dir      where metadata.json is written and read back (default: "
+      "a fresh folder under $TMPDIR, removed afterwards)\n"
+      "  --no-io    parse the encoded text without writing it\n"
+      "  --warm     time a second run in the same process, reusing the "
+      "first's memory\n             (no first-touch page faults)\n"
+      "  --max-memory-gib  cap each run's address space (a run that needs "
+      "more fails)\n"
+      "  --json     one JSON object instead of the table\n",
+      argv0, kModelParallel);
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int> ranks = {1024, 4096, 16384};
+  int64_t tensors = 500;
+  std::vector<Layout> layouts = {Layout::k3d, Layout::kFsdp};
+  bool json = false;
+  bool io = true;
+  bool warm = false;
+  std::string dir;
+  uint64_t memory_limit = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--no-io") {
+      io = false;
+    } else if (arg == "--warm") {
+      warm = true;
+    } else if (arg == "--ranks" && has_value) {
+      ranks.clear();
+      for (absl::string_view s : absl::StrSplit(argv[++i], ',')) {
+        int w = 0;
+        if (!absl::SimpleAtoi(s, &w) || w < 1) return Usage(argv[0]);
+        ranks.push_back(w);
+      }
+    } else if (arg == "--tensors" && has_value) {
+      if (!absl::SimpleAtoi(argv[++i], &tensors) || tensors < 1) {
+        return Usage(argv[0]);
+      }
+    } else if (arg == "--layout" && has_value) {
+      const std::string_view v = argv[++i];
+      if (v == "3d") {
+        layouts = {Layout::k3d};
+      } else if (v == "fsdp") {
+        layouts = {Layout::kFsdp};
+      } else if (v != "both") {
+        return Usage(argv[0]);
+      }
+    } else if (arg == "--dir" && has_value) {
+      dir = argv[++i];
+    } else if (arg == "--max-memory-gib" && has_value) {
+      double gib = 0;
+      if (!absl::SimpleAtod(argv[++i], &gib) || gib <= 0) return Usage(argv[0]);
+      memory_limit = static_cast<uint64_t>(gib * (uint64_t{1} << 30));
+    } else {
+      return Usage(argv[0]);
+    }
+  }
+  for (Layout layout : layouts) {
+    for (int w : ranks) {
+      if (layout == Layout::k3d && w % kModelParallel != 0) {
+        std::fprintf(stderr, "3d needs a world size that is a multiple of "
+                             "%d (TP %d x PP %d); got %d\n",
+                     kModelParallel, kTensorParallel, kPipelineParallel, w);
+        return 2;
+      }
+    }
+  }
+  std::filesystem::path temp;
+  if (io && dir.empty()) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "cairn_scale_sim.XXXXXX")
+            .string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      std::perror("mkdtemp");
+      return 1;
+    }
+    temp = dir = pattern;
+  }
+  if (!io) dir.clear();
+
+  std::vector<Result> results;
+  int rc = 0;
+  for (Layout layout : layouts) {
+    for (int w : ranks) {
+      absl::StatusOr<Result> r =
+          RunIsolated(layout, w, tensors, dir, memory_limit, warm);
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s W=%d: %s\n", LayoutName(layout), w,
+                     r.status().ToString().c_str());
+        rc = 1;
+        continue;
+      }
+      if (!json) {
+        std::fprintf(stderr, "done: %s W=%d coordinator %.2f s\n",
+                     LayoutName(layout), w, r->coordinator_total());
+      }
+      results.push_back(*std::move(r));
+    }
+  }
+  if (!temp.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(temp, ec);
+  }
+  if (json) {
+    PrintJson(results, warm);
+  } else {
+    PrintTable(results, warm);
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace cairn::bench
+
+int main(int argc, char** argv) { return cairn::bench::Main(argc, argv); }
