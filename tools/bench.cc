@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -105,7 +106,13 @@ struct BenchOptions {
   bool json = false;
   std::string cold = "auto";
   std::string model_out;
+  // Which phases run: save, async, load (needs save's checkpoint, so it
+  // implies save), memcpy.
+  std::vector<std::string> phases = {"save", "async", "load", "memcpy"};
   int repeat = 1;
+  int io_threads = SaveOptions{}.io_threads;             // per rank
+  std::string buffer = absl::StrCat(SaveOptions{}.write_buffer_bytes);
+  uint64_t buffer_bytes = SaveOptions{}.write_buffer_bytes;  // parsed
   bool keep = false;
   bool quiet = false;
 };
@@ -294,10 +301,26 @@ absl::Status Prewarm(const fs::path& dir) {
   return absl::OkStatus();
 }
 
+// Profiling only the timed operations: with CAIRN_BENCH_PERF_CTL naming
+// the control FIFO of `perf record --control fifo:CTL -D -1`, rank 0 turns
+// perf's sampling on at the start of each timed operation and off after
+// it; CAIRN_BENCH_PERF_KIND=save|async|load limits that to one kind of
+// phase. Unset (the normal case), this does nothing.
+void PerfControl(const char* kind, const char* command) {
+  static const char* path = std::getenv("CAIRN_BENCH_PERF_CTL");
+  static const char* only = std::getenv("CAIRN_BENCH_PERF_KIND");
+  if (path == nullptr || *path == '\0') return;
+  if (only != nullptr && *only != '\0' && strcmp(only, kind) != 0) return;
+  const int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)!write(fd, command, strlen(command));
+  close(fd);
+}
+
 // save_sync: the W ranks fill their shards, then one timed Save.
 absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
                                 int world, const std::string& url,
-                                int threads) {
+                                int threads, const BenchOptions& o) {
   Span span(world);
   std::vector<uint64_t> held(static_cast<size_t>(world));
   absl::Status status = CombineRankStatuses(
@@ -311,10 +334,14 @@ absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
         held[static_cast<size_t>(rank)] = PieceBytes(pieces);
         SaveOptions options;
         options.comm = &comm;
+        options.io_threads = o.io_threads;
+        options.write_buffer_bytes = o.buffer_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
+        if (rank == 0) PerfControl("save", "enable\n");
         span.start[static_cast<size_t>(rank)] = MonotonicSeconds();
         absl::StatusOr<SaveResult> saved = Save(sd, url, options);
         span.end[static_cast<size_t>(rank)] = MonotonicSeconds();
+        if (rank == 0) PerfControl("save", "disable\n");
         return saved.status();  // Save agreed on it across the ranks
       }));
   if (!status.ok()) return status;
@@ -332,7 +359,11 @@ absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
 // does, and is the one reported.
 absl::StatusOr<json> AsyncSample(const std::vector<SyntheticTensor>& tensors,
                                  int world, const fs::path& first_dir,
-                                 const fs::path& dir, int threads) {
+                                 const fs::path& dir, int threads,
+                                 const BenchOptions& o) {
+  SaveOptions save_options;
+  save_options.io_threads = o.io_threads;
+  save_options.write_buffer_bytes = o.buffer_bytes;
   const std::string urls[2] = {first_dir.string(), dir.string()};
   Span blocked[2] = {Span(world), Span(world)};
   Span total[2] = {Span(world), Span(world)};
@@ -353,9 +384,11 @@ absl::StatusOr<json> AsyncSample(const std::vector<SyntheticTensor>& tensors,
           CAIRN_RETURN_IF_ERROR(comm.Barrier());
           const double start = MonotonicSeconds();
           blocked[i].start[r] = total[i].start[r] = start;
+          if (rank == 0 && i == 1) PerfControl("async", "enable\n");
           absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> handle =
-              (*saver)->Save(sd, urls[i]);
+              (*saver)->Save(sd, urls[i], save_options);
           blocked[i].end[r] = MonotonicSeconds();
+          if (rank == 0 && i == 1) PerfControl("async", "disable\n");
           // A staging failure is this rank's alone; agree before waiting.
           CAIRN_RETURN_IF_ERROR(AgreeOnStatus(comm, handle.status()));
           absl::StatusOr<SaveResult> saved = (*handle)->Wait();
@@ -395,11 +428,13 @@ absl::StatusOr<json> AsyncSample(const std::vector<SyntheticTensor>& tensors,
 // timed Load; then every element is checked.
 absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
                                 const LoadTarget& target, bool cold,
-                                const fs::path& dir, int threads) {
+                                const fs::path& dir, int threads,
+                                const BenchOptions& o) {
   const int world = target.ranks;
   Span span(world);
   std::vector<uint64_t> read(static_cast<size_t>(world));
   std::vector<uint64_t> verified(static_cast<size_t>(world));
+  std::vector<LoadPhaseTimes> phases(static_cast<size_t>(world));
   absl::Status status = CombineRankStatuses(
       RunInProcess(world, [&](Communicator& comm) -> absl::Status {
         const int rank = comm.rank();
@@ -413,12 +448,18 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         CAIRN_RETURN_IF_ERROR(AgreeOnStatus(comm, s));
         LoadOptions options;
         options.comm = &comm;
+        options.io_threads = o.io_threads;
+        options.bounce_buffer_bytes = o.buffer_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
+        if (rank == 0) PerfControl("load", "enable\n");
         span.start[r] = MonotonicSeconds();
         absl::StatusOr<LoadResult> loaded = Load(sd, dir.string(), options);
         span.end[r] = MonotonicSeconds();
+        CAIRN_RETURN_IF_ERROR(comm.Barrier());
+        if (rank == 0) PerfControl("load", "disable\n");
         if (!loaded.ok()) return loaded.status();
         read[r] = loaded->bytes_read;
+        phases[r] = loaded->phases;
         CAIRN_RETURN_IF_ERROR(VerifyPieces(pieces, threads));
         verified[r] = PieceBytes(pieces);
         return absl::OkStatus();
@@ -429,8 +470,23 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
     bytes_read += read[static_cast<size_t>(r)];
     bytes_verified += verified[static_cast<size_t>(r)];
   }
+  // The slowest rank's time in each phase of the load.
+  LoadPhaseTimes slowest;
+  for (const LoadPhaseTimes& p : phases) {
+    slowest.metadata = std::max(slowest.metadata, p.metadata);
+    slowest.planning = std::max(slowest.planning, p.planning);
+    slowest.read = std::max(slowest.read, p.read);
+    slowest.broadcast = std::max(slowest.broadcast, p.broadcast);
+    slowest.copy = std::max(slowest.copy, p.copy);
+  }
   return json{{"seconds", span.Wall()},
               {"rank_seconds", span.RankSeconds()},
+              {"phase_seconds",
+               {{"metadata", slowest.metadata},
+                {"planning", slowest.planning},
+                {"read", slowest.read},
+                {"broadcast", slowest.broadcast},
+                {"copy", slowest.copy}}},
               {"storage_bytes_read", bytes_read},
               {"verified_bytes", bytes_verified}};
 }
@@ -819,7 +875,7 @@ absl::Status Bench::RunSave() {
         absl::StrFormat("save_sync, sample %d of %d", i + 1, o_.repeat);
     CAIRN_ASSIGN_OR_RETURN(ChildResult r, Sample(what, [&] {
                              return SaveSample(tensors_, w, dir.string(),
-                                               FillThreads(w));
+                                               FillThreads(w), o_);
                            }));
     const double s = Num(r.value, "seconds");
     row.samples.push_back(s);
@@ -861,7 +917,7 @@ absl::Status Bench::RunAsync() {
         absl::StrFormat("async_save, sample %d of %d", i + 1, o_.repeat);
     CAIRN_ASSIGN_OR_RETURN(ChildResult r, Sample(what, [&] {
                              return AsyncSample(tensors_, w, first, dir,
-                                                FillThreads(w));
+                                                FillThreads(w), o_);
                            }));
     const double s = Num(r.value, "seconds");
     const double b = Num(r.value, "blocked_seconds");
@@ -914,7 +970,8 @@ absl::Status Bench::RunLoads() {
                             *row.cache, i + 1, o_.repeat);
         CAIRN_ASSIGN_OR_RETURN(ChildResult r, Sample(what, [&] {
                                  return LoadSample(tensors_, target, cold, dir,
-                                                   FillThreads(target.ranks));
+                                                   FillThreads(target.ranks),
+                                                   o_);
                                }));
         if (static_cast<uint64_t>(Num(r.value, "verified_bytes")) !=
             row.dest_bytes) {
@@ -929,9 +986,13 @@ absl::Status Bench::RunLoads() {
         row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
         row.extra["storage_bytes_read"] =
             static_cast<uint64_t>(Num(r.value, "storage_bytes_read"));
-        Log("%s %s %d/%d: %.3f s, %.3f GB/s, peak RSS %.1f MiB, verified",
+        row.extra["phase_seconds"] = r.value["phase_seconds"];
+        const json& ph = r.value["phase_seconds"];
+        Log("%s %s %d/%d: %.3f s, %.3f GB/s (metadata %.3f, planning %.3f, "
+            "read %.3f s), peak RSS %.1f MiB, verified",
             target.name, *row.cache, i + 1, o_.repeat, s,
-            GigabytesPerSecond(bytes_, s), MiB(r.peak_rss_bytes));
+            GigabytesPerSecond(bytes_, s), Num(ph, "metadata"),
+            Num(ph, "planning"), Num(ph, "read"), MiB(r.peak_rss_bytes));
       }
     }
     for (Row& row : rows) {
@@ -1120,10 +1181,14 @@ int Bench::Run() {
         model_.config.hidden, o_.ranks,
         can_drop_ ? "drop_caches" : "unavailable", work_.string());
   }
-  if (status.ok()) status = RunSave();
-  if (status.ok()) status = RunAsync();
-  if (status.ok()) status = RunLoads();
-  if (status.ok()) status = RunMemcpy();
+  auto wanted = [&](const char* phase) {
+    return std::find(o_.phases.begin(), o_.phases.end(), phase) !=
+           o_.phases.end();
+  };
+  if (status.ok() && (wanted("save") || wanted("load"))) status = RunSave();
+  if (status.ok() && wanted("async")) status = RunAsync();
+  if (status.ok() && wanted("load")) status = RunLoads();
+  if (status.ok() && wanted("memcpy")) status = RunMemcpy();
   if (!status.ok()) {
     PrintError("bench", status);
     if (o_.keep && !work_.empty()) Log("kept %s", work_.string());
@@ -1230,6 +1295,29 @@ void RegisterBench(CLI::App& app) {
       ->type_name("N")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--io-threads", o->io_threads,
+                  "IO threads per rank (SaveOptions/LoadOptions::io_threads)")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--buffer", o->buffer,
+                  "bytes per IO buffer: SaveOptions::write_buffer_bytes and "
+                  "LoadOptions::bounce_buffer_bytes")
+      ->type_name("SIZE")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            absl::StatusOr<uint64_t> n = ParseByteSize(v);
+            if (!n.ok()) return std::string(n.status().message());
+            return *n >= 4096 ? std::string() : "at least 4096 bytes";
+          },
+          "SIZE", "buffer size"));
+  cmd->add_option("--phases", o->phases,
+                  "comma-separated phases to run: save, async, load (also "
+                  "runs save, whose checkpoint it reads), memcpy")
+      ->delimiter(',')
+      ->type_name("LIST")
+      ->check(CLI::IsMember({"save", "async", "load", "memcpy"}));
   cmd->add_flag("--keep", o->keep,
                 "keep the checkpoints (the sync one, and the last async one) "
                 "in the work folder");
@@ -1268,6 +1356,7 @@ void RegisterBench(CLI::App& app) {
       "      > cairn.json && python3 bench/peers/torch_peer.py \\\n"
       "      --model model.json --dir /ckpt --out torch.json");
   cmd->callback([o] {
+    o->buffer_bytes = *ParseByteSize(o->buffer);  // checked above
     Bench bench(*o);
     if (int rc = bench.Run(); rc != 0) throw CLI::RuntimeError(rc);
   });

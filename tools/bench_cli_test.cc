@@ -138,6 +138,13 @@ TEST_F(BenchCliTest, JsonHasEveryPhaseAndLoadVariant) {
       EXPECT_EQ(row["verified"], true);
       EXPECT_EQ(row["save_ranks"], 4);
       EXPECT_TRUE(row.contains("memcpy_fraction"));
+      for (const char* phase : {"metadata", "planning", "read"}) {
+        ASSERT_TRUE(row["phase_seconds"][phase].is_number()) << phase;
+        EXPECT_LE(row["phase_seconds"][phase].get<double>(),
+                  row["seconds"].get<double>())
+            << phase;
+      }
+      EXPECT_GT(row["phase_seconds"]["read"].get<double>(), 0);
     }
     if (row["kind"] == "async") {
       EXPECT_LE(row["blocked_seconds"].get<double>(),
@@ -188,6 +195,30 @@ TEST_F(BenchCliTest, TwoRanksHaveOneReshardedLayoutAndKeepKeepsIt) {
   EXPECT_TRUE(fs::exists(work / "async" / "metadata.json"));
 }
 
+TEST_F(BenchCliTest, PhasesAndIoSettingsChooseWhatRuns) {
+  // load runs save too (it reads save's checkpoint); async and memcpy not.
+  Result r = Run("bench --dir " + Dir() + " --size 1MiB --cold none -q "
+                 "--json --phases load --io-threads 2 --buffer 64KiB");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_THAT(Names(j["results"]),
+              ElementsAreArray({"save_sync/-", "load_same/warm",
+                                "load_4to2_rows/warm", "load_4to2_cols/warm",
+                                "load_4to3_rows/warm",
+                                "load_4to3_cols/warm"}));
+  EXPECT_TRUE(j["async_blocked_seconds"].is_null());
+  EXPECT_TRUE(j["memcpy_gb_per_s"].is_null());
+
+  r = Run("bench --dir " + Dir() + " --size 1MiB --cold none -q --json "
+          "--phases memcpy,async");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_THAT(Names(j["results"]), ElementsAreArray({"async_save/-"}));
+  EXPECT_TRUE(j["memcpy_gb_per_s"].is_number());
+}
+
 TEST_F(BenchCliTest, TableNamesEveryPhase) {
   Result r = Run("bench --dir " + Dir() + " --size 2MiB --cold none -q");
   ASSERT_EQ(r.rc, 0) << r.all();
@@ -201,7 +232,8 @@ TEST_F(BenchCliTest, TableNamesEveryPhase) {
 TEST_F(BenchCliTest, UsageErrorsExitTwo) {
   for (const std::string args :
        {"--size 0", "--size 12XB", "--size -5", "--ranks 0", "--ranks x",
-        "--cold maybe", "--repeat 0"}) {
+        "--cold maybe", "--repeat 0", "--phases save,bogus",
+        "--io-threads 0", "--buffer 100", "--buffer lots"}) {
     Result r = Run("bench -q --dir " + Dir() + " " + args);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.all();
     EXPECT_THAT(r.err, HasSubstr("cairn bench")) << args;
@@ -227,7 +259,8 @@ TEST_F(BenchCliTest, HelpExplainsPhases) {
   Result r = Run("bench --help");
   EXPECT_EQ(r.rc, 0) << r.all();
   for (const char* s : {"--dir", "--size", "--ranks", "--json", "--cold",
-                        "--model-out", "--repeat", "--keep", "save_sync",
+                        "--model-out", "--repeat", "--keep", "--phases",
+                        "--io-threads", "--buffer", "save_sync",
                         "async_save", "load_same", "memcpy", "Examples"}) {
     EXPECT_THAT(r.out, HasSubstr(s));
   }
