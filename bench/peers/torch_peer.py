@@ -247,6 +247,15 @@ def build_sharded_state(spec, rank, world, split_dim, fill):
     return state, local
 
 
+def state_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def local_bytes(local):
+    """Bytes of the shards this rank holds, from build_sharded_state."""
+    return state_bytes(buf for blocks in local.values() for _, buf in blocks)
+
+
 def rank_body(spec, rank, world, port):
     import torch
     kind = spec["kind"]
@@ -283,6 +292,7 @@ def rank_body(spec, rank, world, port):
         for t in spec["tensors"]:
             state[t["fqn"]] = make_block(t["fqn"], t["shape"],
                                          [0] * len(t["shape"]), t["shape"])
+        out["dest_bytes"] = state_bytes(state.values())
         t0 = time.monotonic()
         with open(spec["path"], "wb") as f:
             torch.save(state, f)
@@ -297,6 +307,7 @@ def rank_body(spec, rank, world, port):
         state = torch.load(spec["path"], map_location="cpu")
         t1 = time.monotonic()
         out["peak_rss_bytes"] = maxrss_bytes()
+        out["dest_bytes"] = state_bytes(state.values())
         names = [t["fqn"] for t in spec["tensors"]]
         if sorted(state.keys()) != sorted(names):
             raise RuntimeError("VERIFY FAILED torch_load: key set differs")
@@ -308,7 +319,8 @@ def rank_body(spec, rank, world, port):
     elif kind == "dcp_save":
         from torch.distributed._shard.checkpoint import (
             FileSystemWriter, save_state_dict)
-        state, _ = build_sharded_state(spec, rank, world, 0, "data")
+        state, local = build_sharded_state(spec, rank, world, 0, "data")
+        out["dest_bytes"] = local_bytes(local)
         sync_point()
         t0 = time.monotonic()
         save_state_dict(
@@ -326,6 +338,7 @@ def rank_body(spec, rank, world, port):
             FileSystemReader, load_state_dict)
         state, local = build_sharded_state(spec, rank, world,
                                            spec["split_dim"], "nan")
+        out["dest_bytes"] = local_bytes(local)
         prepare_cache()
         t0 = time.monotonic()
         load_state_dict(state_dict=state,
@@ -529,6 +542,13 @@ def main():
     args = ap.parse_args()
     if args.ranks < 1 or args.repeat < 1:
         ap.error("--ranks and --repeat must be >= 1")
+    # Checked now rather than after minutes of measuring.
+    out_dir = os.path.dirname(os.path.abspath(args.out or "."))
+    if args.out and not os.path.isdir(out_dir):
+        ap.error(f"--out {args.out}: its directory does not exist")
+    if not os.path.isfile(args.model):
+        ap.error(f"--model {args.model}: no such file (write it with "
+                 f"`cairn bench ... --model-out FILE`)")
 
     import torch
     tensors, total = load_model(args.model)
@@ -598,6 +618,9 @@ def main():
             "peak_rss_sum_bytes": max(
                 sum(r["peak_rss_bytes"] for r in res) for _, res in samples),
             "baseline_rss_bytes": max(r["baseline_rss_bytes"] for r in rss),
+            "dest_bytes": max(r["dest_bytes"] for r in rss),
+            "peak_rss_over_dest_bytes": max(
+                r["peak_rss_bytes"] - r["dest_bytes"] for r in rss),
             "ranks": world,
             "samples": secs,
             "rank_seconds": [
@@ -695,7 +718,12 @@ def main():
         "Every phase runs in fresh processes; peak_rss_bytes is the max over "
         "ranks of ru_maxrss taken right after the timed call (before "
         "verification); baseline_rss_bytes is ru_maxrss after importing "
-        "torch and joining the process group, before any tensor exists.",
+        "torch and joining the process group, before any tensor exists. "
+        "dest_bytes is the largest over ranks of the tensor bytes one "
+        "process holds by design (its shards; for torch_save/torch_load the "
+        "whole state), and peak_rss_over_dest_bytes the largest over ranks "
+        "and samples of that process's peak_rss_bytes - dest_bytes: the "
+        "per-process overhead to compare with cairn's.",
         "torch_save: full state dict of plain tensors, torch.save to one "
         "file, flush + fsync(file) + fsync(dir), inside the timer.",
         "torch_load: torch.load(map_location='cpu') allocates its own "

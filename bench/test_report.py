@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Tests of bench/report.py on small synthetic results folders.
+
+The inputs have the shapes the real tools write (fio 3.33's JSON, `cairn
+bench --json`, bench/peers/torch_peer.py --out), trimmed to the keys the
+report reads plus a few it must ignore. Figures are round so that the
+expected ratios are exact. Standard library only.
+"""
+
+import copy
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+GB = 10**9
+MIB = 1 << 20
+STATE = 2 * GB  # bytes of the synthetic state: 1 s is 2 GB/s
+
+
+def fio(name, rw, direct, engine, bw, depth=1, end_fsync=False):
+    """A fio 3.33 --output-format=json document of one job."""
+    opts = {"name": name, "filename": "/var/tmp/x/cairn-bench-fio.1",
+            "size": "2147483648", "bs": "1M", "runtime": "10", "rw": rw,
+            "direct": "1" if direct else "0", "ioengine": engine,
+            "iodepth": str(depth)}
+    if end_fsync:
+        opts["end_fsync"] = "1"
+    idle = {"io_bytes": 0, "bw_bytes": 0, "bw": 0, "iops": 0.0, "runtime": 0}
+    busy = {"io_bytes": 2147483648, "bw_bytes": bw, "bw": bw // 1024,
+            "iops": bw / MIB, "runtime": 1000}
+    return {"fio version": "fio-3.33", "timestamp": 1795394896,
+            "jobs": [{"jobname": name, "groupid": 0, "error": 0,
+                      "job options": opts,
+                      "read": busy if rw == "read" else idle,
+                      "write": busy if rw == "write" else idle,
+                      "job_runtime": 1000}],
+            "disk_util": [{"name": "vda"}]}
+
+
+FIO = {
+    "write-direct-psync": fio("write-direct-psync", "write", True, "psync",
+                              GB),
+    "write-direct-libaio-qd16": fio("write-direct-libaio-qd16", "write", True,
+                                    "libaio", 2 * GB, 16),
+    "write-buffered-psync-fsync": fio("write-buffered-psync-fsync", "write",
+                                      False, "psync", GB, end_fsync=True),
+    "read-direct-psync": fio("read-direct-psync", "read", True, "psync",
+                             2 * GB),
+    "read-direct-libaio-qd16": fio("read-direct-libaio-qd16", "read", True,
+                                   "libaio", 4 * GB, 16),
+    # Faster than any direct read; must not become the cold-load limit.
+    "read-pagecache-psync": fio("read-pagecache-psync", "read", False,
+                                "psync", 10 * GB),
+}
+
+
+def load_row(name, cache, seconds, ranks, rss):
+    return {"cache": cache, "dest_bytes": STATE, "gb_per_s": STATE / seconds
+            / GB, "kind": "load", "name": name, "peak_rss_bytes": rss,
+            "rank_seconds": [[seconds] * ranks], "ranks": ranks,
+            "samples": [seconds], "save_ranks": 4, "seconds": seconds,
+            "split": "cols" if name.endswith("cols") else "rows",
+            "storage_bytes_read": STATE, "verified": True}
+
+
+LOADS = [("load_same", 4), ("load_4to2_rows", 2), ("load_4to2_cols", 2),
+         ("load_4to3_rows", 3), ("load_4to3_cols", 3)]
+
+# cairn bench --json: save 2 GB/s, cold loads 4 GB/s, warm loads 8 GB/s.
+CAIRN = {
+    "async_blocked_seconds": 0.2, "async_total_seconds": 1.1,
+    "bytes": STATE, "cold_method": "drop_caches", "cpus": 2,
+    "load_seconds": 0.5, "save_seconds": 1.0, "tensors": 193, "ranks": 4,
+    "repeat": 1, "tool": "cairn", "version": "0.1.0",
+    "memcpy": {"bytes": STATE, "gb_per_s": 10.0, "iterations": 5,
+               "parallel_gb_per_s": 16.0, "threads": 2},
+    "memcpy_gb_per_s": 10.0, "memcpy_parallel_gb_per_s": 16.0,
+    "notes": ["GB/s = state bytes / seconds / 1e9 for every row."],
+    "results": [
+        {"cache": None, "dest_bytes": STATE, "disk_bytes": STATE + 4096,
+         "files": 5, "gb_per_s": 2.0, "kind": "save", "name": "save_sync",
+         "peak_rss_bytes": STATE + 50 * MIB, "ranks": 4, "samples": [1.0],
+         "seconds": 1.0},
+        {"blocked_samples": [0.2], "blocked_seconds": 0.2, "cache": None,
+         "dest_bytes": 2 * STATE, "first_blocked_seconds": 1.5,
+         "first_seconds": 2.5, "gb_per_s": STATE / 1.1 / GB, "kind": "async",
+         "name": "async_save", "peak_rss_bytes": 2 * STATE + 60 * MIB,
+         "ranks": 4, "samples": [1.1], "seconds": 1.1,
+         "staging_allocations": 564},
+    ] + [load_row(n, c, s, r, STATE + 100 * MIB)
+         for n, r in LOADS for c, s in (("cold", 0.5), ("warm", 0.25))],
+}
+
+
+def peer_row(name, kind, seconds, ranks, cache=None):
+    row = {"name": name, "kind": kind, "seconds": seconds,
+           "gb_per_s": STATE / seconds / GB, "ranks": ranks,
+           "peak_rss_bytes": STATE // ranks + 300 * MIB,
+           "baseline_rss_bytes": 240 * MIB, "dest_bytes": STATE // ranks,
+           "peak_rss_over_dest_bytes": 300 * MIB, "samples": [seconds]}
+    if cache:
+        row.update(cache=cache, verified=True)
+    return row
+
+
+# torch_peer.py --out: DCP twice as slow as cairn everywhere.
+TORCH = {
+    "peer": "torch", "torch_version": "1.13.0a0", "bytes": STATE,
+    "ranks": 4, "repeat": 1, "cold_method": "drop_caches", "notes": [],
+    "results": [
+        peer_row("torch_save", "save", 2.5, 1),
+        peer_row("torch_load", "load", 0.8, 1, "cold"),
+        peer_row("torch_load", "load", 0.5, 1, "warm"),
+        peer_row("dcp_save_single_file_per_rank", "save", 2.0, 4),
+        peer_row("dcp_save_file_per_tensor", "save", 3.0, 4),
+    ] + [peer_row("dcp_" + n, "load", 2 * s, r, c)
+         for n, r in LOADS for c, s in (("cold", 0.5), ("warm", 0.25))],
+}
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, obj):
+        with open(os.path.join(self.dir, name), "w") as f:
+            if isinstance(obj, str):
+                f.write(obj + "\n")
+            else:
+                json.dump(obj, f)
+
+    def full_run(self, cairn=CAIRN, torch=TORCH):
+        for name, doc in FIO.items():
+            self.write(f"fio-{name}.json", doc)
+        self.write("cairn-2GB.json", cairn)
+        self.write("torch-2GB.json", torch)
+
+    def run_report(self):
+        """report.py's main on the folder: (report.json, report.md)."""
+        with redirect_stdout(io.StringIO()) as stdout:
+            self.assertEqual(report.main(["report.py", self.dir]), 0)
+        with open(os.path.join(self.dir, "report.json")) as f:
+            data = json.load(f)
+        with open(os.path.join(self.dir, "report.md")) as f:
+            md = f.read()
+        self.assertEqual(stdout.getvalue(), md)
+        return data, md
+
+    @staticmethod
+    def row(data, name, cache=None):
+        rows = data["sizes"][0]["rows"]
+        return next(r for r in rows
+                    if r["row"] == name and r["cache"] == cache)
+
+    @staticmethod
+    def target(data, prefix):
+        return next(t for t in data["targets"]
+                    if t["target"].startswith(prefix))
+
+    def test_limits_and_ratios(self):
+        self.full_run()
+        data, _ = self.run_report()
+        # Fastest write reaching the disk: libaio depth 16, 2 GB/s.
+        self.assertEqual(data["limits"]["write"]["job"],
+                         "write-direct-libaio-qd16")
+        # Fastest direct read, not the page-cached 10 GB/s.
+        self.assertAlmostEqual(data["limits"]["cold_read"]["gb_per_s"], 4.0)
+        save = self.row(data, "save")
+        self.assertAlmostEqual(save["cairn_gb_per_s"], 2.0)
+        self.assertAlmostEqual(save["cairn_over_limit"], 1.0)
+        # DCP's faster save layout is the one compared: 2.0 s / 1.0 s.
+        self.assertEqual(save["dcp_name"], "dcp_save_single_file_per_rank")
+        self.assertAlmostEqual(save["speedup_vs_dcp"], 2.0)
+        self.assertAlmostEqual(save["speedup_vs_torch"], 2.5)
+        cold = self.row(data, "load_4to3_cols", "cold")
+        self.assertAlmostEqual(cold["cairn_over_limit"], 1.0)
+        self.assertAlmostEqual(cold["speedup_vs_dcp"], 2.0)
+        self.assertNotIn("speedup_vs_torch", cold)  # torch.load: same only
+        warm = self.row(data, "load_same", "warm")
+        # The parallel memcpy figure, 16 GB/s, is the warm limit.
+        self.assertAlmostEqual(warm["limit_gb_per_s"], 16.0)
+        self.assertAlmostEqual(warm["cairn_over_limit"], 0.5)
+        self.assertAlmostEqual(warm["speedup_vs_torch"], 2.0)
+        # One process with 4 rank threads: dest + 4 x 256 MiB.
+        same = self.row(data, "load_same", "cold")
+        self.assertEqual(same["cairn_rss_allowance_bytes"],
+                         STATE + 4 * 256 * MIB)
+        self.assertEqual(same["dcp_peak_rss_over_dest_bytes"], 300 * MIB)
+        self.assertIsNone(self.row(data, "async save, blocked")[
+            "cairn_gb_per_s"])
+
+    def test_met_targets(self):
+        self.full_run()
+        data, md = self.run_report()
+        results = {t["target"]: t["result"] for t in data["targets"]}
+        self.assertEqual(len(results), 6)
+        self.assertEqual(set(results.values()), {"met"}, results)
+        self.assertIn("11 of 11 rows faster",
+                      self.target(data, "faster than")["measured"])
+        self.assertEqual(self.target(data, "async")["measured"],
+                         "0.200 s = 0.200 x 1.000 s")
+        self.assertIn("- save >= 0.9 x fastest fio write: **met**", md)
+
+    def test_missed_targets(self):
+        cairn = copy.deepcopy(CAIRN)
+        for r in cairn["results"]:
+            if r["name"] == "save_sync":
+                r["seconds"] = 1.25  # 1.6 GB/s = 0.8 x the 2 GB/s limit
+            if r["name"] == "async_save":
+                r["blocked_seconds"] = 0.5  # 0.4 x the sync save
+            if r["name"] == "load_4to2_cols" and r["cache"] == "warm":
+                r["seconds"] = 0.625  # DCP took 0.5 s
+            if r["name"] == "load_4to3_rows" and r["cache"] == "cold":
+                r["peak_rss_bytes"] = STATE + 3 * 256 * MIB + 1
+        self.full_run(cairn=cairn)
+        data, md = self.run_report()
+        save = self.target(data, "save")
+        self.assertEqual(save["result"], "missed")
+        self.assertIn("1.60 GB/s (0.80x of 2.00)", save["measured"])
+        self.assertEqual(save["required"], ">= 1.80 GB/s")
+        self.assertAlmostEqual(save["value"], 1.6)
+        self.assertAlmostEqual(save["threshold"], 1.8)
+        dcp = self.target(data, "faster than")
+        self.assertEqual(dcp["result"], "missed")
+        self.assertIn("load_4to2_cols warm 0.80x", dcp["detail"])
+        self.assertEqual(self.target(data, "async")["result"], "missed")
+        rss = self.target(data, "peak RSS")
+        self.assertEqual(rss["result"], "missed")
+        self.assertIn("load_4to3_rows cold", rss["detail"])
+        self.assertEqual(self.target(data, "cold load")["result"], "met")
+        self.assertIn("- save >= 0.9 x fastest fio write: **missed**", md)
+
+    def test_single_memcpy_when_no_parallel_figure(self):
+        cairn = copy.deepcopy(CAIRN)
+        del cairn["memcpy_parallel_gb_per_s"]
+        del cairn["memcpy"]["parallel_gb_per_s"]
+        self.full_run(cairn=cairn)
+        data, _ = self.run_report()
+        warm = self.target(data, "warm load")
+        self.assertEqual(warm["detail"], "memcpy on 1 thread")
+        self.assertIn("0.80x of 10.00", warm["measured"])
+        self.assertEqual(warm["result"], "met")
+
+    def test_missing_torch_and_fio(self):
+        self.write("fio.skipped", "--skip-fio given")
+        self.write("torch.skipped", "--skip-torch given")
+        self.write("cairn-2GB.json", CAIRN)
+        data, md = self.run_report()
+        for prefix in ("save", "cold load", "faster than"):
+            t = self.target(data, prefix)
+            self.assertEqual(t["result"], "not measured", t)
+        self.assertIn("--skip-fio given", self.target(data, "save")["detail"])
+        self.assertIn("--skip-torch given",
+                      self.target(data, "faster than")["detail"])
+        # What needs neither is still judged.
+        self.assertEqual(self.target(data, "warm load")["result"], "met")
+        self.assertIn("fio: not measured (--skip-fio given).", md)
+        self.assertIn("PyTorch peer: not measured (--skip-torch given).", md)
+
+    def test_peer_file_absent_and_engine_skipped(self):
+        self.full_run()
+        os.unlink(os.path.join(self.dir, "torch-2GB.json"))
+        os.unlink(os.path.join(self.dir,
+                               "fio-read-direct-libaio-qd16.json"))
+        self.write("fio-read-direct-io_uring-qd16.skipped",
+                   "fio engine io_uring unavailable here: EPERM")
+        data, md = self.run_report()
+        self.assertEqual(self.target(data, "faster than")["detail"],
+                         "no torch-2GB.json")
+        # The next fastest direct read is the limit now.
+        self.assertAlmostEqual(data["limits"]["cold_read"]["gb_per_s"], 2.0)
+        self.assertIn("not measured: fio engine io_uring unavailable here",
+                      md)
+
+    def test_cold_rows_skipped(self):
+        cairn = copy.deepcopy(CAIRN)
+        cairn["cold_method"] = "unavailable"
+        cairn["notes"].insert(0, "cold rows skipped: --cold none")
+        cairn["results"] = [r for r in cairn["results"]
+                            if r["cache"] != "cold"]
+        self.full_run(cairn=cairn)
+        data, md = self.run_report()
+        cold = self.target(data, "cold load")
+        self.assertEqual(cold["result"], "not measured")
+        self.assertEqual(cold["detail"], "cold rows skipped: --cold none")
+        dcp = self.target(data, "faster than")
+        self.assertEqual(dcp["result"], "met where measured")
+        self.assertIn("not measured: load_same cold", dcp["detail"])
+        self.assertIn("| load_same | cold | not measured: cold rows "
+                      "skipped: --cold none |", md)
+
+    def test_unreadable_input_is_reported(self):
+        self.full_run()
+        self.write("torch-2GB.json", "{truncated")
+        self.write("cairn-1GB.json", "")
+        data, md = self.run_report()
+        self.assertIn("could not read torch-2GB.json",
+                      self.target(data, "faster than")["detail"])
+        self.assertIn("## 1GB: not measured (could not read cairn-1GB.json",
+                      md)
+
+    def test_command_line(self):
+        self.full_run()
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "report.py")
+        ok = subprocess.run([sys.executable, script, self.dir],
+                            capture_output=True, text=True, check=False)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertIn("## Targets (issue 6)", ok.stdout)
+        missing = subprocess.run(
+            [sys.executable, script, os.path.join(self.dir, "nope")],
+            capture_output=True, text=True, check=False)
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("no such results folder", missing.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
