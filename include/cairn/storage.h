@@ -33,7 +33,9 @@ namespace cairn {
 
 struct StorageOptions {
   // Write data files with O_DIRECT where the filesystem allows it (the file
-  // then reports an alignment > 1). Default: true.
+  // then reports an alignment > 1), and read the parts of files that are
+  // not in the page cache with O_DIRECT (cached parts are copied from the
+  // cache). Default: true.
   bool direct_io = true;
 };
 

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -187,6 +188,97 @@ TEST(FileStorageTest, BufferedIoReportsAlignment1) {
   EXPECT_TRUE((*file)->Finish(12).ok());
   EXPECT_EQ(ReadFileDirectly(dir.path() + "/f"),
             std::string("\0\0\0unaligned", 12));
+}
+
+// How many of the pages of `path` in [begin, end) are in the page cache.
+int64_t CachedPages(const std::string& path, uint64_t begin, uint64_t end) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  ::fstat(fd, &st);
+  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
+                     MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return -1;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  begin = begin / page * page;
+  std::vector<unsigned char> vec((end - begin + page - 1) / page);
+  int64_t cached = -1;
+  if (::mincore(static_cast<char*>(map) + begin, end - begin, vec.data()) ==
+      0) {
+    cached = 0;
+    for (unsigned char v : vec) cached += v & 1;
+  }
+  ::munmap(map, static_cast<size_t>(st.st_size));
+  return cached;
+}
+
+// Writes `bytes` to dir/name, makes them durable and evicts them from the
+// page cache; false when the filesystem keeps them cached (tmpfs).
+bool WriteColdFile(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                        0644);
+  if (fd < 0) return false;
+  const bool ok =
+      ::write(fd, bytes.data(), bytes.size()) ==
+          static_cast<ssize_t>(bytes.size()) &&
+      ::fdatasync(fd) == 0 &&
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  ::close(fd);
+  return ok && CachedPages(path, 0, bytes.size()) == 0;
+}
+
+// Reads of every alignment return the file's bytes whether they come from
+// the page cache or from the device: an uncached aligned middle is read with
+// O_DIRECT (so it stays out of the cache), its head and tail and anything
+// cached through the cache, an unaligned destination buffered.
+TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
+  TempDir dir;
+  const std::string path = dir.path() + "/data";
+  std::string bytes(size_t{3} << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
+  }
+  if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) {
+    GTEST_SKIP() << dir.path()
+                 << ": no O_DIRECT, or the page cache cannot be dropped here";
+  }
+  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  auto file = (*storage)->OpenForRead("data");
+  ASSERT_TRUE(file.ok()) << file.status();
+  // 4096-aligned destination memory, offset by `shift` bytes.
+  auto read = [&](uint64_t offset, size_t size, size_t shift) {
+    std::vector<std::byte> buffer(size + 8192);
+    const auto base = reinterpret_cast<uintptr_t>(buffer.data());
+    std::byte* dst = buffer.data() + ((4096 - base % 4096) % 4096) + shift;
+    absl::Status s = (*file)->ReadAt(offset, std::span(dst, size));
+    EXPECT_TRUE(s.ok()) << s;
+    return std::string(reinterpret_cast<const char*>(dst), size);
+  };
+  // Cold, aligned: direct. The middle stays out of the page cache.
+  EXPECT_EQ(read(1 << 20, 1 << 20, 0), bytes.substr(1 << 20, 1 << 20));
+  EXPECT_EQ(CachedPages(path, 1 << 20, 2 << 20), 0);
+  // Cold, unaligned offset and size with the destination aligned like the
+  // file offset: buffered head and tail, direct middle.
+  EXPECT_EQ(read(100, 500000, 100), bytes.substr(100, 500000));
+  // The buffered head read may read a few pages ahead, not the middle.
+  EXPECT_LT(CachedPages(path, 4096, 495 * 1024), 30);
+  // Unaligned destination: all buffered, still exact.
+  EXPECT_EQ(read(8192, 300000, 1), bytes.substr(8192, 300000));
+  // Small and tail reads.
+  EXPECT_EQ(read(5, 10, 0), bytes.substr(5, 10));
+  EXPECT_EQ(read(bytes.size() - 70000, 70000, 0),
+            bytes.substr(bytes.size() - 70000));
+  // Warm: now cached, read again through the cache.
+  std::string all = ReadFileDirectly(path);
+  ASSERT_EQ(all, bytes);
+  EXPECT_EQ(read(1 << 20, 1 << 20, 0), bytes.substr(1 << 20, 1 << 20));
+  // Past the end: kDataLoss naming the file, also on the direct path.
+  std::vector<std::byte> big(size_t{2} << 20);
+  absl::Status past = (*file)->ReadAt((2 << 20) - 4096, std::span(big));
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
+  EXPECT_THAT(past.message(), HasSubstr(path));
 }
 
 TEST(FileStorageTest, TmpfsAlignmentMatchesWhatTheKernelAccepts) {
