@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -43,12 +44,14 @@ uint32_t Value(int tensor, int64_t e, int64_t step) {
   return static_cast<uint32_t>(x >> 32);
 }
 
-// The child: saves steps first_step, first_step + 1, ... until killed.
+// The child: saves steps first_step, first_step + 1, ... until killed, or
+// `saves` of them and exits 0 (saves < 0: forever).
 [[noreturn]] void SaveForever(const std::string& root, bool overwrite,
-                              int64_t first_step) {
+                              int64_t first_step, int64_t saves = -1) {
   std::vector<std::vector<uint32_t>> data(kTensors,
                                           std::vector<uint32_t>(kElements));
   for (int64_t step = first_step;; ++step) {
+    if (saves >= 0 && step - first_step == saves) _exit(0);
     StateDict sd;
     for (int t = 0; t < kTensors; ++t) {
       for (int64_t e = 0; e < kElements; ++e) data[t][e] = Value(t, e, step);
@@ -87,6 +90,26 @@ void ExpectIntact(const std::string& dir) {
   }
 }
 
+// Microseconds from fork to exit of a child that fills the state and
+// saves it once: the scale of the kill delays, so that kills land before,
+// during and after commits however fast this build is (ASan, a loaded CI
+// machine). Fails the test if that save fails.
+int64_t OneSaveMicros(const std::string& root) {
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid == 0) SaveForever(root, /*overwrite=*/true, 1, /*saves=*/1);
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    ADD_FAILURE() << "a single uninterrupted save failed";
+    return 0;
+  }
+  std::filesystem::remove_all(root + "/ckpt");
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 int64_t StepOf(const std::string& dir) {
   absl::StatusOr<StateDict> all = LoadAll(dir);
   return all.ok() ? std::get<int64_t>(*all->Find("step")->scalar()) : -1;
@@ -101,6 +124,12 @@ TEST(CrashTest, KilledSavesNeverLeaveABadCommittedCheckpoint) {
                         std::chrono::duration<double>(seconds);
   int iterations = 0, committed = 0, uncommitted = 0;
   int64_t next_step = 1;
+  // Kill anywhere from before the first save starts to a few saves in.
+  std::filesystem::create_directories(tmp.Sub("timing"));
+  const int64_t one_save = OneSaveMicros(tmp.Sub("timing"));
+  if (HasFatalFailure() || one_save == 0) return;
+  const int max_delay = static_cast<int>(
+      std::clamp<int64_t>(3 * one_save, 150000, 5000000));
   while (std::chrono::steady_clock::now() < deadline || iterations < 4) {
     const bool overwrite = iterations % 2 == 0;
     const std::string root = tmp.Sub(overwrite ? "overwrite" : "per-step");
@@ -108,10 +137,8 @@ TEST(CrashTest, KilledSavesNeverLeaveABadCommittedCheckpoint) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) SaveForever(root, overwrite, next_step);
-    // One save of 8 MiB takes some tens of milliseconds here; kill anywhere
-    // from before the first save starts to several saves in.
     std::this_thread::sleep_for(std::chrono::microseconds(
-        std::uniform_int_distribution<int>(0, 150000)(rng)));
+        std::uniform_int_distribution<int>(0, max_delay)(rng)));
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
@@ -209,12 +236,19 @@ TEST(CrashTest, ManagerAlwaysResumesFromAGoodCheckpoint) {
   int iterations = 0, restored = 0;
   bool ever_committed = false;
   int64_t next_step = 1;
+  // An async save with retention takes about as long as a sync one; kill
+  // anywhere up to a few of them in.
+  std::filesystem::create_directories(tmp.Sub("timing"));
+  const int64_t one_save = OneSaveMicros(tmp.Sub("timing"));
+  if (HasFatalFailure() || one_save == 0) return;
+  const int max_delay = static_cast<int>(
+      std::clamp<int64_t>(4 * one_save, 200000, 5000000));
   while (std::chrono::steady_clock::now() < deadline || iterations < 4) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) ManageForever(root, next_step);
     std::this_thread::sleep_for(std::chrono::microseconds(
-        std::uniform_int_distribution<int>(0, 200000)(rng)));
+        std::uniform_int_distribution<int>(0, max_delay)(rng)));
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
