@@ -515,7 +515,8 @@ class Loader {
     CAIRN_ASSIGN_OR_RETURN(PooledBuffer buf, pool.Acquire());
     if (t.mode == ReadTask::Mode::kSpan) {
       CAIRN_RETURN_IF_ERROR(Annotate(
-          file.ReadAt(t.file_offset, std::span<std::byte>(buf.data(), t.span)),
+          file.ReadAtIntoReusedBuffer(
+              t.file_offset, std::span<std::byte>(buf.data(), t.span)),
           context()));
       checksum(buf.data());  // a checked chunk is contiguous: span == bytes
     } else {
@@ -524,7 +525,7 @@ class Loader {
       int64_t packed = 0;
       internal_core::ForEachRun(t.runs, [&](int64_t offset) {
         if (status.ok()) {
-          status = file.ReadAt(
+          status = file.ReadAtIntoReusedBuffer(
               t.file_offset + offset,
               std::span<std::byte>(buf.data() + packed, t.runs.run_bytes));
         }

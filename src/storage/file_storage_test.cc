@@ -213,6 +213,19 @@ int64_t CachedPages(const std::string& path, uint64_t begin, uint64_t end) {
   return cached;
 }
 
+// RssFile of this process (file pages mapped), in KiB; -1 if unknown.
+int64_t RssFileKiB() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "RssFile: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
 // Writes `bytes` to dir/name, makes them durable and evicts them from the
 // page cache; false when the filesystem keeps them cached (tmpfs).
 bool WriteColdFile(const std::string& path, const std::string& bytes) {
@@ -274,11 +287,44 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   std::string all = ReadFileDirectly(path);
   ASSERT_EQ(all, bytes);
   EXPECT_EQ(read(1 << 20, 1 << 20, 0), bytes.substr(1 << 20, 1 << 20));
+  EXPECT_EQ(read(100, 500000, 7), bytes.substr(100, 500000));
+  EXPECT_EQ(read(5, 10, 0), bytes.substr(5, 10));
+  EXPECT_EQ(read(bytes.size() - 70001, 70001, 3),
+            bytes.substr(bytes.size() - 70001));
+  // A cached read copied out of the mapping leaves nothing mapped: the
+  // process's file-backed RSS does not grow by what it read.
+  const int64_t rss_before = RssFileKiB();
+  EXPECT_EQ(read(0, bytes.size(), 0), bytes);
+  EXPECT_LT(RssFileKiB() - rss_before, 1024) << "KiB of file pages left mapped";
   // Past the end: kDataLoss naming the file, also on the direct path.
   std::vector<std::byte> big(size_t{2} << 20);
   absl::Status past = (*file)->ReadAt((2 << 20) - 4096, std::span(big));
   EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
   EXPECT_THAT(past.message(), HasSubstr(path));
+}
+
+// With both read paths off, every read is a buffered pread; still exact.
+TEST(FileStorageTest, PlainPreadReadsAreExact) {
+  TempDir dir;
+  std::string bytes(size_t{1} << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i % 251);
+  {
+    FILE* f = std::fopen((dir.path() + "/data").c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+  auto storage = Storage::Open(
+      dir.path(),
+      StorageOptions{.direct_io = false, .map_cached_reads = false});
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  auto file = (*storage)->OpenForRead("data");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::string out(bytes.size() - 8191, '\0');
+  ASSERT_TRUE((*file)
+                  ->ReadAt(8191, std::as_writable_bytes(std::span(out)))
+                  .ok());
+  EXPECT_EQ(out, bytes.substr(8191));
 }
 
 TEST(FileStorageTest, TmpfsAlignmentMatchesWhatTheKernelAccepts) {
