@@ -14,15 +14,22 @@
 //    a copy of the local plans, as save.cc passes them), ValidateFinalPlans
 //    with coverage, BuildMetadataSkeleton, the probe encode of the skeleton
 //    (save.cc checks that the metadata encodes before any data is written),
-//    the final plans encoded for the scatter, the locations filled in from
-//    the write reports, and EncodeMetadata: metadata.json.
+//    the final plans encoded for the scatter, Assemble (each rank's write
+//    report decoded, the locations filled in, the scalars checked), and
+//    EncodeMetadata: metadata.json. The sum of these phases is the
+//    "coordinator total" that issue 6's 5 s target is checked against.
 //  load: metadata.json written and read back through the file storage (the
 //    read is from the page cache), DecodeMetadata (every rank), coverage of
 //    every tensor (the coordinator), and rank 0's DefaultLoadPlanner local
 //    plan for the sharding it saved.
 //
-// Each phase is timed on its own with steady_clock. Data lifetimes follow
-// save.cc, so the peak RSS is what its coordinator would hold.
+// Not simulated: the communication (gather, scatter, broadcasts), the data
+// files, the ranks' own work (their local planning and plan encoding are
+// reported per rank, outside the coordinator total).
+//
+// Each phase is timed on its own with steady_clock (wall) and getrusage
+// (CPU, kernel). Data lifetimes follow save.cc, so the peak RSS is what its
+// coordinator would hold, plus the inputs of all W simulated ranks.
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -204,6 +211,8 @@ double Since(Clock::time_point start) {
 struct Phase {
   std::string name;
   double seconds;      // wall clock
+  double cpu_seconds;  // user + kernel CPU of this process; well below the
+                       // wall clock when other work took the cores
   double sys_seconds;  // in the kernel: mostly page faults of new memory
 };
 
@@ -217,41 +226,89 @@ struct Result {
   uint64_t local_plan_bytes = 0;  // all encoded local plans
   uint64_t final_plan_bytes = 0;  // all scatter payloads
   uint64_t metadata_bytes = 0;
+  uint64_t checkpoint_bytes = 0;  // the data files the plans describe
   uint64_t peak_rss_bytes = 0;  // of the process that ran it
   double inputs_seconds = 0;       // state dicts + local plans, all ranks
   double encode_local_seconds = 0; // all ranks' plan encodes (each rank: /W)
   std::vector<Phase> coordinator;  // in order
   std::vector<Phase> load;         // in order
+  // With --repeat: how many runs this is the fastest of, and the slowest
+  // run's coordinator total.
+  int repeats = 1;
+  double coordinator_worst_seconds = 0;
   double coordinator_total() const {
     double s = 0;
     for (const Phase& p : coordinator) s += p.seconds;
     return s;
   }
+  double coordinator_cpu() const {
+    double s = 0;
+    for (const Phase& p : coordinator) s += p.cpu_seconds;
+    return s;
+  }
 };
 
-double SystemSeconds() {
+struct CpuTimes {
+  double user;
+  double sys;
+};
+CpuTimes ProcessCpu() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_stime.tv_sec + 1e-6 * usage.ru_stime.tv_usec;
+  return {usage.ru_utime.tv_sec + 1e-6 * usage.ru_utime.tv_usec,
+          usage.ru_stime.tv_sec + 1e-6 * usage.ru_stime.tv_usec};
 }
 
 // Times `fn` as phase `name` of `into`; fn returns a Status.
 template <typename Fn>
 absl::Status Timed(std::vector<Phase>& into, const char* name, Fn&& fn) {
   const Clock::time_point start = Clock::now();
-  const double sys_start = SystemSeconds();
+  const CpuTimes cpu_start = ProcessCpu();
   absl::Status s = fn();
-  into.push_back({name, Since(start), SystemSeconds() - sys_start});
+  const double wall = Since(start);
+  const CpuTimes cpu_end = ProcessCpu();
+  const double sys = cpu_end.sys - cpu_start.sys;
+  into.push_back({name, wall, cpu_end.user - cpu_start.user + sys, sys});
   if (!s.ok()) return absl::InternalError(absl::StrCat(name, ": ", s.ToString()));
   return absl::OkStatus();
 }
 
-// Write report of one final item, as a rank sends it at commit.
-struct Written {
-  uint64_t offset;
-  uint64_t nbytes;
-  uint32_t crc32c;
+// What save.cc's DecodeReport returns.
+struct Report {
+  struct Loc {
+    uint64_t offset;
+    uint64_t nbytes;
+    uint32_t crc32c;
+  };
+  std::string file;
+  uint64_t file_size = 0;
+  std::vector<Loc> items;
+  std::map<std::string, Scalar> scalars;
 };
+
+// save.cc's DecodeReport, step for step (it is not exported).
+absl::StatusOr<Report> DecodeReport(std::string_view data, int rank) {
+  internal_core::ByteReader r(data, absl::StrCat("write report of rank ", rank));
+  Report out;
+  out.file = r.Str();
+  out.file_size = r.U64();
+  const uint64_t n = r.Count(20);
+  out.items.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    Report::Loc l;
+    l.offset = r.U64();
+    l.nbytes = r.U64();
+    l.crc32c = r.U32();
+    out.items.push_back(l);
+  }
+  const uint64_t s = r.Count(9);
+  for (uint64_t i = 0; i < s; ++i) {
+    std::string fqn = r.Str();
+    out.scalars[std::move(fqn)] = r.Scalar();
+  }
+  CAIRN_RETURN_IF_ERROR(r.status());
+  return out;
+}
 
 // A stand-in CRC32C with a checksum's spread of hex digits.
 uint32_t FakeCrc(uint64_t a, uint64_t b) {
@@ -259,6 +316,33 @@ uint32_t FakeCrc(uint64_t a, uint64_t b) {
   x ^= x >> 31;
   x *= 0xBF58476D1CE4E5B9ull;
   return static_cast<uint32_t>(x >> 32);
+}
+
+// Rank `rank`'s write report, as save.cc's EncodeReport sends it at commit:
+// its data file, the file's size, (offset, nbytes, crc32c) of each final item
+// in plan order, and its scalars (the values the plan left out). The rank
+// writes its items back to back after a header (rounded up to 4 KiB).
+std::string EncodeReport(int rank, const SavePlan& final_plan,
+                         uint64_t* file_size) {
+  internal_core::ByteWriter w;
+  w.Str(internal_format::DataFileName(rank));
+  const std::vector<WriteItem>& items = final_plan.items;
+  uint64_t offset = 4096 * (1 + items.size() * 128 / 4096);
+  for (const WriteItem& item : items) offset += item.nbytes;
+  *file_size = offset;
+  w.U64(offset);
+  w.U64(items.size());
+  offset = 4096 * (1 + items.size() * 128 / 4096);
+  for (size_t i = 0; i < items.size(); ++i) {
+    w.U64(offset);
+    w.U64(items[i].nbytes);
+    w.U32(FakeCrc(rank, i));
+    offset += items[i].nbytes;
+  }
+  w.U64(1);  // the scalar every rank holds
+  w.Str(kStepName);
+  w.Scalar(Scalar(int64_t{kStep}));
+  return w.Take();
 }
 
 absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
@@ -355,16 +439,13 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     return absl::OkStatus();
   }));
   for (const std::string& p : payloads) res.final_plan_bytes += p.size();
-  // Each rank writes its items back to back after a header and reports
-  // where they went (not timed: that is the ranks' work).
-  std::vector<std::vector<Written>> reports(world);
+  // Each rank writes its items and sends its write report (not timed: that
+  // is the ranks' work; the coordinator's decoding of them is, in assemble).
+  std::vector<std::string> reports(world);
   for (int r = 0; r < world; ++r) {
-    uint64_t offset = 4096 * (1 + finals[r].items.size() * 128 / 4096);
-    for (size_t i = 0; i < finals[r].items.size(); ++i) {
-      const uint64_t n = finals[r].items[i].nbytes;
-      reports[r].push_back({offset, n, FakeCrc(r, i)});
-      offset += n;
-    }
+    uint64_t file_size = 0;
+    reports[r] = EncodeReport(r, finals[r], &file_size);
+    res.checkpoint_bytes += file_size;
     res.final_items += finals[r].items.size();
   }
   payloads.clear();
@@ -374,28 +455,39 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
   encoded.clear();
   encoded.shrink_to_fit();
 
-  // Commit: Assemble's fill-in, then metadata.json.
+  // Commit: save.cc's Assemble (decode each report, fill in the
+  // locations, check the scalars), then metadata.json.
   Metadata md;
-  CAIRN_RETURN_IF_ERROR(Timed(phases, "fill_locations", [&] {
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "assemble", [&] {
     md = skeleton.metadata;
     md.created_by = "cairn " CAIRN_VERSION_STRING;
     md.user = "{}";
+    uint64_t total = 0;
     for (int r = 0; r < world; ++r) {
-      const std::string file = internal_format::DataFileName(r);
+      CAIRN_ASSIGN_OR_RETURN(Report report, DecodeReport(reports[r], r));
+      total += report.file_size;
       const std::vector<internal_plan::ItemRef>& refs = skeleton.refs[r];
+      if (report.items.size() != refs.size()) {
+        return absl::InternalError("a report does not match its plan");
+      }
       for (size_t i = 0; i < refs.size(); ++i) {
-        const ByteLocation loc{file, reports[r][i].offset, reports[r][i].nbytes,
-                               reports[r][i].crc32c};
+        const ByteLocation loc{report.file, report.items[i].offset,
+                               report.items[i].nbytes, report.items[i].crc32c};
         if (refs[i].object) {
           md.objects[refs[i].fqn] = loc;
         } else {
           md.tensors[refs[i].fqn].chunks[refs[i].chunk].location = loc;
         }
       }
-      auto [it, inserted] = md.scalars.try_emplace(kStepName, int64_t{kStep});
-      if (!inserted && !internal_core::SameScalar(it->second, int64_t{kStep})) {
-        return absl::InternalError("scalars differ");
+      for (auto& [fqn, value] : report.scalars) {
+        auto [it, inserted] = md.scalars.try_emplace(fqn, value);
+        if (!inserted && !internal_core::SameScalar(it->second, value)) {
+          return absl::InternalError("scalars differ");
+        }
       }
+    }
+    if (total != res.checkpoint_bytes) {
+      return absl::InternalError("the reports' file sizes do not add up");
     }
     return absl::OkStatus();
   }));
@@ -466,111 +558,180 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
 
 // --------------------------------------------------------------- output
 
+// Issue 6's target: global planning and metadata.json under 5 s at 16k ranks.
+constexpr double kTargetSeconds = 5.0;
+constexpr int kTargetRanks = 16384;
+
 std::string Mib(uint64_t bytes) {
   return absl::StrFormat("%.1f", static_cast<double>(bytes) / (1 << 20));
 }
 
-// The phases issue 6 names: decode the local plans, validate, dedup,
-// validate with coverage, skeleton, metadata.json. The others are work
-// save.cc's coordinator also does (the copy CreateGlobalPlan gets, the
-// probe encode, the scatter's encoding, the commit's fill-in).
-bool InPipeline(const std::string& phase) {
-  return phase == "decode_plans" || phase == "validate_local" ||
-         phase == "dedup" || phase == "validate_final" ||
-         phase == "skeleton" || phase == "encode_metadata";
-}
-
-double PipelineSeconds(const Result& r) {
-  double s = 0;
-  for (const Phase& p : r.coordinator) {
-    if (InPipeline(p.name)) s += p.seconds;
-  }
-  return s;
-}
-
-double LoadSeconds(const Result& r, const std::string& name) {
-  for (const Phase& p : r.load) {
+double PhaseSeconds(const std::vector<Phase>& phases, const std::string& name) {
+  for (const Phase& p : phases) {
     if (p.name == name) return p.seconds;
   }
   return 0;
 }
 
-// One column per run, one row per phase: "wall (sys)" seconds.
+double LoadSeconds(const Result& r, const std::string& name) {
+  return PhaseSeconds(r.load, name);
+}
+
+// One column per run, one row per figure. Phases: "wall (cpu, sys)".
 void PrintTable(const std::vector<Result>& results, bool warm) {
   std::printf(
-      "cairn_scale_sim: global planning and metadata.json, W simulated ranks "
-      "in one process, one thread.\nInputs (state dicts, local plans, write "
-      "reports) are built outside the timers. Seconds: wall (of which in "
-      "the kernel,\nmostly page faults of new memory). * = a phase of the "
-      "issue 6 pipeline.\n%s\n",
+      "cairn_scale_sim: global planning and metadata.json for W simulated "
+      "ranks, in one process, one thread.\n"
+      "Inputs (state dicts, local plans, write reports) are built outside "
+      "the timers. Phases: wall seconds\n(CPU seconds of this process, of "
+      "which in the kernel: mostly page faults of new memory); a wall\n"
+      "well above the CPU means other work had the cores.\n%s",
       warm ? "Warm: each run is timed the second time in its process, on "
              "memory the first run faulted in.\n"
            : "Cold: each run in a fresh process.\n");
+  if (results.empty()) return;
+  if (results.front().repeats > 1) {
+    std::printf("Each column is the fastest of %d runs (coordinator total).\n",
+                results.front().repeats);
+  }
+  std::printf("\n");
   auto row = [&](const std::string& label, auto&& cell) {
-    std::printf("%-24s", label.c_str());
-    for (const Result& r : results) std::printf(" %17s", cell(r).c_str());
+    std::printf("%-26s", label.c_str());
+    for (const Result& r : results) std::printf(" %22s", cell(r).c_str());
     std::printf("\n");
   };
   row("", [](const Result& r) {
     return absl::StrCat(LayoutName(r.layout), " W=", r.ranks);
   });
   auto count = [](uint64_t n) { return absl::StrCat(n); };
+  row("tensors per rank", [&](const Result& r) { return count(r.tensors); });
   row("local items", [&](const Result& r) { return count(r.local_items); });
-  row("written items (chunks)",
-      [&](const Result& r) { return count(r.final_items); });
+  row("written items", [&](const Result& r) { return count(r.final_items); });
+  row("chunks in metadata", [&](const Result& r) { return count(r.chunks); });
+  row("checkpoint GiB (described)", [](const Result& r) {
+    return absl::StrFormat("%.1f", r.checkpoint_bytes / double(1ull << 30));
+  });
   row("local plans MiB",
       [](const Result& r) { return Mib(r.local_plan_bytes); });
-  row("rank plan encode ms", [](const Result& r) {
+  row("final plans MiB",
+      [](const Result& r) { return Mib(r.final_plan_bytes); });
+  row("inputs s (untimed)", [](const Result& r) {
+    return absl::StrFormat("%.2f", r.inputs_seconds);
+  });
+  row("a rank's plan encode ms", [](const Result& r) {
     return absl::StrFormat("%.3f", 1e3 * r.encode_local_seconds / r.ranks);
   });
   auto phase_rows = [&](bool coordinator) {
     const Result& first = results.front();
     for (const Phase& p : coordinator ? first.coordinator : first.load) {
-      const std::string label =
-          absl::StrCat(coordinator && InPipeline(p.name) ? "* " : "  ", p.name);
-      row(label, [&](const Result& r) {
+      row(absl::StrCat("  ", p.name), [&](const Result& r) {
         for (const Phase& q : coordinator ? r.coordinator : r.load) {
           if (q.name == p.name) {
-            return absl::StrFormat("%.3f (%.2f)", q.seconds, q.sys_seconds);
+            return absl::StrFormat("%.3f (%.2f, %.2f)", q.seconds,
+                                   q.cpu_seconds, q.sys_seconds);
           }
         }
         return std::string("-");
       });
     }
   };
-  std::printf("coordinator (save)\n");
+  std::printf("save: the coordinator's global planning and metadata.json\n");
   phase_rows(true);
-  row("pipeline total (*)", [](const Result& r) {
-    return absl::StrFormat("%.3f", PipelineSeconds(r));
+  row("coordinator total s", [](const Result& r) {
+    return absl::StrFormat("%.3f (%.2f)", r.coordinator_total(),
+                           r.coordinator_cpu());
   });
-  row("coordinator total", [](const Result& r) {
-    return absl::StrFormat("%.3f", r.coordinator_total());
+  if (results.front().repeats > 1) {
+    row("  slowest run s", [](const Result& r) {
+      return absl::StrFormat("%.3f", r.coordinator_worst_seconds);
+    });
+  }
+  row("  per rank ms", [](const Result& r) {
+    return absl::StrFormat("%.3f", 1e3 * r.coordinator_total() / r.ranks);
   });
-  row("metadata.json MiB", [](const Result& r) { return Mib(r.metadata_bytes); });
+  row("  per local item us", [](const Result& r) {
+    return absl::StrFormat("%.3f", 1e6 * r.coordinator_total() / r.local_items);
+  });
   row("metadata.json bytes", [&](const Result& r) {
     return count(r.metadata_bytes);
   });
-  std::printf("load\n");
+  row("  MiB", [](const Result& r) { return Mib(r.metadata_bytes); });
+  row("  per rank", [](const Result& r) {
+    return absl::StrFormat("%.0f", double(r.metadata_bytes) / r.ranks);
+  });
+  std::printf("metadata.json written, read back, loaded\n");
   phase_rows(false);
+  row("read + parse s", [](const Result& r) {
+    return absl::StrFormat("%.3f", LoadSeconds(r, "read_metadata") +
+                                       LoadSeconds(r, "parse_metadata"));
+  });
   row("peak RSS MiB", [](const Result& r) { return Mib(r.peak_rss_bytes); });
+  row("  per rank KiB", [](const Result& r) {
+    return absl::StrFormat("%.1f", r.peak_rss_bytes / 1024.0 / r.ranks);
+  });
 
-  // Growth between successive world sizes of one layout.
-  std::printf("\n");
-  for (size_t i = 1; i < results.size(); ++i) {
-    const Result& a = results[i - 1];
-    const Result& b = results[i];
-    if (a.layout != b.layout) continue;
+  // Linearity: the cost per rank at the largest W over that at the
+  // smallest, per layout (1.00: linear; 4.00 over W x16: quadratic-ish).
+  std::printf(
+      "\nLinearity: cost per rank at the largest W / at the smallest "
+      "(1.00 = linear growth)\n");
+  for (Layout layout : {Layout::k3d, Layout::kFsdp}) {
+    const Result* smallest = nullptr;
+    const Result* largest = nullptr;
+    for (const Result& r : results) {
+      if (r.layout != layout) continue;
+      if (smallest == nullptr || r.ranks < smallest->ranks) smallest = &r;
+      if (largest == nullptr || r.ranks > largest->ranks) largest = &r;
+    }
+    if (smallest == nullptr || smallest->ranks == largest->ranks) continue;
+    const Result& a = *smallest;
+    const Result& b = *largest;
+    const double w = static_cast<double>(b.ranks) / a.ranks;
+    auto per_rank = [&](double va, double vb) {
+      return va > 0 ? absl::StrFormat("%.2f", vb / va / w) : std::string("-");
+    };
     std::printf(
-        "%s W %d -> %d (x%.2f): pipeline x%.2f, coordinator x%.2f, "
-        "metadata.json x%.2f, parse x%.2f, peak RSS x%.2f\n",
-        LayoutName(b.layout), a.ranks, b.ranks,
-        static_cast<double>(b.ranks) / a.ranks,
-        PipelineSeconds(b) / PipelineSeconds(a),
-        b.coordinator_total() / a.coordinator_total(),
-        static_cast<double>(b.metadata_bytes) / a.metadata_bytes,
-        LoadSeconds(b, "parse_metadata") / LoadSeconds(a, "parse_metadata"),
-        static_cast<double>(b.peak_rss_bytes) / a.peak_rss_bytes);
+        "  %s W %d -> %d (x%.0f): coordinator wall %s, cpu %s; "
+        "metadata.json bytes %s; parse %s; peak RSS %s\n",
+        LayoutName(a.layout), a.ranks, b.ranks, w,
+        per_rank(a.coordinator_total(), b.coordinator_total()).c_str(),
+        per_rank(a.coordinator_cpu(), b.coordinator_cpu()).c_str(),
+        per_rank(a.metadata_bytes, b.metadata_bytes).c_str(),
+        per_rank(LoadSeconds(a, "parse_metadata"),
+                 LoadSeconds(b, "parse_metadata"))
+            .c_str(),
+        per_rank(a.peak_rss_bytes, b.peak_rss_bytes).c_str());
+    std::string phases;
+    for (const Phase& p : a.coordinator) {
+      double cpu_b = 0;
+      for (const Phase& q : b.coordinator) {
+        if (q.name == p.name) cpu_b = q.cpu_seconds;
+      }
+      absl::StrAppend(&phases, phases.empty() ? "" : ", ", p.name, " ",
+                      per_rank(p.cpu_seconds, cpu_b));
+    }
+    std::printf("    per phase (cpu): %s\n", phases.c_str());
   }
+
+  std::printf(
+      "\nTarget (issue 6): global planning + metadata.json (the coordinator "
+      "total) under %.0f s at %d ranks\n",
+      kTargetSeconds, kTargetRanks);
+  bool any = false;
+  for (const Result& r : results) {
+    if (r.ranks != kTargetRanks) continue;
+    any = true;
+    const double t = r.coordinator_total();
+    const std::string verdict =
+        t < kTargetSeconds
+            ? std::string("met")
+            : absl::StrFormat("MISSED (x%.1f the target)", t / kTargetSeconds);
+    std::printf(
+        "  %s: %.2f s (cpu %.2f s): %s; metadata.json read + parse %.2f s\n",
+        LayoutName(r.layout), t, r.coordinator_cpu(), verdict.c_str(),
+        LoadSeconds(r, "read_metadata") + LoadSeconds(r, "parse_metadata"));
+  }
+  if (!any) std::printf("  not run at %d ranks\n", kTargetRanks);
 }
 
 using OrderedJson = nlohmann::ordered_json;
@@ -583,24 +744,38 @@ OrderedJson ToJson(const Result& r) {
   j["local_items"] = r.local_items;
   j["written_items"] = r.final_items;
   j["chunks"] = r.chunks;
+  j["checkpoint_bytes"] = r.checkpoint_bytes;
   j["local_plan_bytes"] = r.local_plan_bytes;
   j["final_plan_bytes"] = r.final_plan_bytes;
   j["metadata_bytes"] = r.metadata_bytes;
+  j["metadata_bytes_per_rank"] = static_cast<double>(r.metadata_bytes) / r.ranks;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["inputs_seconds"] = r.inputs_seconds;
   j["encode_local_plans_seconds"] = r.encode_local_seconds;
   for (const char* part : {"coordinator", "load"}) {
     const std::vector<Phase>& phases =
         part == std::string("load") ? r.load : r.coordinator;
-    OrderedJson& seconds = j[part] = OrderedJson::object();
-    OrderedJson& sys = j[absl::StrCat(part, "_sys")] = OrderedJson::object();
+    // Built apart and then moved in: references into `j` would dangle once
+    // it grows (an ordered_json object is a vector).
+    OrderedJson seconds = OrderedJson::object();
+    OrderedJson cpu = OrderedJson::object();
+    OrderedJson sys = OrderedJson::object();
     for (const Phase& p : phases) {
       seconds[p.name] = p.seconds;
+      cpu[p.name] = p.cpu_seconds;
       sys[p.name] = p.sys_seconds;
     }
+    j[part] = std::move(seconds);
+    j[absl::StrCat(part, "_cpu")] = std::move(cpu);
+    j[absl::StrCat(part, "_sys")] = std::move(sys);
   }
-  j["pipeline_seconds"] = PipelineSeconds(r);
   j["coordinator_total_seconds"] = r.coordinator_total();
+  j["coordinator_total_cpu_seconds"] = r.coordinator_cpu();
+  j["coordinator_seconds_per_rank"] = r.coordinator_total() / r.ranks;
+  j["read_parse_seconds"] =
+      LoadSeconds(r, "read_metadata") + LoadSeconds(r, "parse_metadata");
+  j["repeats"] = r.repeats;
+  j["coordinator_worst_seconds"] = r.coordinator_worst_seconds;
   return j;
 }
 
@@ -612,6 +787,7 @@ Result FromJson(const OrderedJson& j) {
   r.local_items = j.at("local_items");
   r.final_items = j.at("written_items");
   r.chunks = j.at("chunks");
+  r.checkpoint_bytes = j.at("checkpoint_bytes");
   r.local_plan_bytes = j.at("local_plan_bytes");
   r.final_plan_bytes = j.at("final_plan_bytes");
   r.metadata_bytes = j.at("metadata_bytes");
@@ -620,21 +796,25 @@ Result FromJson(const OrderedJson& j) {
   for (const char* part : {"coordinator", "load"}) {
     std::vector<Phase>& phases =
         part == std::string("load") ? r.load : r.coordinator;
+    const OrderedJson& cpu = j.at(absl::StrCat(part, "_cpu"));
     const OrderedJson& sys = j.at(absl::StrCat(part, "_sys"));
     for (const auto& [name, s] : j.at(part).items()) {
-      phases.push_back({name, s.get<double>(), sys.at(name).get<double>()});
+      phases.push_back({name, s.get<double>(), cpu.at(name).get<double>(),
+                        sys.at(name).get<double>()});
     }
   }
   return r;
 }
 
-void PrintJson(const std::vector<Result>& results, bool warm) {
+OrderedJson AllJson(const std::vector<Result>& results, bool warm) {
   OrderedJson out;
   out["inputs_outside_timers"] = true;
   out["warm"] = warm;
+  out["target_seconds"] = kTargetSeconds;
+  out["target_ranks"] = kTargetRanks;
   out["runs"] = OrderedJson::array();
   for (const Result& r : results) out["runs"].push_back(ToJson(r));
-  std::printf("%s\n", out.dump(2).c_str());
+  return out;
 }
 
 // Runs one configuration in a child process, so that each starts from a
@@ -705,12 +885,12 @@ absl::StatusOr<Result> RunIsolated(Layout layout, int world, int64_t tensors,
   return r;
 }
 
-int Usage(const char* argv0) {
+int Usage(const char* argv0, bool help = false) {
   std::fprintf(
-      stderr,
+      help ? stdout : stderr,
       "usage: %s [--ranks 1024,4096,16384] [--tensors 500] "
       "[--layout 3d|fsdp|both] [--dir PATH | --no-io] [--warm] "
-      "[--max-memory-gib N] [--json]\n"
+      "[--repeat N] [--max-memory-gib N] [--json] [--json-out FILE]\n"
       "  --ranks    world sizes to simulate (3d: multiples of %d)\n"
       "  --tensors  tensor shards per rank\n"
       "  --dir      where metadata.json is written and read back (default: "
@@ -718,11 +898,17 @@ int Usage(const char* argv0) {
       "  --no-io    parse the encoded text without writing it\n"
       "  --warm     time a second run in the same process, reusing the "
       "first's memory\n             (no first-touch page faults)\n"
+      "  --repeat   run each configuration N times, each in a fresh process, "
+      "and report\n             the fastest (by coordinator total) and the "
+      "slowest total\n"
       "  --max-memory-gib  cap each run's address space (a run that needs "
       "more fails)\n"
-      "  --json     one JSON object instead of the table\n",
+      "  --json     one JSON object instead of the table\n"
+      "  --json-out also write that JSON object to FILE\n"
+      "Each configuration runs in a child process; the table goes to stdout, "
+      "progress to stderr.\n",
       argv0, kModelParallel);
-  return 2;
+  return help ? 0 : 2;
 }
 
 int Main(int argc, char** argv) {
@@ -734,10 +920,14 @@ int Main(int argc, char** argv) {
   bool warm = false;
   std::string dir;
   uint64_t memory_limit = 0;
+  int repeats = 1;
+  std::string json_out;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     const bool has_value = i + 1 < argc;
-    if (arg == "--json") {
+    if (arg == "--help" || arg == "-h") {
+      return Usage(argv[0], /*help=*/true);
+    } else if (arg == "--json") {
       json = true;
     } else if (arg == "--no-io") {
       io = false;
@@ -749,6 +939,10 @@ int Main(int argc, char** argv) {
         int w = 0;
         if (!absl::SimpleAtoi(s, &w) || w < 1) return Usage(argv[0]);
         ranks.push_back(w);
+      }
+    } else if (arg == "--repeat" && has_value) {
+      if (!absl::SimpleAtoi(argv[++i], &repeats) || repeats < 1) {
+        return Usage(argv[0]);
       }
     } else if (arg == "--tensors" && has_value) {
       if (!absl::SimpleAtoi(argv[++i], &tensors) || tensors < 1) {
@@ -763,6 +957,8 @@ int Main(int argc, char** argv) {
       } else if (v != "both") {
         return Usage(argv[0]);
       }
+    } else if (arg == "--json-out" && has_value) {
+      json_out = argv[++i];
     } else if (arg == "--dir" && has_value) {
       dir = argv[++i];
     } else if (arg == "--max-memory-gib" && has_value) {
@@ -800,19 +996,35 @@ int Main(int argc, char** argv) {
   int rc = 0;
   for (Layout layout : layouts) {
     for (int w : ranks) {
-      absl::StatusOr<Result> r =
-          RunIsolated(layout, w, tensors, dir, memory_limit, warm);
-      if (!r.ok()) {
+      absl::StatusOr<Result> best;
+      double worst = 0;
+      for (int rep = 0; rep < repeats; ++rep) {
+        absl::StatusOr<Result> r =
+            RunIsolated(layout, w, tensors, dir, memory_limit, warm);
+        if (!r.ok()) {
+          best = r.status();
+          break;
+        }
+        std::fprintf(stderr,
+                     "done: %s W=%d run %d/%d: coordinator %.2f s (cpu %.2f "
+                     "s), peak RSS %s MiB\n",
+                     LayoutName(layout), w, rep + 1, repeats,
+                     r->coordinator_total(), r->coordinator_cpu(),
+                     Mib(r->peak_rss_bytes).c_str());
+        worst = std::max(worst, r->coordinator_total());
+        if (!best.ok() || r->coordinator_total() < best->coordinator_total()) {
+          best = *std::move(r);
+        }
+      }
+      if (!best.ok()) {
         std::fprintf(stderr, "%s W=%d: %s\n", LayoutName(layout), w,
-                     r.status().ToString().c_str());
+                     best.status().ToString().c_str());
         rc = 1;
         continue;
       }
-      if (!json) {
-        std::fprintf(stderr, "done: %s W=%d coordinator %.2f s\n",
-                     LayoutName(layout), w, r->coordinator_total());
-      }
-      results.push_back(*std::move(r));
+      best->repeats = repeats;
+      best->coordinator_worst_seconds = worst;
+      results.push_back(*std::move(best));
     }
   }
   if (!temp.empty()) {
@@ -820,9 +1032,17 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(temp, ec);
   }
   if (json) {
-    PrintJson(results, warm);
+    std::printf("%s\n", AllJson(results, warm).dump(2).c_str());
   } else {
     PrintTable(results, warm);
+  }
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << AllJson(results, warm).dump(2) << "\n";
+    if (!f.good()) {
+      std::fprintf(stderr, "could not write %s\n", json_out.c_str());
+      rc = 1;
+    }
   }
   return rc;
 }
