@@ -1260,12 +1260,7 @@ void RegisterBench(CLI::App& app) {
                   "every time (`cairn demo`'s model: embedding, transformer "
                   "layers, Adam moments)")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            absl::StatusOr<uint64_t> n = ParseByteSize(v);
-            return n.ok() ? std::string() : std::string(n.status().message());
-          },
-          "SIZE", "byte size"));
+      ->check(ByteSizeValidator());
   cmd->add_option("--ranks", o->ranks,
                   "W, the ranks that save (threads of one process): every "
                   "tensor is split on dim 0, rank k holding rows "
@@ -1305,13 +1300,7 @@ void RegisterBench(CLI::App& app) {
                   "LoadOptions::bounce_buffer_bytes")
       ->type_name("SIZE")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            absl::StatusOr<uint64_t> n = ParseByteSize(v);
-            if (!n.ok()) return std::string(n.status().message());
-            return *n >= 4096 ? std::string() : "at least 4096 bytes";
-          },
-          "SIZE", "buffer size"));
+      ->check(ByteSizeValidator(4096));
   cmd->add_option("--phases", o->phases,
                   "comma-separated phases to run: save, async, load (also "
                   "runs save, whose checkpoint it reads), memcpy")

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "commands.h"
 
 namespace cairn::tools {
 
@@ -158,6 +159,19 @@ void ProgressLine::Run() {
     std::fflush(stderr);
     drawn_ = true;
   }
+}
+
+CLI::Validator ByteSizeValidator(uint64_t min_bytes) {
+  return CLI::Validator(
+      [min_bytes](std::string& v) -> std::string {
+        absl::StatusOr<uint64_t> n = ParseByteSize(v);
+        if (!n.ok()) return std::string(n.status().message());
+        if (*n < min_bytes) {
+          return absl::StrCat("at least ", min_bytes, " bytes");
+        }
+        return std::string();
+      },
+      "SIZE", "byte size");
 }
 
 }  // namespace cairn::tools

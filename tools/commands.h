@@ -7,8 +7,13 @@
 #define CAIRN_TOOLS_COMMANDS_H_
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 
 namespace cairn::tools {
+
+// Checks an option's value with ParseByteSize (cli_util.h) and requires at
+// least `min_bytes`: a bad size is a usage error (exit 2) naming the option.
+CLI::Validator ByteSizeValidator(uint64_t min_bytes = 1);
 
 void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
 void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]

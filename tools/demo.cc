@@ -1549,12 +1549,7 @@ void RegisterDemo(CLI::App& app) {
                   "(ignored by --phase load, which reads the model from the "
                   "checkpoint); with --replicas R the job holds R copies")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            absl::StatusOr<uint64_t> n = ParseByteSize(v);
-            return n.ok() ? std::string() : std::string(n.status().message());
-          },
-          "SIZE", "byte size"));
+      ->check(ByteSizeValidator());
   cmd->add_option("--phase", o->phase,
                   "save, load, or all (save then load); save and load may run "
                   "as separate invocations on the same --dir, with different "

@@ -61,6 +61,7 @@
 #include "cairn/storage.h"
 #include "cairn/tensor.h"
 #include "cairn/version.h"
+#include "checkpoint/write_report.h"
 #include "core/byte_codec.h"
 #include "core/status.h"
 #include "format/metadata_codec.h"
@@ -273,42 +274,6 @@ absl::Status Timed(std::vector<Phase>& into, const char* name, Fn&& fn) {
   return absl::OkStatus();
 }
 
-// What save.cc's DecodeReport returns.
-struct Report {
-  struct Loc {
-    uint64_t offset;
-    uint64_t nbytes;
-    uint32_t crc32c;
-  };
-  std::string file;
-  uint64_t file_size = 0;
-  std::vector<Loc> items;
-  std::map<std::string, Scalar> scalars;
-};
-
-// save.cc's DecodeReport, step for step (it is not exported).
-absl::StatusOr<Report> DecodeReport(std::string_view data, int rank) {
-  internal_core::ByteReader r(data, absl::StrCat("write report of rank ", rank));
-  Report out;
-  out.file = r.Str();
-  out.file_size = r.U64();
-  const uint64_t n = r.Count(20);
-  out.items.reserve(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    Report::Loc l;
-    l.offset = r.U64();
-    l.nbytes = r.U64();
-    l.crc32c = r.U32();
-    out.items.push_back(l);
-  }
-  const uint64_t s = r.Count(9);
-  for (uint64_t i = 0; i < s; ++i) {
-    std::string fqn = r.Str();
-    out.scalars[std::move(fqn)] = r.Scalar();
-  }
-  CAIRN_RETURN_IF_ERROR(r.status());
-  return out;
-}
 
 // A stand-in CRC32C with a checksum's spread of hex digits.
 uint32_t FakeCrc(uint64_t a, uint64_t b) {
@@ -318,31 +283,24 @@ uint32_t FakeCrc(uint64_t a, uint64_t b) {
   return static_cast<uint32_t>(x >> 32);
 }
 
-// Rank `rank`'s write report, as save.cc's EncodeReport sends it at commit:
+// Rank `rank`'s write report as save.cc sends it at commit (EncodeReport):
 // its data file, the file's size, (offset, nbytes, crc32c) of each final item
 // in plan order, and its scalars (the values the plan left out). The rank
 // writes its items back to back after a header (rounded up to 4 KiB).
-std::string EncodeReport(int rank, const SavePlan& final_plan,
-                         uint64_t* file_size) {
-  internal_core::ByteWriter w;
-  w.Str(internal_format::DataFileName(rank));
+std::string MakeReport(int rank, const SavePlan& final_plan,
+                       uint64_t* file_size) {
+  internal_checkpoint::WriteReport report;
+  report.file = internal_format::DataFileName(rank);
   const std::vector<WriteItem>& items = final_plan.items;
   uint64_t offset = 4096 * (1 + items.size() * 128 / 4096);
-  for (const WriteItem& item : items) offset += item.nbytes;
-  *file_size = offset;
-  w.U64(offset);
-  w.U64(items.size());
-  offset = 4096 * (1 + items.size() * 128 / 4096);
+  report.items.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    w.U64(offset);
-    w.U64(items[i].nbytes);
-    w.U32(FakeCrc(rank, i));
+    report.items.push_back({offset, items[i].nbytes, FakeCrc(rank, i)});
     offset += items[i].nbytes;
   }
-  w.U64(1);  // the scalar every rank holds
-  w.Str(kStepName);
-  w.Scalar(Scalar(int64_t{kStep}));
-  return w.Take();
+  report.file_size = *file_size = offset;
+  report.scalars[kStepName] = Scalar(int64_t{kStep});  // every rank holds it
+  return internal_checkpoint::EncodeReport(report);
 }
 
 absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
@@ -444,7 +402,7 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
   std::vector<std::string> reports(world);
   for (int r = 0; r < world; ++r) {
     uint64_t file_size = 0;
-    reports[r] = EncodeReport(r, finals[r], &file_size);
+    reports[r] = MakeReport(r, finals[r], &file_size);
     res.checkpoint_bytes += file_size;
     res.final_items += finals[r].items.size();
   }
@@ -464,7 +422,8 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     md.user = "{}";
     uint64_t total = 0;
     for (int r = 0; r < world; ++r) {
-      CAIRN_ASSIGN_OR_RETURN(Report report, DecodeReport(reports[r], r));
+      CAIRN_ASSIGN_OR_RETURN(internal_checkpoint::WriteReport report,
+                             internal_checkpoint::DecodeReport(reports[r], r));
       total += report.file_size;
       const std::vector<internal_plan::ItemRef>& refs = skeleton.refs[r];
       if (report.items.size() != refs.size()) {

@@ -46,6 +46,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/write_report.h"
 #include "comm/collective.h"
 #include "core/byte_codec.h"
 #include "core/buffer_pool.h"
@@ -317,59 +318,6 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
   return absl::OkStatus();
 }
 
-// What a rank reports at commit.
-struct WriteReport {
-  std::string file;  // empty: no file
-  uint64_t file_size = 0;
-  struct Loc {
-    uint64_t offset;
-    uint64_t nbytes;
-    uint32_t crc32c;
-  };
-  std::vector<Loc> items;  // in final-plan order
-  std::map<std::string, Scalar> scalars;
-};
-
-std::string EncodeReport(const WriteReport& r) {
-  ByteWriter w;
-  w.Str(r.file);
-  w.U64(r.file_size);
-  w.U64(r.items.size());
-  for (const WriteReport::Loc& l : r.items) {
-    w.U64(l.offset);
-    w.U64(l.nbytes);
-    w.U32(l.crc32c);
-  }
-  w.U64(r.scalars.size());
-  for (const auto& [fqn, v] : r.scalars) {
-    w.Str(fqn);
-    w.Scalar(v);
-  }
-  return w.Take();
-}
-
-absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
-  ByteReader r(data, absl::StrCat("write report of rank ", rank));
-  WriteReport out;
-  out.file = r.Str();
-  out.file_size = r.U64();
-  const uint64_t n = r.Count(20);
-  out.items.reserve(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    WriteReport::Loc l;
-    l.offset = r.U64();
-    l.nbytes = r.U64();
-    l.crc32c = r.U32();
-    out.items.push_back(l);
-  }
-  const uint64_t s = r.Count(9);
-  for (uint64_t i = 0; i < s; ++i) {
-    std::string fqn = r.Str();
-    out.scalars[std::move(fqn)] = r.Scalar();
-  }
-  CAIRN_RETURN_IF_ERROR(r.status());
-  return out;
-}
 
 // Coordinator, step 2: the final plans and the metadata skeleton.
 struct GlobalPlan {
