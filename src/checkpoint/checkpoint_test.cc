@@ -274,6 +274,24 @@ TEST(CheckpointTest, BadStateDictsAreRejected) {
   EXPECT_FALSE(
       Save(bad_user, tmp.Sub("user"), SaveOptions{.user_metadata = "{nope"}).ok());
   EXPECT_FALSE(std::filesystem::exists(tmp.Sub("user") + "/metadata.json"));
+
+  // A name that metadata.json cannot hold (not UTF-8) is refused at
+  // planning, before any data file is written, for tensors and objects.
+  for (const bool object : {false, true}) {
+    StateDict bad_name;
+    const std::string name("w\xff\xfe", 3);
+    if (object) {
+      bad_name[name] = Object{"bytes"};
+    } else {
+      bad_name[name] = TensorView(buf.data(), DType::kF32, {8});
+    }
+    const std::string dir = tmp.Sub(object ? "name-object" : "name-tensor");
+    absl::Status st = Save(bad_name, dir).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(Msg(st), HasSubstr("UTF-8"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/metadata.json"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/data-00000.safetensors"));
+  }
 }
 
 TEST(CheckpointTest, NonContiguousSourcesAndSmallBuffers) {

@@ -337,23 +337,26 @@ absl::StatusOr<GlobalPlan> PlanGlobally(SavePlanner& planner,
                         encoded[r], absl::StrCat("local plan of rank ", r)));
     locals.push_back(std::move(p));
   }
-  CAIRN_RETURN_IF_ERROR(internal_plan::ValidateLocalPlans(locals));
+  // The per-FQN summary is all the final plans are checked against, so the
+  // local plans (ranks x tensors items) move into the planner uncopied.
+  CAIRN_ASSIGN_OR_RETURN(internal_plan::LocalSummary summary,
+                         internal_plan::ValidateLocalPlans(locals));
+  const size_t world = locals.size();
   GlobalPlan g;
-  CAIRN_ASSIGN_OR_RETURN(g.finals, planner.CreateGlobalPlan(locals));
-  if (g.finals.size() != locals.size()) {
+  CAIRN_ASSIGN_OR_RETURN(g.finals, planner.CreateGlobalPlan(std::move(locals)));
+  if (g.finals.size() != world) {
     return absl::InternalError(absl::StrFormat(
         "CreateGlobalPlan returned %d plans for %d ranks", g.finals.size(),
-        locals.size()));
+        world));
   }
   CAIRN_RETURN_IF_ERROR(internal_plan::ValidateFinalPlans(
-      locals, g.finals, /*require_coverage=*/!where.rank_local()));
+      summary, g.finals, /*require_coverage=*/!where.rank_local()));
   CAIRN_ASSIGN_OR_RETURN(g.skeleton,
                          internal_plan::BuildMetadataSkeleton(g.finals));
   // Every FQN and the structure must encode (valid UTF-8, ...) before any
   // data is written, not at commit.
-  Metadata probe = g.skeleton.metadata;
-  probe.user = options.user_metadata;
-  CAIRN_RETURN_IF_ERROR(internal_format::EncodeMetadata(probe).status());
+  g.skeleton.metadata.user = options.user_metadata;
+  CAIRN_RETURN_IF_ERROR(internal_format::CheckEncodable(g.skeleton.metadata));
   return g;
 }
 
@@ -408,55 +411,6 @@ absl::Status PrepareLocation(Storage& storage, const SaveOptions& options,
     }
   }
   return absl::OkStatus();
-}
-
-// Coordinator, step 5: metadata from the skeleton and the reports.
-absl::StatusOr<Metadata> Assemble(
-    const internal_plan::MetadataSkeleton& skeleton,
-    const std::vector<std::string>& encoded_reports,
-    const SaveOptions& options, const Where& where,
-    uint64_t* checkpoint_bytes) {
-  Metadata md = skeleton.metadata;
-  if (where.rank_local()) {
-    md.rank = where.rank;
-    md.world_size = where.world;
-  }
-  md.created_by = "cairn " CAIRN_VERSION_STRING;
-  md.user = options.user_metadata;
-  std::map<std::string, int> scalar_from;  // first rank holding each scalar
-  *checkpoint_bytes = 0;
-  for (int r = 0; r < static_cast<int>(encoded_reports.size()); ++r) {
-    CAIRN_ASSIGN_OR_RETURN(WriteReport report,
-                           DecodeReport(encoded_reports[r], r));
-    *checkpoint_bytes += report.file_size;
-    const std::vector<internal_plan::ItemRef>& refs = skeleton.refs[r];
-    if (report.items.size() != refs.size()) {
-      return absl::InternalError(absl::StrFormat(
-          "rank %d reports %d written items; its plan has %d", r,
-          report.items.size(), refs.size()));
-    }
-    for (size_t i = 0; i < refs.size(); ++i) {
-      const ByteLocation loc{report.file, report.items[i].offset,
-                             report.items[i].nbytes, report.items[i].crc32c};
-      if (refs[i].object) {
-        md.objects[refs[i].fqn] = loc;
-      } else {
-        md.tensors[refs[i].fqn].chunks[refs[i].chunk].location = loc;
-      }
-    }
-    for (auto& [fqn, value] : report.scalars) {
-      auto [it, inserted] = md.scalars.try_emplace(fqn, value);
-      if (inserted) {
-        scalar_from[fqn] = r;
-      } else if (!internal_core::SameScalar(it->second, value)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "scalar %s differs between rank %d and rank %d; a scalar held "
-            "by several ranks is saved once, so every copy must be equal",
-            fqn, scalar_from[fqn], r));
-      }
-    }
-  }
-  return md;
 }
 
 int64_t NewPlanId() {
@@ -526,7 +480,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   // 2. Global planning (skipped on a cache hit).
   SavePlan final_plan;
   internal_plan::MetadataSkeleton fresh_skeleton;
-  const internal_plan::MetadataSkeleton* skeleton = nullptr;
+  internal_plan::MetadataSkeleton* skeleton = nullptr;
   if (hit) {
     final_plan = cache->final_plan;
     skeleton = &cache->skeleton;
@@ -543,11 +497,11 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
                           "save failed in global planning (coordinator)");
       } else {
         const int64_t id = NewPlanId();
+        ByteWriter header;
+        header.I64(id);
+        payloads.reserve(g->finals.size());
         for (const SavePlan& p : g->finals) {
-          ByteWriter w;
-          w.I64(id);
-          w.Str(internal_plan::EncodeSavePlan(p, false));
-          payloads.push_back(w.Take());
+          payloads.push_back(internal_plan::EncodeSavePlan(p, false, header.data()));
         }
         fresh_skeleton = std::move(g->skeleton);
       }
@@ -556,7 +510,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
                            ScatterOutcome(*comm, global, payloads));
     ByteReader r(mine, "final plan from the coordinator");
     const int64_t id = r.I64();
-    const std::string plan_bytes = r.Str();
+    const std::string_view plan_bytes = r.Rest();
     CAIRN_RETURN_IF_ERROR(r.status());
     CAIRN_ASSIGN_OR_RETURN(
         final_plan,
@@ -569,8 +523,9 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       cache->key = cache_key;
       cache->plan_id = id;
       cache->final_plan = final_plan;
-      cache->skeleton = coordinator ? fresh_skeleton
-                                    : internal_plan::MetadataSkeleton{};
+      // Moved, not copied: the skeleton's location pointers stay valid.
+      cache->skeleton = std::move(fresh_skeleton);
+      skeleton = &cache->skeleton;
     }
   }
   absl::StatusOr<SavePlan> finished = planner.FinishPlan(final_plan);
@@ -622,11 +577,15 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   std::string summary;
   if (coordinator && committed.ok()) {
     uint64_t total = 0;
-    absl::StatusOr<Metadata> md =
-        Assemble(*skeleton, *reports, options, where, &total);
+    absl::StatusOr<const Metadata*> md = AssembleMetadata(
+        *skeleton, *reports, options.user_metadata, &total);
     committed = md.status();
+    if (committed.ok() && where.rank_local()) {
+      skeleton->metadata.rank = where.rank;
+      skeleton->metadata.world_size = where.world;
+    }
     if (committed.ok()) {
-      absl::StatusOr<std::string> json = internal_format::EncodeMetadata(*md);
+      absl::StatusOr<std::string> json = internal_format::EncodeMetadata(**md);
       committed = json.status();
       if (committed.ok()) {
         committed = (*storage)->WriteAtomically(where.metadata_name(), *json);

@@ -1,8 +1,11 @@
 #include "checkpoint/write_report.h"
 
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cairn/version.h"
 #include "core/byte_codec.h"
 #include "core/status.h"
 
@@ -50,6 +53,53 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
   }
   CAIRN_RETURN_IF_ERROR(r.status());
   return out;
+}
+
+absl::StatusOr<const Metadata*> AssembleMetadata(
+    internal_plan::MetadataSkeleton& skeleton,
+    const std::vector<std::string>& encoded_reports,
+    std::string_view user_metadata, uint64_t* checkpoint_bytes) {
+  Metadata& md = skeleton.metadata;
+  md.scalars.clear();
+  md.created_by = "cairn " CAIRN_VERSION_STRING;
+  md.user = std::string(user_metadata);
+  std::map<std::string, int> scalar_from;  // first rank holding each scalar
+  *checkpoint_bytes = 0;
+  if (encoded_reports.size() != skeleton.refs.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "%d write reports for a plan of %d ranks", encoded_reports.size(),
+        skeleton.refs.size()));
+  }
+  for (int r = 0; r < static_cast<int>(encoded_reports.size()); ++r) {
+    CAIRN_ASSIGN_OR_RETURN(WriteReport report,
+                           DecodeReport(encoded_reports[r], r));
+    *checkpoint_bytes += report.file_size;
+    const std::vector<ByteLocation*>& refs = skeleton.refs[r];
+    if (report.items.size() != refs.size()) {
+      return absl::InternalError(absl::StrFormat(
+          "rank %d reports %d written items; its plan has %d", r,
+          report.items.size(), refs.size()));
+    }
+    for (size_t i = 0; i < refs.size(); ++i) {
+      ByteLocation& loc = *refs[i];
+      loc.file = report.file;
+      loc.offset = report.items[i].offset;
+      loc.nbytes = report.items[i].nbytes;
+      loc.crc32c = report.items[i].crc32c;
+    }
+    for (auto& [fqn, value] : report.scalars) {
+      auto [it, inserted] = md.scalars.try_emplace(fqn, value);
+      if (inserted) {
+        scalar_from[fqn] = r;
+      } else if (!internal_core::SameScalar(it->second, value)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "scalar %s differs between rank %d and rank %d; a scalar held "
+            "by several ranks is saved once, so every copy must be equal",
+            fqn, scalar_from[fqn], r));
+      }
+    }
+  }
+  return &md;
 }
 
 }  // namespace cairn::internal_checkpoint

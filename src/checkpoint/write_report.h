@@ -1,7 +1,8 @@
 // A rank's write report: what it tells the coordinator at commit (its data
 // file, the file's size, where each item of its final plan landed, and the
-// scalars its plan left out). save.cc sends and reads it; the scale
-// simulator (bench/scale) decodes the same bytes.
+// scalars its plan left out), and the commit step that fills the metadata
+// skeleton from every rank's report. save.cc sends and reads it; the scale
+// simulator (bench/scale) runs the same functions.
 #ifndef CAIRN_CHECKPOINT_WRITE_REPORT_H_
 #define CAIRN_CHECKPOINT_WRITE_REPORT_H_
 
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cairn/metadata.h"
 #include "cairn/state_dict.h"
+#include "plan/global_plan.h"
 
 namespace cairn::internal_checkpoint {
 
@@ -32,6 +35,19 @@ std::string EncodeReport(const WriteReport& r);
 
 // Bounds-checked; errors name "write report of rank <rank>".
 absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank);
+
+// The coordinator's commit step: fills `skeleton`'s metadata in place from
+// every rank's encoded report (rank r's report fills the locations of
+// skeleton.refs[r]) and returns it, with the scalars, created_by and
+// `user_metadata` set. Every location and scalar is set anew, so a cached
+// skeleton is reused from save to save without a copy. *checkpoint_bytes:
+// the sum of the reported file sizes. kInvalidArgument when two ranks hold
+// one scalar with different values; kInternal when a report does not
+// match its plan.
+absl::StatusOr<const Metadata*> AssembleMetadata(
+    internal_plan::MetadataSkeleton& skeleton,
+    const std::vector<std::string>& encoded_reports,
+    std::string_view user_metadata, uint64_t* checkpoint_bytes);
 
 }  // namespace cairn::internal_checkpoint
 

@@ -105,6 +105,12 @@ std::string ByteReader::Str() {
   return s;
 }
 
+std::string_view ByteReader::Rest() {
+  const std::string_view rest = error_.empty() ? data_.substr(pos_) : std::string_view();
+  pos_ = data_.size();
+  return rest;
+}
+
 std::vector<int64_t> ByteReader::Ints() {
   const uint64_t n = Count(8);
   std::vector<int64_t> v;

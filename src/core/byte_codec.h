@@ -23,8 +23,10 @@ class ByteWriter {
   void U64(uint64_t v);
   void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
   void Str(std::string_view s);
+  void Raw(std::string_view s) { out_.append(s); }  // no length prefix
   void Ints(const std::vector<int64_t>& v);
   void Scalar(const cairn::Scalar& s);
+  void Reserve(size_t bytes) { out_.reserve(bytes); }
   std::string Take() { return std::move(out_); }
   const std::string& data() const { return out_; }
 
@@ -46,6 +48,8 @@ class ByteReader {
   std::string Str();
   std::vector<int64_t> Ints();
   cairn::Scalar Scalar();
+  // The bytes not read yet, all of them (a message's trailing payload).
+  std::string_view Rest();
   // A count of following elements, each at least `min_bytes` long: fails
   // when the rest of the buffer cannot hold that many.
   uint64_t Count(uint64_t min_bytes);

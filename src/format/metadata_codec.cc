@@ -955,7 +955,11 @@ std::string ChunkName(std::string_view fqn, const Shape& shape,
 
 }  // namespace
 
-absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
+namespace {
+
+// The version check and the parts of the text EncodeMetadata embeds as
+// JSON values, normalised; with `scalars`, each scalar's text as well.
+absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
   if (metadata.version != kFormatVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot encode metadata version ", metadata.version,
@@ -981,6 +985,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metadata contains a string that is not valid UTF-8: ", e.what()));
   }
+  if (!scalars) return prepared;
   // A scalar's text, or (a string scalar that is not UTF-8) the error
   // dump() gives, reported when the text reaches it.
   prepared.scalars.reserve(metadata.scalars.size());
@@ -993,6 +998,29 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
           "metadata contains a string that is not valid UTF-8: ", e.what())));
     }
   }
+  return prepared;
+}
+
+}  // namespace
+
+absl::Status CheckEncodable(const Metadata& metadata) {
+  CAIRN_RETURN_IF_ERROR(Prepare(metadata, /*scalars=*/false).status());
+  CountingSink sink;
+  CAIRN_RETURN_IF_ERROR(PutString(sink, metadata.created_by));
+  for (const auto& [fqn, unused] : metadata.objects) {
+    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+  }
+  for (const auto& [fqn, unused] : metadata.tensors) {
+    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+  }
+  for (const auto& [fqn, unused] : metadata.scalars) {
+    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
+  CAIRN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(metadata, /*scalars=*/true));
   CountingSink counter;
   CAIRN_RETURN_IF_ERROR(PutMetadata(counter, metadata, prepared));
   std::string text;

@@ -20,6 +20,14 @@ inline constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
 // `metadata.user` must hold valid JSON (they are embedded as JSON values).
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
 
+// OK when EncodeMetadata(metadata) would succeed as far as the version,
+// `structure`, `user` and the names (FQNs, created_by) go, without building
+// the text: a save's coordinator checks its metadata skeleton this way
+// before any data is written. Not checked: locations (the skeleton's are
+// empty, and cairn names the data files) and scalar values (they arrive at
+// commit).
+absl::Status CheckEncodable(const Metadata& metadata);
+
 // Parses and validates untrusted text. `source` (e.g. the file path) prefixes
 // every error. Rejects: malformed JSON; "format" != "cairn"; a major
 // version other than kFormatVersion (kFailedPrecondition, "unsupported

@@ -245,6 +245,30 @@ TEST(MetadataCodecTest, EncodeRejectsBadInput) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// CheckEncodable refuses what EncodeMetadata refuses among the version,
+// the structure, the user object and the names, and accepts what it
+// encodes.
+TEST(MetadataCodecTest, CheckEncodableAgreesWithEncode) {
+  EXPECT_TRUE(CheckEncodable(SampleMetadata()).ok());
+  std::vector<std::function<void(Metadata&)>> breaks = {
+      [](Metadata& md) { md.version = 2; },
+      [](Metadata& md) { md.structure = "{not json"; },
+      [](Metadata& md) { md.user = "[1, 2]"; },
+      [](Metadata& md) { md.created_by = "cairn \xff"; },
+      [](Metadata& md) { md.tensors["w\xff"] = md.tensors.begin()->second; },
+      [](Metadata& md) { md.objects["o\xc3"] = ByteLocation{}; },
+      [](Metadata& md) { md.scalars["s\xfe"] = int64_t{1}; },
+  };
+  for (size_t i = 0; i < breaks.size(); ++i) {
+    Metadata md = SampleMetadata();
+    breaks[i](md);
+    EXPECT_EQ(EncodeMetadata(md).status().code(),
+              absl::StatusCode::kInvalidArgument) << i;
+    EXPECT_EQ(CheckEncodable(md).code(), absl::StatusCode::kInvalidArgument)
+        << i;
+  }
+}
+
 TEST(MetadataCodecTest, UnknownFieldsAreIgnored) {
   auto decoded = DecodeEdited([](json& j) {
     j["future_top_level"] = {{"x", 1}};

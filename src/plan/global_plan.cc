@@ -254,7 +254,8 @@ std::vector<SavePlan> DedupImpl(std::vector<SavePlan> local_plans,
   return local_plans;
 }
 
-absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
+absl::StatusOr<LocalSummary> ValidateLocalPlans(
+    const std::vector<SavePlan>& local_plans) {
   struct First {
     int rank;
     const WriteItem* item;
@@ -263,6 +264,7 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
   // no copies.
   absl::flat_hash_map<absl::string_view, First> first;
   absl::flat_hash_map<absl::string_view, int> scalar_rank;
+  LocalSummary summary;
   for (int r = 0; r < static_cast<int>(local_plans.size()); ++r) {
     for (const auto& [fqn, unused] : local_plans[r].scalars) {
       scalar_rank.try_emplace(fqn, r);
@@ -293,7 +295,10 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
         }
       }
       auto [it, inserted] = first.try_emplace(fqn, First{r, &item});
-      if (inserted) continue;
+      if (inserted) {
+        summary.try_emplace(fqn, FqnInfo{item.kind, item.dtype, item.global_shape});
+        continue;
+      }
       const WriteItem& a = *it->second.item;
       const int ra = it->second.rank;
       if (a.kind != item.kind) {
@@ -319,36 +324,36 @@ absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans) {
       }
     }
   }
-  return absl::OkStatus();
+  return summary;
 }
 
-absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
+absl::Status ValidateFinalPlans(const LocalSummary& local,
                                 const std::vector<SavePlan>& final_plans,
                                 bool require_coverage) {
   // Boxes are pointers into the final plans (not copies), FQNs views of the
-  // plans' strings: one entry per FQN, millions of boxes.
+  // summary's strings: one entry per FQN, millions of boxes.
   struct Written {
     const std::string* fqn = nullptr;
-    const WriteItem* any = nullptr;  // from the local plans
+    const FqnInfo* any = nullptr;
     std::vector<std::pair<int, const Box*>> boxes;
   };
   std::vector<Written> written;
+  written.reserve(local.size());
   absl::flat_hash_map<absl::string_view, size_t> index;
-  for (const SavePlan& plan : local_plans) {
-    for (const WriteItem& item : plan.items) {
-      auto [it, inserted] = index.try_emplace(item.fqn, written.size());
-      if (inserted) written.push_back(Written{&item.fqn, nullptr, {}});
-      written[it->second].any = &item;  // the last one, as before
-    }
+  index.reserve(local.size());
+  for (const auto& [fqn, info] : local) {
+    index.try_emplace(fqn, written.size());
+    written.push_back(Written{&fqn, &info, {}});
   }
   for (int r = 0; r < static_cast<int>(final_plans.size()); ++r) {
     for (const WriteItem& item : final_plans[r].items) {
       auto it = index.find(item.fqn);
-      const WriteItem* any =
+      const FqnInfo* any =
           it == index.end() ? nullptr : written[it->second].any;
       if (any == nullptr || any->kind != item.kind ||
-          any->dtype != item.dtype ||
-          any->global_shape != item.global_shape) {
+          (item.kind == ItemKind::kTensor &&
+           (any->dtype != item.dtype ||
+            any->global_shape != item.global_shape))) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "the global plan has rank %d write %s, which no rank's local "
             "plan holds in that form",
@@ -441,16 +446,18 @@ absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
     out.refs[r].resize(plan.items.size());
     for (size_t i = 0; i < plan.items.size(); ++i) {
       const WriteItem& item = plan.items[i];
-      out.refs[r][i].fqn = item.fqn;
       if (item.kind == ItemKind::kObject) {
-        md.objects[item.fqn] = ByteLocation{};
-        out.refs[r][i].object = true;
+        ByteLocation& loc = md.objects[item.fqn];  // a node: stable
+        loc = ByteLocation{};
+        out.refs[r][i] = &loc;
       } else {
         auto [it, inserted] = chunks.try_emplace(item.fqn);
-        if (inserted) it->second.tensor = &md.tensors[item.fqn];
-        TensorMetadata& tm = *it->second.tensor;
-        tm.dtype = item.dtype;
-        tm.shape = item.global_shape;
+        if (inserted) {
+          TensorMetadata& tm = md.tensors[item.fqn];
+          tm.dtype = item.dtype;
+          tm.shape = item.global_shape;
+          it->second.tensor = &tm;
+        }
         it->second.pending.push_back({r, i});
       }
     }
@@ -463,11 +470,12 @@ absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
                        final_plans[b.rank].items[b.item].box.offsets;
               });
     TensorMetadata& tm = *c.tensor;
+    // Reserved exactly: the chunks never move, so the pointers stay valid.
     tm.chunks.reserve(pending.size());
     for (const Pending& p : pending) {
-      out.refs[p.rank][p.item].chunk = tm.chunks.size();
       tm.chunks.push_back(
           ChunkMetadata{final_plans[p.rank].items[p.item].box, {}});
+      out.refs[p.rank][p.item] = &tm.chunks.back().location;
     }
   }
   CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructureViews(structures));

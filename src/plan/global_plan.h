@@ -8,25 +8,40 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "cairn/metadata.h"
 #include "cairn/planner.h"
 
 namespace cairn::internal_plan {
 
+// What the local plans agree on for one FQN: its kind, and for tensors its
+// dtype and global shape. The coordinator keeps one per FQN (thousands),
+// not the plans' items (ranks x tensors), to check the global plan.
+struct FqnInfo {
+  ItemKind kind = ItemKind::kTensor;
+  DType dtype = DType::kU8;
+  Shape global_shape;
+};
+using LocalSummary = absl::flat_hash_map<std::string, FqnInfo>;
+
 // OK when the local plans describe one consistent state: every FQN has one
 // kind, one dtype and one global shape on every rank that holds it, boxes
 // lie inside their shapes, nbytes match, objects of one FQN have one size.
-// kInvalidArgument naming the FQN, the ranks and what differs.
-absl::Status ValidateLocalPlans(const std::vector<SavePlan>& local_plans);
+// kInvalidArgument naming the FQN, the ranks and what differs. Returns what
+// the plans agree on per FQN, so that the plans themselves can be handed on
+// (moved) to CreateGlobalPlan.
+absl::StatusOr<LocalSummary> ValidateLocalPlans(
+    const std::vector<SavePlan>& local_plans);
 
-// OK when `final_plans` write every tensor FQN of `local_plans` exactly once
-// (the written boxes cover the shape with no gap and no overlap) and every
-// object exactly once. kInvalidArgument naming the FQN, the ranks and the
-// boxes otherwise.
+// OK when `final_plans` write every FQN of `local` (the summary of the
+// local plans), each in the form the local plans agree on: every tensor
+// exactly once (the written boxes cover the shape with no gap and no
+// overlap) and every object exactly once. kInvalidArgument naming the FQN,
+// the ranks and the boxes otherwise.
 // Without `require_coverage` (rank-local checkpoints, which hold one rank's
 // part), gaps are allowed; everything else is still checked.
-absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
+absl::Status ValidateFinalPlans(const LocalSummary& local,
                                 const std::vector<SavePlan>& final_plans,
                                 bool require_coverage = true);
 
@@ -36,19 +51,22 @@ absl::Status ValidateFinalPlans(const std::vector<SavePlan>& local_plans,
 absl::StatusOr<std::string> MergeStructures(
     const std::vector<std::string>& structures);
 
-// Where each final item's location goes in the metadata.
-struct ItemRef {
-  std::string fqn;
-  bool object = false;
-  size_t chunk = 0;  // tensors: index into the tensor's chunks
-};
-
 // The metadata of a checkpoint written by `final_plans` with every location
 // still empty (tensors, chunks in box order, objects, merged structure,
-// world size), and for each rank and final item where its location goes.
+// world size), and for each rank and final item where its location goes:
+// a pointer into `metadata` (a chunk's or an object's location), so the
+// commit fills millions of locations without a lookup. Move-only: moving
+// keeps the pointers valid (map nodes and vector buffers move), a copy
+// would not.
 struct MetadataSkeleton {
+  MetadataSkeleton() = default;
+  MetadataSkeleton(MetadataSkeleton&&) = default;
+  MetadataSkeleton& operator=(MetadataSkeleton&&) = default;
+  MetadataSkeleton(const MetadataSkeleton&) = delete;
+  MetadataSkeleton& operator=(const MetadataSkeleton&) = delete;
+
   Metadata metadata;
-  std::vector<std::vector<ItemRef>> refs;  // [rank][item]
+  std::vector<std::vector<ByteLocation*>> refs;  // [rank][item]
 };
 absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
     const std::vector<SavePlan>& final_plans);

@@ -28,8 +28,32 @@ Box ReadBox(ByteReader& r) {
 
 }  // namespace
 
-std::string EncodeSavePlan(const SavePlan& plan, bool with_scalar_values) {
+namespace {
+
+// Bytes EncodeSavePlan writes for `plan`'s items.
+size_t ItemBytes(const SavePlan& plan) {
+  size_t n = 0;
+  for (const WriteItem& item : plan.items) {
+    n += 8 + item.fqn.size() + 2 + 8 * (4 + item.global_shape.size() +
+                                        item.box.offsets.size() +
+                                        item.box.sizes.size());
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string EncodeSavePlan(const SavePlan& plan, bool with_scalar_values,
+                           std::string_view prefix) {
   ByteWriter w;
+  size_t rest = 1 + 8 + 8 + 3 * 8 + plan.structure.size() +
+                plan.planner_data.size() + plan.storage_data.size();
+  for (const auto& [fqn, value] : plan.scalars) {
+    rest += 8 + fqn.size() + 1 + 16;
+    if (const auto* text = std::get_if<std::string>(&value)) rest += text->size();
+  }
+  w.Reserve(prefix.size() + ItemBytes(plan) + rest);
+  w.Raw(prefix);
   w.U8(with_scalar_values ? 1 : 0);
   w.U64(plan.items.size());
   for (const WriteItem& item : plan.items) {

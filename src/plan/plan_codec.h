@@ -21,8 +21,11 @@ namespace cairn::internal_plan {
 
 // Without scalar values, only each scalar's type is kept (decoded as a
 // default value of that type): the plan cache compares structure, not
-// values, and values travel at commit.
-std::string EncodeSavePlan(const SavePlan& plan, bool with_scalar_values);
+// values, and values travel at commit. `prefix` (e.g. a message header)
+// goes first; the result is built in one allocation, reserved up front
+// (the coordinator encodes millions of items).
+std::string EncodeSavePlan(const SavePlan& plan, bool with_scalar_values,
+                           std::string_view prefix = {});
 absl::StatusOr<SavePlan> DecodeSavePlan(std::string_view data,
                                         std::string_view what);
 
