@@ -19,6 +19,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cairn/box.h"
 #include "cairn/dtype.h"
 #include "core/checked.h"
@@ -1019,10 +1020,21 @@ absl::Status CheckEncodable(const Metadata& metadata) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
+                                           uint64_t max_bytes) {
   CAIRN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(metadata, /*scalars=*/true));
   CountingSink counter;
   CAIRN_RETURN_IF_ERROR(PutMetadata(counter, metadata, prepared));
+  if (counter.size() + 1 > max_bytes) {
+    size_t chunks = 0;
+    for (const auto& [fqn, t] : metadata.tensors) chunks += t.chunks.size();
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "metadata.json would be %d bytes (%d tensors, %d chunks), more than "
+        "the %d bytes a load accepts: save with fewer, larger chunks (fewer "
+        "ranks per tensor) or save rank-local checkpoints",
+        counter.size() + 1, metadata.tensors.size(), chunks,
+        max_bytes));
+  }
   std::string text;
   text.reserve(counter.size() + 1);
   StringSink sink(text);

@@ -13,12 +13,17 @@
 
 namespace cairn::internal_format {
 
-// Largest metadata.json accepted (untrusted input). 1 GiB.
-inline constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
+// Largest metadata.json accepted (untrusted input), and so the largest a
+// save writes. 4 GiB: a 16k-rank FSDP job's is about 1 GB (see
+// bench/scale/README.md).
+inline constexpr uint64_t kMaxMetadataBytes = uint64_t{4} << 30;
 
 // Deterministic JSON text (keys sorted). `metadata.structure` and
 // `metadata.user` must hold valid JSON (they are embedded as JSON values).
-absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
+// kResourceExhausted when the text would be longer than `max_bytes` (a load
+// would refuse it), before it is built.
+absl::StatusOr<std::string> EncodeMetadata(
+    const Metadata& metadata, uint64_t max_bytes = kMaxMetadataBytes);
 
 // OK when EncodeMetadata(metadata) would succeed as far as the version,
 // `structure`, `user` and the names (FQNs, created_by) go, without building

@@ -245,6 +245,20 @@ TEST(MetadataCodecTest, EncodeRejectsBadInput) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A metadata.json longer than a load accepts is never written: the save
+// fails at commit instead of committing a checkpoint nobody can open.
+TEST(MetadataCodecTest, EncodeRefusesTextLongerThanTheLimit) {
+  const Metadata md = SampleMetadata();
+  absl::StatusOr<std::string> text = EncodeMetadata(md);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_TRUE(EncodeMetadata(md, text->size()).ok());
+  absl::StatusOr<std::string> over = EncodeMetadata(md, text->size() - 1);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr(absl::StrCat("would be ", text->size(), " bytes")));
+  EXPECT_THAT(over.status().message(), HasSubstr("a load accepts"));
+}
+
 // CheckEncodable refuses what EncodeMetadata refuses among the version,
 // the structure, the user object and the names, and accepts what it
 // encodes.
