@@ -190,7 +190,26 @@ struct Span {
     for (size_t r = 0; r < start.size(); ++r) out.push_back(end[r] - start[r]);
     return out;
   }
+  // CPU seconds (user + system, and system alone) the whole process spent
+  // between MarkCpuStart and MarkCpuEnd (rank 0 calls them at the barriers
+  // around the timed call): a figure other load on the machine disturbs
+  // far less than wall time, for comparing two builds of cairn.
+  void MarkCpuStart() { cpu_start = ProcessCpu(); }
+  void MarkCpuEnd() { cpu_end = ProcessCpu(); }
+  json Cpu() const {
+    return json{{"cpu_seconds", cpu_end.first - cpu_start.first},
+                {"sys_seconds", cpu_end.second - cpu_start.second}};
+  }
   std::vector<double> start, end;
+  std::pair<double, double> cpu_start, cpu_end;
+
+ private:
+  static std::pair<double, double> ProcessCpu() {
+    struct rusage u {};
+    getrusage(RUSAGE_SELF, &u);
+    auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+    return {sec(u.ru_utime) + sec(u.ru_stime), sec(u.ru_stime)};
+  }
 };
 
 double Median(std::vector<double> v) {
@@ -337,19 +356,28 @@ absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
         options.io_threads = o.io_threads;
         options.write_buffer_bytes = o.buffer_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
-        if (rank == 0) PerfControl("save", "enable\n");
+        if (rank == 0) {
+          PerfControl("save", "enable\n");
+          span.MarkCpuStart();
+        }
         span.start[static_cast<size_t>(rank)] = MonotonicSeconds();
         absl::StatusOr<SaveResult> saved = Save(sd, url, options);
         span.end[static_cast<size_t>(rank)] = MonotonicSeconds();
-        if (rank == 0) PerfControl("save", "disable\n");
+        CAIRN_RETURN_IF_ERROR(comm.Barrier());
+        if (rank == 0) {
+          span.MarkCpuEnd();
+          PerfControl("save", "disable\n");
+        }
         return saved.status();  // Save agreed on it across the ranks
       }));
   if (!status.ok()) return status;
   uint64_t total = 0;
   for (uint64_t h : held) total += h;
-  return json{{"seconds", span.Wall()},
+  json out = {{"seconds", span.Wall()},
               {"rank_seconds", span.RankSeconds()},
               {"held_bytes", total}};
+  out.update(span.Cpu());
+  return out;
 }
 
 // async_save: an AsyncSaver on the W ranks saves the state twice, each
@@ -451,12 +479,18 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         options.io_threads = o.io_threads;
         options.bounce_buffer_bytes = o.buffer_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
-        if (rank == 0) PerfControl("load", "enable\n");
+        if (rank == 0) {
+          PerfControl("load", "enable\n");
+          span.MarkCpuStart();
+        }
         span.start[r] = MonotonicSeconds();
         absl::StatusOr<LoadResult> loaded = Load(sd, dir.string(), options);
         span.end[r] = MonotonicSeconds();
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
-        if (rank == 0) PerfControl("load", "disable\n");
+        if (rank == 0) {
+          span.MarkCpuEnd();
+          PerfControl("load", "disable\n");
+        }
         if (!loaded.ok()) return loaded.status();
         read[r] = loaded->bytes_read;
         phases[r] = loaded->phases;
@@ -479,7 +513,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
     slowest.broadcast = std::max(slowest.broadcast, p.broadcast);
     slowest.copy = std::max(slowest.copy, p.copy);
   }
-  return json{{"seconds", span.Wall()},
+  json out = {{"seconds", span.Wall()},
               {"rank_seconds", span.RankSeconds()},
               {"phase_seconds",
                {{"metadata", slowest.metadata},
@@ -489,6 +523,8 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
                 {"copy", slowest.copy}}},
               {"storage_bytes_read", bytes_read},
               {"verified_bytes", bytes_verified}};
+  out.update(span.Cpu());
+  return out;
 }
 
 // memcpy: host memory bandwidth, the physical limit of a warm load (which
@@ -676,6 +712,7 @@ struct Row {
   std::vector<double> samples;       // seconds
   std::vector<double> blocked;       // async: seconds until Save() returned
   std::vector<json> rank_seconds;    // per sample
+  std::vector<double> cpu, sys;      // save, load: process CPU seconds
   uint64_t peak_rss_bytes = 0;       // the largest over the samples
   uint64_t dest_bytes = 0;
   json extra = json::object();       // kind-specific fields
@@ -880,6 +917,8 @@ absl::Status Bench::RunSave() {
     const double s = Num(r.value, "seconds");
     row.samples.push_back(s);
     row.rank_seconds.push_back(r.value["rank_seconds"]);
+    row.cpu.push_back(Num(r.value, "cpu_seconds"));
+    row.sys.push_back(Num(r.value, "sys_seconds"));
     row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
     Log("save_sync %d/%d: %.3f s, %.3f GB/s, peak RSS %.1f MiB", i + 1,
         o_.repeat, s, GigabytesPerSecond(bytes_, s), MiB(r.peak_rss_bytes));
@@ -983,6 +1022,8 @@ absl::Status Bench::RunLoads() {
         const double s = Num(r.value, "seconds");
         row.samples.push_back(s);
         row.rank_seconds.push_back(r.value["rank_seconds"]);
+        row.cpu.push_back(Num(r.value, "cpu_seconds"));
+        row.sys.push_back(Num(r.value, "sys_seconds"));
         row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
         row.extra["storage_bytes_read"] =
             static_cast<uint64_t>(Num(r.value, "storage_bytes_read"));
@@ -1064,6 +1105,10 @@ json Bench::ToJson() const {
               {"dest_bytes", row.dest_bytes},
               {"samples", row.samples},
               {"rank_seconds", row.rank_seconds}};
+    if (!row.cpu.empty()) {
+      j["cpu_seconds"] = Median(row.cpu);
+      j["sys_seconds"] = Median(row.sys);
+    }
     j.update(row.extra);
     if (row.kind == "load" && row.cache == "warm" && MemcpyLimit() > 0 &&
         s > 0) {
@@ -1201,6 +1246,11 @@ int Bench::Run() {
       "seconds = wall time from a common barrier to the last rank finishing "
       "(max end - min start over the ranks, CLOCK_MONOTONIC); per-rank "
       "durations in rank_seconds; the median of --repeat samples.",
+      "cpu_seconds, sys_seconds (save and load rows): CPU time (user + "
+      "system, and system alone) of the whole process, all its ranks, from "
+      "the barrier before the timed call to the barrier after it (getrusage); "
+      "the median of the samples. Less disturbed than wall time by other "
+      "load on the machine: the figure to compare two builds of cairn by.",
       "Ranks are threads of one process with the in-process communicator. "
       "Every sample runs in a fresh child process; peak_rss_bytes is the "
       "child's ru_maxrss (wait4), the largest over the samples. dest_bytes "
