@@ -87,6 +87,26 @@ class ReadableFile {
       uint64_t offset, std::span<std::byte> data) const {
     return ReadAt(offset, data);
   }
+
+  // Bytes of the file a reader may use in place, with no copy into a
+  // buffer of its own; they stay valid while this object lives.
+  class View {
+   public:
+    virtual ~View() = default;
+    virtual std::span<const std::byte> bytes() const = 0;
+  };
+  // [offset, offset + size) in place when the backend holds those bytes in
+  // memory already (the file backend: wholly in the page cache, mapped
+  // read-only for the view's lifetime); null when it does not, and from
+  // backends that do not override this (the default). A reader that needs
+  // only some of a range's bytes (a strided slice) then touches only those,
+  // where a read would copy them all. The bytes are the file's as long as
+  // nobody truncates or rewrites it meanwhile, which a committed
+  // checkpoint's data files never are. Thread-safe.
+  virtual std::unique_ptr<View> ViewIfInMemory(uint64_t offset,
+                                               uint64_t size) const {
+    return nullptr;
+  }
 };
 
 class Storage {

@@ -512,6 +512,23 @@ class Loader {
       case ReadTask::Mode::kRuns:
         break;
     }
+    // A span the storage holds in memory already (page-cached) is copied
+    // from in place: only the bytes the copies need are touched, where a
+    // read into the bounce buffer would copy the whole span first.
+    std::unique_ptr<ReadableFile::View> view;
+    if (t.mode == ReadTask::Mode::kSpan) {
+      view = file.ViewIfInMemory(t.file_offset, t.span);
+    }
+    if (view != nullptr) {
+      if (view->bytes().size() != t.span) {
+        return absl::InternalError(absl::StrFormat(
+            "%s: the storage's in-memory view has %d bytes, %d asked",
+            context(), view->bytes().size(), t.span));
+      }
+      checksum(view->bytes().data());
+      CopyOut(t, view->bytes().data());
+      return absl::OkStatus();
+    }
     CAIRN_ASSIGN_OR_RETURN(PooledBuffer buf, pool.Acquire());
     if (t.mode == ReadTask::Mode::kSpan) {
       CAIRN_RETURN_IF_ERROR(Annotate(
@@ -533,13 +550,18 @@ class Loader {
       });
       CAIRN_RETURN_IF_ERROR(Annotate(status, context()));
     }
+    CopyOut(t, buf.data());
+    return absl::OkStatus();
+  }
+
+  // The strided copies of a kSpan or kRuns task out of `src`, which holds
+  // its bytes (the span, or the runs packed).
+  static void CopyOut(const ReadTask& t, const std::byte* src) {
     for (const ReadTask::Copy& c : t.copies) {
-      internal_core::CopyStrided(buf.data() + c.src_offset,
-                                 t.src_strides.data(), c.dst,
-                                 c.dst_strides.data(), c.shape.data(),
+      internal_core::CopyStrided(src + c.src_offset, t.src_strides.data(),
+                                 c.dst, c.dst_strides.data(), c.shape.data(),
                                  static_cast<int>(c.shape.size()), t.elem_size);
     }
-    return absl::OkStatus();
   }
 
   absl::Status Execute() {

@@ -272,6 +272,8 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   // Cold, aligned: direct. The middle stays out of the page cache.
   EXPECT_EQ(read(1 << 20, 1 << 20, 0), bytes.substr(1 << 20, 1 << 20));
   EXPECT_EQ(CachedPages(path, 1 << 20, 2 << 20), 0);
+  // Not cached: no in-place view.
+  EXPECT_EQ((*file)->ViewIfInMemory(1 << 20, 1 << 20), nullptr);
   // Cold, unaligned offset and size with the destination aligned like the
   // file offset: buffered head and tail, direct middle.
   EXPECT_EQ(read(100, 500000, 100), bytes.substr(100, 500000));
@@ -291,10 +293,59 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   EXPECT_EQ(read(5, 10, 0), bytes.substr(5, 10));
   EXPECT_EQ(read(bytes.size() - 70001, 70001, 3),
             bytes.substr(bytes.size() - 70001));
+  // Cached, into destination memory never touched (copied out of the
+  // mapping) and into memory partly touched (the same) or wholly touched
+  // (a buffered pread): exact every time.
+  {
+    const size_t size = size_t{2} << 20;
+    void* fresh = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(fresh, MAP_FAILED);
+    auto* dst = static_cast<std::byte*>(fresh);
+    ASSERT_TRUE((*file)->ReadAt(4096, std::span(dst, size)).ok());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), size),
+              bytes.substr(4096, size));
+    ASSERT_EQ(::madvise(fresh, size, MADV_DONTNEED), 0);  // untouched again
+    dst[size / 2] = std::byte{1};  // one page resident
+    ASSERT_TRUE((*file)->ReadAt(100, std::span(dst, size - 100)).ok());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), size - 100),
+              bytes.substr(100, size - 100));
+    ASSERT_TRUE((*file)->ReadAt(300000, std::span(dst + 5, size - 5)).ok());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst + 5), size - 5),
+              bytes.substr(300000, size - 5));
+    ::munmap(fresh, size);
+  }
+  // Cached: in place, the file's bytes; the mapped pages go with the view.
+  {
+    const int64_t rss_before = RssFileKiB();
+    std::unique_ptr<ReadableFile::View> view =
+        (*file)->ViewIfInMemory(12345, 2 << 20);
+    ASSERT_NE(view, nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(view->bytes().data()),
+                          view->bytes().size()),
+              bytes.substr(12345, 2 << 20));
+    EXPECT_GE(RssFileKiB() - rss_before, 1024) << "the view is mapped";
+    view.reset();
+    EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
+    // Past the end of the file, or too small to be worth a mapping: none.
+    EXPECT_EQ((*file)->ViewIfInMemory(bytes.size() - 4096, 8192), nullptr);
+    EXPECT_EQ((*file)->ViewIfInMemory(0, 100), nullptr);
+  }
   // A cached read copied out of the mapping leaves nothing mapped: the
-  // process's file-backed RSS does not grow by what it read.
+  // process's file-backed RSS does not grow by what it read (into resident
+  // memory, as `read` gives, and into untouched memory).
   const int64_t rss_before = RssFileKiB();
   EXPECT_EQ(read(0, bytes.size(), 0), bytes);
+  {
+    void* fresh = ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(fresh, MAP_FAILED);
+    auto* dst = static_cast<std::byte*>(fresh);
+    ASSERT_TRUE((*file)->ReadAt(0, std::span(dst, bytes.size())).ok());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), bytes.size()),
+              bytes);
+    ::munmap(fresh, bytes.size());
+  }
   EXPECT_LT(RssFileKiB() - rss_before, 1024) << "KiB of file pages left mapped";
   // Past the end: kDataLoss naming the file, also on the direct path.
   std::vector<std::byte> big(size_t{2} << 20);
@@ -325,6 +376,8 @@ TEST(FileStorageTest, PlainPreadReadsAreExact) {
                   ->ReadAt(8191, std::as_writable_bytes(std::span(out)))
                   .ok());
   EXPECT_EQ(out, bytes.substr(8191));
+  // Mapped reads off: never a view, cached or not.
+  EXPECT_EQ((*file)->ViewIfInMemory(0, bytes.size()), nullptr);
 }
 
 TEST(FileStorageTest, TmpfsAlignmentMatchesWhatTheKernelAccepts) {
