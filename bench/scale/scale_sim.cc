@@ -369,13 +369,13 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     return internal_format::CheckEncodable(skeleton.metadata);
   }));
 
-  // The scatter's payloads, as save.cc builds them; the flat arrays are
-  // released with them.
+  // The scatter's payloads, as save.cc builds them (in the local plans'
+  // strings); the flat arrays are released with them.
   std::vector<std::string> payloads;
   CAIRN_RETURN_IF_ERROR(Timed(phases, "encode_finals", [&] {
     internal_core::ByteWriter header;
     header.I64(1);  // the plan id
-    payloads = plans->EncodeFinals(header.data());
+    payloads = plans->EncodeFinals(encoded, header.data());
     plans.reset();
     return absl::OkStatus();
   }));

@@ -328,7 +328,7 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
 // it does not plan, so errors are the classic path's.
 absl::StatusOr<internal_plan::EncodedGlobalPlan> PlanGlobally(
     SavePlanner& planner, std::optional<DedupPolicy> default_policy,
-    const std::vector<std::string>& encoded, const SaveOptions& options,
+    std::vector<std::string>& encoded, const SaveOptions& options,
     const Where& where, std::string_view header) {
   CAIRN_ASSIGN_OR_RETURN(
       internal_plan::EncodedGlobalPlan g,

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <utility>
@@ -66,6 +67,8 @@ template <typename T>
 using BigVector = std::vector<T, BigAllocator<T>>;
 
 constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+// A plan's encoding starts with the scalar-values flag and the item count.
+constexpr size_t kHeader = 1 + 8;
 
 // Fields of a message the ByteReader has already bounds-checked, read
 // again in place: little-endian, as ByteWriter wrote them.
@@ -527,50 +530,97 @@ absl::Status ColumnarPlans::ValidateFinal(const MetadataSkeleton& skeleton,
   return absl::OkStatus();
 }
 
+// EncodeSavePlan's layout: without scalar values, the item count, the
+// items, then the scalars, structure and opaque slots (the local plan's own
+// bytes from its scalars on).
+std::string ColumnarPlans::CopyFinal(size_t r, std::string_view prefix) const {
+  const State& s = *s_;
+  const std::string_view m = s.messages[r];
+  size_t bytes = prefix.size() + kHeader + (m.size() - s.tails[r]);
+  for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+    if (s.final_index[i] != kNone) bytes += s.items[i].end - s.items[i].begin;
+  }
+  ByteWriter w;
+  w.Reserve(bytes);
+  w.Raw(prefix);
+  w.U8(0);
+  w.U64(s.kept[r]);
+  for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+    if (s.final_index[i] == kNone) continue;
+    w.Raw(m.substr(s.items[i].begin, s.items[i].end - s.items[i].begin));
+  }
+  w.Raw(m.substr(s.tails[r]));
+  return w.Take();
+}
+
 std::vector<std::string> ColumnarPlans::EncodeFinals(
-    std::string_view prefix) const {
+    std::vector<std::string>& encoded, std::string_view prefix) {
   const State& s = *s_;
   std::vector<std::string> payloads;
   payloads.reserve(s.world());
+  const size_t p = prefix.size();
   for (size_t r = 0; r < s.world(); ++r) {
-    const std::string_view m = s.messages[r];
-    // EncodeSavePlan's layout: without scalar values, the item count, the
-    // items, then the scalars, structure and opaque slots (the local plan's
-    // own bytes from its scalars on).
-    size_t bytes = prefix.size() + 1 + 8 + (m.size() - s.tails[r]);
-    for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
-      if (s.final_index[i] != kNone) bytes += s.items[i].end - s.items[i].begin;
+    // The final plan is the local one with its dropped items cut out and
+    // `prefix` in front: built in place, in memory already faulted in (a
+    // new string per rank is as much fresh memory as all final plans).
+    // That needs a dropped item at least as long as the prefix, whose
+    // bytes the kept items before it move over; later items only move
+    // towards the front.
+    size_t first_dropped = s.base[r];
+    while (first_dropped < s.base[r + 1] &&
+           s.final_index[first_dropped] != kNone) {
+      ++first_dropped;
     }
-    ByteWriter w;
-    w.Reserve(bytes);
-    w.Raw(prefix);
-    w.U8(0);
-    w.U64(s.kept[r]);
-    for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+    const bool in_place =
+        r < encoded.size() && encoded[r].data() == s.messages[r].data() &&
+        encoded[r].size() == s.messages[r].size() &&
+        first_dropped < s.base[r + 1] &&
+        s.items[first_dropped].end - s.items[first_dropped].begin >= p;
+    if (!in_place) {
+      payloads.push_back(CopyFinal(r, prefix));
+      continue;
+    }
+    std::string& m = encoded[r];
+    char* d = m.data();
+    const size_t lead = s.items[first_dropped].begin;
+    std::memmove(d + kHeader + p, d + kHeader, lead - kHeader);
+    size_t out = lead + p;
+    for (size_t i = first_dropped + 1; i < s.base[r + 1]; ++i) {
       if (s.final_index[i] == kNone) continue;
-      w.Raw(m.substr(s.items[i].begin, s.items[i].end - s.items[i].begin));
+      const size_t len = s.items[i].end - s.items[i].begin;
+      std::memmove(d + out, d + s.items[i].begin, len);
+      out += len;
     }
-    w.Raw(m.substr(s.tails[r]));
-    payloads.push_back(w.Take());
+    const size_t tail = m.size() - s.tails[r];
+    std::memmove(d + out, d + s.tails[r], tail);
+    out += tail;
+    std::memcpy(d, prefix.data(), p);
+    ByteWriter header;
+    header.U8(0);  // without scalar values
+    header.U64(s.kept[r]);
+    std::memcpy(d + p, header.data().data(), kHeader);
+    m.resize(out);
+    payloads.push_back(std::move(m));
   }
+  s_ = nullptr;  // its views into `encoded` are stale
   return payloads;
 }
 
 absl::StatusOr<EncodedGlobalPlan> PlanGlobalSaveColumnar(
-    const std::vector<std::string>& encoded, DedupPolicy policy,
+    std::vector<std::string>& encoded, DedupPolicy policy,
     bool require_coverage, std::string_view prefix) {
   CAIRN_ASSIGN_OR_RETURN(ColumnarPlans plans, ColumnarPlans::Decode(encoded));
   plans.Dedup(policy);
   EncodedGlobalPlan g;
   CAIRN_ASSIGN_OR_RETURN(g.skeleton, plans.BuildSkeleton());
   CAIRN_RETURN_IF_ERROR(plans.ValidateFinal(g.skeleton, require_coverage));
-  g.payloads = plans.EncodeFinals(prefix);
+  g.payloads = plans.EncodeFinals(encoded, prefix);
   return g;
 }
 
 absl::StatusOr<EncodedGlobalPlan> PlanGlobalSaveDispatch(
     SavePlanner& planner, std::optional<DedupPolicy> default_policy,
-    const std::vector<std::string>& encoded, bool require_coverage,
+    std::vector<std::string>& encoded, bool require_coverage,
     std::string_view prefix) {
   if (default_policy.has_value()) {
     absl::StatusOr<EncodedGlobalPlan> g = PlanGlobalSaveColumnar(

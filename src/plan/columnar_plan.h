@@ -52,29 +52,35 @@ class ColumnarPlans {
   // (coverage is checked on its chunks).
   absl::Status ValidateFinal(const MetadataSkeleton& skeleton,
                              bool require_coverage) const;
-  // EncodedGlobalPlan::payloads.
-  std::vector<std::string> EncodeFinals(std::string_view prefix) const;
+  // EncodedGlobalPlan::payloads, built in the strings of `encoded` (the
+  // vector Decode read), which are moved out; this object is left empty.
+  std::vector<std::string> EncodeFinals(std::vector<std::string>& encoded,
+                                        std::string_view prefix);
 
  private:
   struct State;
   explicit ColumnarPlans(std::unique_ptr<State> state);
+  std::string CopyFinal(size_t rank, std::string_view prefix) const;
   std::unique_ptr<State> s_;
 };
 
 // PlanGlobalSave for a DefaultSavePlanner with `policy`, on flat arrays. A
-// non-OK status means only that this input needs PlanGlobalSave.
+// non-OK status means only that this input needs PlanGlobalSave, and
+// leaves `encoded` as it was; on success its strings have become the
+// payloads (the final plans are built in place).
 absl::StatusOr<EncodedGlobalPlan> PlanGlobalSaveColumnar(
-    const std::vector<std::string>& encoded, DedupPolicy policy,
+    std::vector<std::string>& encoded, DedupPolicy policy,
     bool require_coverage, std::string_view prefix);
 
 // What the save coordinator calls: PlanGlobalSaveColumnar when
 // `default_policy` is set (the caller has checked that `planner` is exactly
 // a DefaultSavePlanner with that policy; a subclass may override
 // CreateGlobalPlan) and it can plan the input, otherwise PlanGlobalSave,
-// whose errors are the ones reported.
+// whose errors are the ones reported. `encoded` is consumed as by
+// PlanGlobalSaveColumnar.
 absl::StatusOr<EncodedGlobalPlan> PlanGlobalSaveDispatch(
     SavePlanner& planner, std::optional<DedupPolicy> default_policy,
-    const std::vector<std::string>& encoded, bool require_coverage,
+    std::vector<std::string>& encoded, bool require_coverage,
     std::string_view prefix);
 
 }  // namespace cairn::internal_plan

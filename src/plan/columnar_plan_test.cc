@@ -191,6 +191,20 @@ void ExpectSame(const EncodedGlobalPlan& classic,
   }
 }
 
+// PlanGlobalSaveColumnar on a copy of `encoded` (it consumes its input on
+// success, and must leave it as it was otherwise).
+absl::StatusOr<EncodedGlobalPlan> Columnar(
+    const std::vector<std::string>& encoded, DedupPolicy policy,
+    bool require_coverage = true) {
+  std::vector<std::string> copy = encoded;
+  absl::StatusOr<EncodedGlobalPlan> g =
+      PlanGlobalSaveColumnar(copy, policy, require_coverage, kPrefix);
+  if (!g.ok()) {
+    EXPECT_EQ(copy, encoded);
+  }
+  return g;
+}
+
 absl::StatusOr<EncodedGlobalPlan> Classic(
     const std::vector<std::string>& encoded, DedupPolicy policy,
     bool require_coverage = true) {
@@ -213,7 +227,7 @@ TEST(ColumnarPlanTest, SameAsClassicOnRandomPlans) {
         ++cases;
         absl::StatusOr<EncodedGlobalPlan> classic = Classic(encoded, policy);
         absl::StatusOr<EncodedGlobalPlan> columnar =
-            PlanGlobalSaveColumnar(encoded, policy, true, kPrefix);
+            Columnar(encoded, policy);
         ASSERT_TRUE(classic.ok()) << classic.status();
         ASSERT_TRUE(columnar.ok()) << columnar.status();
         ExpectSame(*classic, *columnar);
@@ -242,11 +256,11 @@ TEST(ColumnarPlanTest, SameAsClassicWithoutCoverage) {
        {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
     absl::StatusOr<EncodedGlobalPlan> classic = Classic(encoded, policy, false);
     absl::StatusOr<EncodedGlobalPlan> columnar =
-        PlanGlobalSaveColumnar(encoded, policy, false, kPrefix);
+        Columnar(encoded, policy, false);
     ASSERT_TRUE(classic.ok()) << classic.status();
     ASSERT_TRUE(columnar.ok()) << columnar.status();
     ExpectSame(*classic, *columnar);
-    EXPECT_FALSE(PlanGlobalSaveColumnar(encoded, policy, true, kPrefix).ok());
+    EXPECT_FALSE(Columnar(encoded, policy).ok());
   }
 }
 
@@ -270,7 +284,7 @@ TEST(ColumnarPlanTest, BalancesReplicasLikeClassic) {
        {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
     absl::StatusOr<EncodedGlobalPlan> classic = Classic(encoded, policy);
     absl::StatusOr<EncodedGlobalPlan> columnar =
-        PlanGlobalSaveColumnar(encoded, policy, true, kPrefix);
+        Columnar(encoded, policy);
     ASSERT_TRUE(classic.ok()) << classic.status();
     ASSERT_TRUE(columnar.ok()) << columnar.status();
     ExpectSame(*classic, *columnar);
@@ -322,11 +336,10 @@ TEST(ColumnarPlanTest, BadInputGivesTheClassicError) {
     absl::StatusOr<EncodedGlobalPlan> classic =
         PlanGlobalSave(planner, encoded, true, kPrefix);
     ASSERT_FALSE(classic.ok());
-    EXPECT_FALSE(PlanGlobalSaveColumnar(encoded, DedupPolicy::kBalanceBytes,
-                                        true, kPrefix)
-                     .ok());
+    EXPECT_FALSE(Columnar(encoded, DedupPolicy::kBalanceBytes).ok());
+    std::vector<std::string> copy = encoded;
     absl::StatusOr<EncodedGlobalPlan> dispatched = PlanGlobalSaveDispatch(
-        planner, DedupPolicy::kBalanceBytes, encoded, true, kPrefix);
+        planner, DedupPolicy::kBalanceBytes, copy, true, kPrefix);
     EXPECT_EQ(dispatched.status(), classic.status());
   }
 }
@@ -348,11 +361,10 @@ TEST(ColumnarPlanTest, MalformedMessagesGiveTheClassicError) {
     absl::StatusOr<EncodedGlobalPlan> classic =
         PlanGlobalSave(planner, bad[i], true, kPrefix);
     ASSERT_FALSE(classic.ok());
-    EXPECT_FALSE(PlanGlobalSaveColumnar(bad[i], DedupPolicy::kBalanceBytes,
-                                        true, kPrefix)
-                     .ok());
-    EXPECT_EQ(PlanGlobalSaveDispatch(planner, DedupPolicy::kBalanceBytes,
-                                     bad[i], true, kPrefix)
+    EXPECT_FALSE(Columnar(bad[i], DedupPolicy::kBalanceBytes).ok());
+    std::vector<std::string> copy = bad[i];
+    EXPECT_EQ(PlanGlobalSaveDispatch(planner, DedupPolicy::kBalanceBytes, copy,
+                                     true, kPrefix)
                   .status(),
               classic.status());
   }
@@ -365,9 +377,7 @@ TEST(ColumnarPlanTest, PlansWithScalarValuesGoTheClassicWay) {
   for (const SavePlan& p : GoodPlans()) {
     encoded.push_back(EncodeSavePlan(p, /*with_scalar_values=*/true));
   }
-  EXPECT_FALSE(PlanGlobalSaveColumnar(encoded, DedupPolicy::kBalanceBytes,
-                                      true, kPrefix)
-                   .ok());
+  EXPECT_FALSE(Columnar(encoded, DedupPolicy::kBalanceBytes).ok());
   DefaultSavePlanner planner;
   absl::StatusOr<EncodedGlobalPlan> classic =
       PlanGlobalSave(planner, encoded, true, kPrefix);
