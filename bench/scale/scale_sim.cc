@@ -9,16 +9,17 @@
 //    (shards viewing a placeholder byte; planning never reads tensor data)
 //    and its local plan from the real DefaultSavePlanner, encoded with the
 //    plan codec as each rank sends it to the coordinator.
-//  coordinator, in save.cc's order (PlanGlobally, the scatter, Assemble):
-//    decode the local plans, ValidateLocalPlans (which returns the per-FQN
-//    summary), CreateGlobalPlan (dedup, the local plans moved in, as
-//    save.cc does), ValidateFinalPlans against the summary with coverage,
-//    BuildMetadataSkeleton, CheckEncodable on the skeleton (save.cc checks
-//    that the metadata encodes before any data is written),
-//    the final plans encoded for the scatter, AssembleMetadata (each rank's
-//    write report decoded, the locations filled in, the scalars checked), and
-//    EncodeMetadata: metadata.json. The sum of these phases is the
-//    "coordinator total" that issue 6's 5 s target is checked against.
+//  coordinator, in save.cc's order (PlanGlobally, the scatter, Assemble),
+//    the path save.cc takes for the default planner (PlanGlobalSaveColumnar,
+//    plan/columnar_plan.h), step by step: the local plans read in place
+//    into flat arrays with ValidateLocalPlans' checks, dedup, the metadata
+//    skeleton, ValidateFinalPlans' checks (coverage on the skeleton's
+//    chunks), CheckEncodable on the skeleton (save.cc checks that the
+//    metadata encodes before any data is written), the final plans encoded
+//    for the scatter, AssembleMetadata (each rank's write report decoded,
+//    the locations filled in, the scalars checked), and EncodeMetadata:
+//    metadata.json. The sum of these phases is the "coordinator total" that
+//    issue 6's 5 s target is checked against.
 //  load: metadata.json written and read back through the file storage (the
 //    read is from the page cache), DecodeMetadata (every rank), coverage of
 //    every tensor (the coordinator), and rank 0's DefaultLoadPlanner local
@@ -46,6 +47,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -68,6 +70,7 @@
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "nlohmann/json.hpp"
+#include "plan/columnar_plan.h"
 #include "plan/global_plan.h"
 #include "plan/plan_codec.h"
 
@@ -333,84 +336,70 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     res.inputs_seconds = Since(start) - res.encode_local_seconds;
   }
 
-  // Coordinator: PlanGlobally.
+  // Coordinator: PlanGlobally. save.cc plans the default planner on flat
+  // arrays (PlanGlobalSaveColumnar, falling back to the WriteItem path only
+  // on input it does not plan, which these plans are not); its steps, each
+  // timed. The encoded local plans are read in place, so they stay alive
+  // until the final plans are encoded, as in save.cc.
   auto& phases = res.coordinator;
-  std::vector<SavePlan> locals;
-  std::vector<SavePlan> finals;
+  std::optional<internal_plan::ColumnarPlans> plans;
   internal_plan::MetadataSkeleton skeleton;
-  CAIRN_RETURN_IF_ERROR(Timed(phases, "decode_plans", [&] {
-    locals.reserve(world);
-    for (int r = 0; r < world; ++r) {
-      absl::StatusOr<SavePlan> p = internal_plan::DecodeSavePlan(
-          encoded[r], absl::StrCat("local plan of rank ", r));
-      if (!p.ok()) return p.status();
-      locals.push_back(*std::move(p));
-    }
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "decode_validate_local", [&] {
+    absl::StatusOr<internal_plan::ColumnarPlans> p =
+        internal_plan::ColumnarPlans::Decode(encoded);
+    if (!p.ok()) return p.status();
+    plans.emplace(*std::move(p));
     return absl::OkStatus();
   }));
-  internal_plan::LocalSummary summary;
-  CAIRN_RETURN_IF_ERROR(Timed(phases, "validate_local", [&] {
-    absl::StatusOr<internal_plan::LocalSummary> s =
-        internal_plan::ValidateLocalPlans(locals);
-    if (!s.ok()) return s.status();
-    summary = *std::move(s);
-    return absl::OkStatus();
-  }));
-  // save.cc moves the local plans into CreateGlobalPlan (the final plans
-  // are checked against the per-FQN summary).
   CAIRN_RETURN_IF_ERROR(Timed(phases, "dedup", [&] {
-    DefaultSavePlanner coordinator;
-    absl::StatusOr<std::vector<SavePlan>> g =
-        coordinator.CreateGlobalPlan(std::move(locals));
-    if (!g.ok()) return g.status();
-    finals = *std::move(g);
+    plans->Dedup(DedupPolicy::kBalanceBytes);
     return absl::OkStatus();
-  }));
-  CAIRN_RETURN_IF_ERROR(Timed(phases, "validate_final", [&] {
-    return internal_plan::ValidateFinalPlans(summary, finals,
-                                             /*require_coverage=*/true);
   }));
   CAIRN_RETURN_IF_ERROR(Timed(phases, "skeleton", [&] {
-    absl::StatusOr<internal_plan::MetadataSkeleton> s =
-        internal_plan::BuildMetadataSkeleton(finals);
+    absl::StatusOr<internal_plan::MetadataSkeleton> s = plans->BuildSkeleton();
     if (!s.ok()) return s.status();
     skeleton = *std::move(s);
     return absl::OkStatus();
+  }));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "validate_final", [&] {
+    return plans->ValidateFinal(skeleton, /*require_coverage=*/true);
   }));
   CAIRN_RETURN_IF_ERROR(Timed(phases, "check_encodable", [&] {
     skeleton.metadata.user = "{}";
     return internal_format::CheckEncodable(skeleton.metadata);
   }));
-  locals.clear();
-  locals.shrink_to_fit();
 
-  // The scatter's payloads, as save.cc builds them.
+  // The scatter's payloads, as save.cc builds them (in the local plans'
+  // strings); the flat arrays are released with them.
   std::vector<std::string> payloads;
   CAIRN_RETURN_IF_ERROR(Timed(phases, "encode_finals", [&] {
-    payloads.reserve(world);
     internal_core::ByteWriter header;
     header.I64(1);  // the plan id
-    for (const SavePlan& p : finals) {
-      payloads.push_back(internal_plan::EncodeSavePlan(p, false, header.data()));
-    }
+    payloads = plans->EncodeFinals(encoded, header.data());
+    plans.reset();
     return absl::OkStatus();
   }));
   for (const std::string& p : payloads) res.final_plan_bytes += p.size();
-  // Each rank writes its items and sends its write report (not timed: that
-  // is the ranks' work; the coordinator's decoding of them is, in assemble).
+  encoded.clear();
+  encoded.shrink_to_fit();
+  // Each rank decodes its final plan, writes its items and sends its write
+  // report (not timed: that is the ranks' work; the coordinator's decoding
+  // of the reports is, in assemble).
   std::vector<std::string> reports(world);
   for (int r = 0; r < world; ++r) {
+    internal_core::ByteReader reader(payloads[r], "final plan");
+    reader.I64();
+    absl::StatusOr<SavePlan> final_plan =
+        internal_plan::DecodeSavePlan(reader.Rest(), "final plan");
+    if (!final_plan.ok()) return final_plan.status();
     uint64_t file_size = 0;
-    reports[r] = MakeReport(r, finals[r], &file_size);
+    reports[r] = MakeReport(r, *final_plan, &file_size);
     res.checkpoint_bytes += file_size;
-    res.final_items += finals[r].items.size();
+    res.final_items += final_plan->items.size();
+    payloads[r] = std::string();
   }
   payloads.clear();
   payloads.shrink_to_fit();
-  finals.clear();
-  finals.shrink_to_fit();
-  encoded.clear();
-  encoded.shrink_to_fit();
 
   // Commit: save.cc's Assemble (decode each report, fill in the
   // locations, check the scalars), then metadata.json.

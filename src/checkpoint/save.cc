@@ -34,6 +34,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -58,6 +59,7 @@
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "format/safetensors.h"
+#include "plan/columnar_plan.h"
 #include "plan/global_plan.h"
 #include "plan/plan_codec.h"
 
@@ -319,40 +321,20 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
 }
 
 
-// Coordinator, step 2: the final plans and the metadata skeleton.
-struct GlobalPlan {
-  std::vector<SavePlan> finals;
-  internal_plan::MetadataSkeleton skeleton;
-};
-
-absl::StatusOr<GlobalPlan> PlanGlobally(SavePlanner& planner,
-                                        const std::vector<std::string>& encoded,
-                                        const SaveOptions& options,
-                                        const Where& where) {
-  std::vector<SavePlan> locals;
-  locals.reserve(encoded.size());
-  for (size_t r = 0; r < encoded.size(); ++r) {
-    CAIRN_ASSIGN_OR_RETURN(
-        SavePlan p, internal_plan::DecodeSavePlan(
-                        encoded[r], absl::StrCat("local plan of rank ", r)));
-    locals.push_back(std::move(p));
-  }
-  // The per-FQN summary is all the final plans are checked against, so the
-  // local plans (ranks x tensors items) move into the planner uncopied.
-  CAIRN_ASSIGN_OR_RETURN(internal_plan::LocalSummary summary,
-                         internal_plan::ValidateLocalPlans(locals));
-  const size_t world = locals.size();
-  GlobalPlan g;
-  CAIRN_ASSIGN_OR_RETURN(g.finals, planner.CreateGlobalPlan(std::move(locals)));
-  if (g.finals.size() != world) {
-    return absl::InternalError(absl::StrFormat(
-        "CreateGlobalPlan returned %d plans for %d ranks", g.finals.size(),
-        world));
-  }
-  CAIRN_RETURN_IF_ERROR(internal_plan::ValidateFinalPlans(
-      summary, g.finals, /*require_coverage=*/!where.rank_local()));
-  CAIRN_ASSIGN_OR_RETURN(g.skeleton,
-                         internal_plan::BuildMetadataSkeleton(g.finals));
+// Coordinator, step 2: each rank's final plan, encoded after `header` for
+// the scatter, and the metadata skeleton. The default planner (exactly:
+// a subclass may override CreateGlobalPlan) is planned on flat arrays
+// (plan/columnar_plan.h), which falls back to the classic path on anything
+// it does not plan, so errors are the classic path's.
+absl::StatusOr<internal_plan::EncodedGlobalPlan> PlanGlobally(
+    SavePlanner& planner, std::optional<DedupPolicy> default_policy,
+    std::vector<std::string>& encoded, const SaveOptions& options,
+    const Where& where, std::string_view header) {
+  CAIRN_ASSIGN_OR_RETURN(
+      internal_plan::EncodedGlobalPlan g,
+      internal_plan::PlanGlobalSaveDispatch(
+          planner, default_policy, encoded,
+          /*require_coverage=*/!where.rank_local(), header));
   // Every FQN and the structure must encode (valid UTF-8, ...) before any
   // data is written, not at commit.
   g.skeleton.metadata.user = options.user_metadata;
@@ -490,19 +472,19 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     absl::Status global = gathered.status();
     std::vector<std::string> payloads;
     if (coordinator && global.ok()) {
-      absl::StatusOr<GlobalPlan> g =
-          PlanGlobally(planner, *gathered, options, where);
+      // The columnar path's policy is the one the planner was made with:
+      // known for the planner made here, not for one passed in.
+      std::optional<DedupPolicy> default_policy;
+      if (&planner == &default_planner) default_policy = options.dedup;
+      ByteWriter header;
+      header.I64(NewPlanId());
+      absl::StatusOr<internal_plan::EncodedGlobalPlan> g = PlanGlobally(
+          planner, default_policy, *gathered, options, where, header.data());
       if (!g.ok()) {
         global = Annotate(g.status(),
                           "save failed in global planning (coordinator)");
       } else {
-        const int64_t id = NewPlanId();
-        ByteWriter header;
-        header.I64(id);
-        payloads.reserve(g->finals.size());
-        for (const SavePlan& p : g->finals) {
-          payloads.push_back(internal_plan::EncodeSavePlan(p, false, header.data()));
-        }
+        payloads = std::move(g->payloads);
         fresh_skeleton = std::move(g->skeleton);
       }
     }

@@ -97,12 +97,21 @@ uint64_t ByteReader::Count(uint64_t min_bytes) {
   return n;
 }
 
-std::string ByteReader::Str() {
+std::string ByteReader::Str() { return std::string(StrView()); }
+
+std::string_view ByteReader::StrView() {
   const uint64_t n = Count(1);
   if (!Need(n)) return {};
-  std::string s(data_.substr(pos_, n));
+  const std::string_view s = data_.substr(pos_, n);
   pos_ += n;
   return s;
+}
+
+uint64_t ByteReader::SkipInts() {
+  const uint64_t n = Count(8);
+  if (!Need(8 * n)) return 0;
+  pos_ += 8 * n;
+  return n;
 }
 
 std::string_view ByteReader::Rest() {

@@ -53,6 +53,14 @@ class ByteReader {
   // A count of following elements, each at least `min_bytes` long: fails
   // when the rest of the buffer cannot hold that many.
   uint64_t Count(uint64_t min_bytes);
+  // Str and Ints without the copy, for decoders that keep views into the
+  // buffer (the save coordinator's columnar plans): the string's bytes, and
+  // the list's element count (its elements are skipped). Same checks.
+  std::string_view StrView();
+  uint64_t SkipInts();
+  // Bytes read so far (the offset of the next field).
+  size_t position() const { return pos_; }
+  bool failed() const { return !error_.empty(); }
   bool done() const { return pos_ == data_.size(); }
   absl::Status status() const;  // also fails when bytes are left over
 

@@ -13,6 +13,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/metadata_codec.h"
+#include "plan/plan_codec.h"
 
 namespace cairn::internal_plan {
 namespace {
@@ -87,33 +88,6 @@ absl::Status MergeJson(Json& into, const Json& from, const std::string& path,
     }
   }
   return absl::OkStatus();
-}
-
-// MergeStructures on views. Each distinct text is merged once: merging a
-// structure again changes nothing and cannot fail (everything it holds is
-// already in `merged`, with the same types and leaf strings), and the first
-// rank holding a text is the one an error names, so the result and the
-// errors are those of merging every rank's in turn. Ranks of one pipeline
-// stage share a structure, so a save of 16k ranks parses a handful.
-absl::StatusOr<std::string> MergeStructureViews(
-    const std::vector<absl::string_view>& structures) {
-  if (structures.empty()) return std::string("{}");
-  bool all_same = true;
-  for (absl::string_view s : structures) all_same &= s == structures[0];
-  if (all_same) return std::string(structures[0]);
-  Json merged;
-  absl::flat_hash_set<absl::string_view> seen;
-  for (size_t r = 0; r < structures.size(); ++r) {
-    if (!seen.insert(structures[r]).second) continue;
-    Json j = Json::parse(structures[r].begin(), structures[r].end(), nullptr,
-                         /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("rank %d sent a malformed structure", r));
-    }
-    CAIRN_RETURN_IF_ERROR(MergeJson(merged, j, "", static_cast<int>(r)));
-  }
-  return merged.dump();
 }
 
 }  // namespace
@@ -415,6 +389,33 @@ absl::Status ValidateFinalPlans(const LocalSummary& local,
   return absl::OkStatus();
 }
 
+// Each distinct text is merged once: merging a
+// structure again changes nothing and cannot fail (everything it holds is
+// already in `merged`, with the same types and leaf strings), and the first
+// rank holding a text is the one an error names, so the result and the
+// errors are those of merging every rank's in turn. Ranks of one pipeline
+// stage share a structure, so a save of 16k ranks parses a handful.
+absl::StatusOr<std::string> MergeStructureViews(
+    const std::vector<absl::string_view>& structures) {
+  if (structures.empty()) return std::string("{}");
+  bool all_same = true;
+  for (absl::string_view s : structures) all_same &= s == structures[0];
+  if (all_same) return std::string(structures[0]);
+  Json merged;
+  absl::flat_hash_set<absl::string_view> seen;
+  for (size_t r = 0; r < structures.size(); ++r) {
+    if (!seen.insert(structures[r]).second) continue;
+    Json j = Json::parse(structures[r].begin(), structures[r].end(), nullptr,
+                         /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank %d sent a malformed structure", r));
+    }
+    CAIRN_RETURN_IF_ERROR(MergeJson(merged, j, "", static_cast<int>(r)));
+  }
+  return merged.dump();
+}
+
 absl::StatusOr<std::string> MergeStructures(
     const std::vector<std::string>& structures) {
   return MergeStructureViews(
@@ -480,6 +481,38 @@ absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
   }
   CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructureViews(structures));
   return out;
+}
+
+absl::StatusOr<EncodedGlobalPlan> PlanGlobalSave(
+    SavePlanner& planner, const std::vector<std::string>& encoded,
+    bool require_coverage, std::string_view prefix) {
+  std::vector<SavePlan> locals;
+  locals.reserve(encoded.size());
+  for (size_t r = 0; r < encoded.size(); ++r) {
+    CAIRN_ASSIGN_OR_RETURN(
+        SavePlan p,
+        DecodeSavePlan(encoded[r], absl::StrCat("local plan of rank ", r)));
+    locals.push_back(std::move(p));
+  }
+  // The per-FQN summary is all the final plans are checked against, so the
+  // local plans (ranks x tensors items) move into the planner uncopied.
+  CAIRN_ASSIGN_OR_RETURN(LocalSummary summary, ValidateLocalPlans(locals));
+  const size_t world = locals.size();
+  CAIRN_ASSIGN_OR_RETURN(std::vector<SavePlan> finals,
+                         planner.CreateGlobalPlan(std::move(locals)));
+  if (finals.size() != world) {
+    return absl::InternalError(absl::StrFormat(
+        "CreateGlobalPlan returned %d plans for %d ranks", finals.size(),
+        world));
+  }
+  CAIRN_RETURN_IF_ERROR(ValidateFinalPlans(summary, finals, require_coverage));
+  EncodedGlobalPlan g;
+  CAIRN_ASSIGN_OR_RETURN(g.skeleton, BuildMetadataSkeleton(finals));
+  g.payloads.reserve(finals.size());
+  for (const SavePlan& p : finals) {
+    g.payloads.push_back(EncodeSavePlan(p, /*with_scalar_values=*/false, prefix));
+  }
+  return g;
 }
 
 }  // namespace cairn::internal_plan

@@ -6,6 +6,7 @@
 #define CAIRN_PLAN_GLOBAL_PLAN_H_
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,6 +51,10 @@ absl::Status ValidateFinalPlans(const LocalSummary& local,
 // kInvalidArgument when two ranks disagree on what a path is.
 absl::StatusOr<std::string> MergeStructures(
     const std::vector<std::string>& structures);
+// The same on views (the columnar coordinator's are views into the encoded
+// local plans). Each distinct text is parsed once.
+absl::StatusOr<std::string> MergeStructureViews(
+    const std::vector<absl::string_view>& structures);
 
 // The metadata of a checkpoint written by `final_plans` with every location
 // still empty (tensors, chunks in box order, objects, merged structure,
@@ -70,6 +75,26 @@ struct MetadataSkeleton {
 };
 absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
     const std::vector<SavePlan>& final_plans);
+
+// What the save coordinator's global planning hands on: each rank's final
+// plan as the scatter sends it, and the skeleton the commit fills in.
+struct EncodedGlobalPlan {
+  // payloads[r]: `prefix` + EncodeSavePlan(rank r's final plan, without
+  // scalar values).
+  std::vector<std::string> payloads;
+  MetadataSkeleton skeleton;
+};
+
+// The coordinator's global planning on the gathered encoded local plans
+// (`encoded[r]` is rank r's), for any planner: the plans decoded,
+// ValidateLocalPlans, the planner's CreateGlobalPlan (the local plans moved
+// in), ValidateFinalPlans, BuildMetadataSkeleton, the final plans encoded.
+// Errors name the rank, the FQN and the boxes. See also
+// PlanGlobalSaveColumnar (columnar_plan.h), the same for the default
+// planner without a WriteItem per item.
+absl::StatusOr<EncodedGlobalPlan> PlanGlobalSave(
+    SavePlanner& planner, const std::vector<std::string>& encoded,
+    bool require_coverage, std::string_view prefix);
 
 }  // namespace cairn::internal_plan
 

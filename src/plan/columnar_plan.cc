@@ -1,0 +1,635 @@
+#include "plan/columnar_plan.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "core/byte_codec.h"
+#include "core/checked.h"
+#include "core/status.h"
+#include "format/metadata_codec.h"
+
+namespace cairn::internal_plan {
+namespace {
+
+using internal_core::AsAbsl;
+using internal_core::ByteReader;
+using internal_core::ByteWriter;
+
+// Allocator of the flat arrays (up to hundreds of MB at 16k ranks): a block
+// of 2 MiB or more is its own mapping, advised for transparent huge pages.
+// First-touch page faults are what the WriteItem path spent most of its time
+// on; on the 2-core PVM guest the benchmarks run on, faulting in 1 GiB took
+// 2.8 s with 4 KiB pages and 0.12 s with 2 MiB ones.
+constexpr size_t kHugePage = size_t{2} << 20;
+
+template <typename T>
+struct BigAllocator {
+  using value_type = T;
+  BigAllocator() = default;
+  template <typename U>
+  BigAllocator(const BigAllocator<U>&) {}  // NOLINT: rebinding
+
+  static size_t MappedBytes(size_t n) {
+    return (n * sizeof(T) + kHugePage - 1) / kHugePage * kHugePage;
+  }
+  T* allocate(size_t n) {
+    if (n * sizeof(T) < kHugePage) return std::allocator<T>().allocate(n);
+    void* p = mmap(nullptr, MappedBytes(n), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // What std::allocator does when memory runs out.
+    if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(p, MappedBytes(n), MADV_HUGEPAGE);  // advice: failing is fine
+#endif
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    if (n * sizeof(T) < kHugePage) {
+      std::allocator<T>().deallocate(p, n);
+    } else {
+      munmap(p, MappedBytes(n));
+    }
+  }
+  friend bool operator==(const BigAllocator&, const BigAllocator&) {
+    return true;
+  }
+};
+template <typename T>
+using BigVector = std::vector<T, BigAllocator<T>>;
+
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+// A plan's encoding starts with the scalar-values flag and the item count.
+constexpr size_t kHeader = 1 + 8;
+
+// Fields of a message the ByteReader has already bounds-checked, read
+// again in place: little-endian, as ByteWriter wrote them.
+inline uint64_t LoadU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) {
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  }
+  return v;
+}
+// An encoded Ints list (count, then values) at `p`.
+inline void LoadInts(const char* p, std::vector<int64_t>& out) {
+  out.resize(LoadU64(p));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<int64_t>(LoadU64(p + 8 + 8 * i));
+  }
+}
+// `box` points at an encoded box (offsets, then sizes).
+inline size_t BoxRank(const char* box) { return LoadU64(box); }
+inline Box LoadBox(const char* box) {
+  Box b;
+  LoadInts(box, b.offsets);
+  LoadInts(box + 8 + 8 * b.offsets.size(), b.sizes);
+  return b;
+}
+// Box::offsets' operator<, on encoded boxes.
+bool OffsetsLess(const char* a, const char* b) {
+  const size_t na = BoxRank(a);
+  const size_t nb = BoxRank(b);
+  for (size_t i = 0; i < na && i < nb; ++i) {
+    const int64_t x = static_cast<int64_t>(LoadU64(a + 8 + 8 * i));
+    const int64_t y = static_cast<int64_t>(LoadU64(b + 8 + 8 * i));
+    if (x != y) return x < y;
+  }
+  return na < nb;
+}
+
+// Not an error of the save: the columnar path does not plan this input,
+// and PlanGlobalSave (which does, or names what is wrong) must.
+absl::Status Unsupported(std::string_view why) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("columnar global planning: ", AsAbsl(why)));
+}
+
+// One item of a local plan: where its fields are in its rank's message.
+// A final item's encoding is its local item's bytes [begin, end).
+struct Item {
+  uint32_t begin;  // its FQN
+  uint32_t box;    // its box: offsets, then sizes
+  uint32_t end;    // one past it; nbytes and local_index are the last 16
+  uint32_t fqn;    // index into State::fqns
+};
+
+// What every item of one FQN agrees on (checked as items are read).
+struct Fqn {
+  std::string_view name;
+  ItemKind kind = ItemKind::kTensor;
+  DType dtype = DType::kU8;
+  std::string_view shape_bytes;  // its global shape as encoded
+  Shape shape;
+  uint64_t object_bytes = 0;  // objects: the size of every copy
+  bool has_bytes = false;     // a tensor item of it holds bytes
+  uint32_t kept = 0;          // its final items (after Dedup)
+};
+
+// A distinct stored piece, DedupImpl's (FQN, kind, box): the kind is the
+// FQN's, and equal boxes encode to equal bytes.
+struct PieceKey {
+  uint32_t fqn;
+  std::string_view box;
+};
+struct PieceHash {
+  using is_transparent = void;
+  const BigVector<PieceKey>* pieces;
+  size_t operator()(const PieceKey& k) const {
+    return absl::HashOf(k.fqn, AsAbsl(k.box));
+  }
+  size_t operator()(uint32_t id) const { return (*this)((*pieces)[id]); }
+};
+struct PieceEq {
+  using is_transparent = void;
+  const BigVector<PieceKey>* pieces;
+  static bool Same(const PieceKey& a, const PieceKey& b) {
+    return a.fqn == b.fqn && a.box == b.box;
+  }
+  bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+  bool operator()(const PieceKey& a, uint32_t b) const {
+    return Same(a, (*pieces)[b]);
+  }
+  bool operator()(uint32_t a, const PieceKey& b) const {
+    return Same((*pieces)[a], b);
+  }
+};
+
+}  // namespace
+
+struct ColumnarPlans::State {
+  std::vector<std::string_view> messages;  // the encoded local plans
+  std::vector<size_t> base;  // rank r's items: [base[r], base[r + 1])
+  std::vector<uint32_t> tails;  // where rank r's scalars begin
+  std::vector<absl::string_view> structures;
+  BigVector<Item> items;
+  std::vector<Fqn> fqns;
+  // After Dedup: each item's index in its rank's final plan, or kNone.
+  BigVector<uint32_t> final_index;
+  std::vector<uint32_t> kept;  // per rank: final items
+
+  size_t world() const { return messages.size(); }
+};
+
+ColumnarPlans::ColumnarPlans(std::unique_ptr<State> state)
+    : s_(std::move(state)) {}
+ColumnarPlans::ColumnarPlans(ColumnarPlans&&) noexcept = default;
+ColumnarPlans& ColumnarPlans::operator=(ColumnarPlans&&) noexcept = default;
+ColumnarPlans::~ColumnarPlans() = default;
+
+// Reads what DecodeSavePlan reads, with the same ByteReader, so a message
+// is accepted here only when DecodeSavePlan accepts it; and checks what
+// ValidateLocalPlans checks (only whether it passes: on a failure the
+// caller runs the classic path for the message).
+absl::StatusOr<ColumnarPlans> ColumnarPlans::Decode(
+    const std::vector<std::string>& encoded) {
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  const size_t world = encoded.size();
+  s.messages.assign(encoded.begin(), encoded.end());
+  s.base.assign(1, 0);
+  s.base.reserve(world + 1);
+  s.tails.resize(world);
+  s.structures.resize(world);
+  // Reserved from the messages' item counts (checked against their sizes).
+  size_t total = 0;
+  for (const std::string& m : encoded) {
+    if (m.size() >= kNone) return Unsupported("a local plan of 4 GiB");
+    ByteReader r(m, std::string());
+    r.U8();
+    total += r.Count(32);
+  }
+  if (total >= kNone) return Unsupported("4G items");
+  s.items.reserve(total);
+
+  absl::flat_hash_map<absl::string_view, uint32_t> ids;
+  absl::flat_hash_set<absl::string_view> scalar_names;
+  Box box;  // the item being checked; reused, so no allocation per item
+  for (size_t r = 0; r < world; ++r) {
+    const std::string_view m = s.messages[r];
+    ByteReader rd(m, std::string());
+    // The final plans are encoded without values; a plan with them would
+    // re-encode to other bytes.
+    if (rd.U8() != 0) return Unsupported("a local plan with scalar values");
+    const uint64_t n = rd.Count(32);
+    // Ranks of one pipeline stage list the same FQNs in the same order:
+    // the previous rank's item at the same position is the first guess.
+    const size_t prev = r > 0 ? s.base[r - 1] : 0;
+    const size_t prev_n = r > 0 ? s.base[r] - s.base[r - 1] : 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      Item item;
+      item.begin = static_cast<uint32_t>(rd.position());
+      const std::string_view name = rd.StrView();
+      const uint8_t kind = rd.U8();
+      const uint8_t dtype = rd.U8();
+      const size_t shape_at = rd.position();
+      rd.SkipInts();
+      item.box = static_cast<uint32_t>(rd.position());
+      const uint64_t num_offsets = rd.SkipInts();
+      const uint64_t num_sizes = rd.SkipInts();
+      const uint64_t nbytes = rd.U64();
+      rd.I64();
+      if (rd.failed() || kind > static_cast<uint8_t>(ItemKind::kObject) ||
+          dtype > static_cast<uint8_t>(DType::kBool) ||
+          num_offsets != num_sizes) {
+        return Unsupported("a malformed local plan");
+      }
+      item.end = static_cast<uint32_t>(rd.position());
+      const std::string_view shape_bytes =
+          m.substr(shape_at, item.box - shape_at);
+
+      if (i < prev_n && s.fqns[s.items[prev + i].fqn].name == name) {
+        item.fqn = s.items[prev + i].fqn;
+      } else {
+        auto [it, inserted] = ids.try_emplace(
+            AsAbsl(name), static_cast<uint32_t>(s.fqns.size()));
+        item.fqn = it->second;
+        if (inserted) {
+          Fqn f;
+          f.name = name;
+          f.kind = static_cast<ItemKind>(kind);
+          f.dtype = static_cast<DType>(dtype);
+          f.shape_bytes = shape_bytes;
+          LoadInts(shape_bytes.data(), f.shape);
+          f.object_bytes = nbytes;
+          s.fqns.push_back(std::move(f));
+        }
+      }
+      Fqn& f = s.fqns[item.fqn];
+      // One kind, dtype and shape per FQN (objects too: other shapes would
+      // not change the result, but are nothing a planner makes).
+      if (static_cast<uint8_t>(f.kind) != kind ||
+          static_cast<uint8_t>(f.dtype) != dtype ||
+          f.shape_bytes != shape_bytes) {
+        return Unsupported("FQNs of several forms");
+      }
+      if (f.kind == ItemKind::kObject) {
+        if (nbytes != f.object_bytes) return Unsupported("object sizes");
+      } else {
+        LoadInts(m.data() + item.box, box.offsets);
+        LoadInts(m.data() + item.box + 8 + 8 * num_offsets, box.sizes);
+        if (!ValidateBox(box, f.shape).ok()) return Unsupported("a box");
+        const std::optional<uint64_t> bytes =
+            internal_core::CheckedBytes(box.sizes, f.dtype);
+        if (!bytes || *bytes != nbytes) return Unsupported("item sizes");
+        f.has_bytes |= nbytes > 0;
+      }
+      s.items.push_back(item);
+    }
+    s.base.push_back(s.items.size());
+    s.tails[r] = static_cast<uint32_t>(rd.position());
+    // The final plan carries these bytes as they are, so they must be what
+    // EncodeSavePlan writes: names in map order, each once.
+    const uint64_t num_scalars = rd.Count(9);
+    std::string_view last;
+    for (uint64_t i = 0; i < num_scalars; ++i) {
+      const std::string_view name = rd.StrView();
+      if (rd.U8() > 3) return Unsupported("a malformed local plan");
+      if (i > 0 && !(last < name)) return Unsupported("unsorted scalars");
+      scalar_names.insert(AsAbsl(name));
+      last = name;
+    }
+    s.structures[r] = AsAbsl(rd.StrView());
+    rd.StrView();  // planner_data
+    rd.StrView();  // storage_data
+    if (!rd.status().ok()) return Unsupported("a malformed local plan");
+  }
+  for (const Fqn& f : s.fqns) {
+    if (scalar_names.contains(AsAbsl(f.name))) {
+      return Unsupported("an FQN that is also a scalar");
+    }
+  }
+  return ColumnarPlans(std::move(state));
+}
+
+// DedupImpl, step for step, on ids instead of WriteItems: pieces numbered
+// in first-seen order, each rank's first copy of a piece its holder, the
+// same greedy order and tie-breaking, zero-byte declarations dropped where
+// the tensor has bytes.
+void ColumnarPlans::Dedup(DedupPolicy policy) {
+  State& s = *s_;
+  const size_t world = s.world();
+  const size_t n = s.items.size();
+  BigVector<PieceKey> pieces;
+  pieces.reserve(n);
+  BigVector<uint32_t> piece_of(n);
+  BigVector<uint32_t> last_rank;
+  BigVector<uint32_t> num_holders;
+  last_rank.reserve(n);
+  num_holders.reserve(n);
+  {
+    absl::flat_hash_set<uint32_t, PieceHash, PieceEq, BigAllocator<uint32_t>>
+        ids(0, PieceHash{&pieces}, PieceEq{&pieces});
+    ids.reserve(n);
+    for (size_t r = 0; r < world; ++r) {
+      const char* m = s.messages[r].data();
+      for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+        const Item& item = s.items[i];
+        const PieceKey key{item.fqn,
+                           std::string_view(m + item.box,
+                                            item.end - 16 - item.box)};
+        bool inserted = false;
+        const uint32_t id = *ids.lazy_emplace(key, [&](const auto& ctor) {
+          inserted = true;
+          pieces.push_back(key);
+          ctor(static_cast<uint32_t>(pieces.size() - 1));
+        });
+        if (inserted) {
+          last_rank.push_back(static_cast<uint32_t>(r));
+          num_holders.push_back(1);
+        } else if (last_rank[id] != r) {
+          last_rank[id] = static_cast<uint32_t>(r);
+          ++num_holders[id];
+        } else {
+          piece_of[i] = kNone;  // a second copy on one rank: not a holder
+          continue;
+        }
+        piece_of[i] = id;
+      }
+    }
+  }
+  last_rank = {};
+  const size_t num_pieces = pieces.size();
+  pieces = {};
+  // Each piece's holders (global item indices), in rank order, at
+  // [first[id], first[id + 1]).
+  BigVector<size_t> first(num_pieces + 1, 0);
+  for (size_t id = 0; id < num_pieces; ++id) {
+    first[id + 1] = first[id] + num_holders[id];
+  }
+  struct Holder {
+    uint32_t rank;
+    uint32_t item;
+  };
+  BigVector<Holder> holders(first[num_pieces]);
+  {
+    BigVector<size_t> next(first.begin(), first.end() - 1);
+    for (size_t r = 0; r < world; ++r) {
+      for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+        if (piece_of[i] != kNone) {
+          holders[next[piece_of[i]]++] =
+              Holder{static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
+        }
+      }
+    }
+  }
+  piece_of = {};
+
+  auto nbytes = [&](const Holder& h) {
+    return LoadU64(s.messages[h.rank].data() + s.items[h.item].end - 16);
+  };
+  BigVector<uint8_t> keep(n, 0);
+  std::vector<uint64_t> load(world, 0);
+  // The replicated pieces in DedupImpl's greedy order: fewest holders
+  // first, larger before smaller, then first seen (its stable sort's ties).
+  struct Replicated {
+    uint32_t holders;
+    uint32_t id;
+    uint64_t bytes;
+  };
+  BigVector<Replicated> replicated;
+  for (size_t id = 0; id < num_pieces; ++id) {
+    const Holder& h = holders[first[id]];  // the lowest rank
+    if (num_holders[id] == 1 || policy == DedupPolicy::kLowestRank) {
+      keep[h.item] = 1;
+      load[h.rank] += nbytes(h);
+    } else {
+      replicated.push_back(
+          Replicated{num_holders[id], static_cast<uint32_t>(id), nbytes(h)});
+    }
+  }
+  std::sort(replicated.begin(), replicated.end(),
+            [](const Replicated& a, const Replicated& b) {
+              if (a.holders != b.holders) return a.holders < b.holders;
+              if (a.bytes != b.bytes) return a.bytes > b.bytes;
+              return a.id < b.id;
+            });
+  for (const Replicated& p : replicated) {
+    const Holder* best = &holders[first[p.id]];
+    for (size_t h = first[p.id]; h < first[p.id + 1]; ++h) {
+      if (load[holders[h].rank] < load[best->rank]) best = &holders[h];
+    }
+    keep[best->item] = 1;
+    load[best->rank] += p.bytes;
+  }
+  replicated = {};
+  holders = {};
+
+  // Zero-byte tensor items only declare a tensor: kept only for a tensor no
+  // rank writes bytes of.
+  s.final_index.assign(n, kNone);
+  s.kept.assign(world, 0);
+  for (Fqn& f : s.fqns) f.kept = 0;
+  for (size_t r = 0; r < world; ++r) {
+    const char* m = s.messages[r].data();
+    for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+      if (!keep[i]) continue;
+      Fqn& f = s.fqns[s.items[i].fqn];
+      if (f.kind == ItemKind::kTensor && f.has_bytes &&
+          LoadU64(m + s.items[i].end - 16) == 0) {
+        continue;
+      }
+      s.final_index[i] = s.kept[r]++;
+      ++f.kept;
+    }
+  }
+}
+
+absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
+  const State& s = *s_;
+  const size_t world = s.world();
+  MetadataSkeleton out;
+  Metadata& md = out.metadata;
+  md.world_size = static_cast<int>(world);
+  out.refs.resize(world);
+  // The final tensor items grouped by FQN, in (rank, item) order, as
+  // BuildMetadataSkeleton lists them before sorting by box.
+  struct Chunk {
+    int64_t first_offset;  // the sort key, but for ties
+    const char* box;
+    uint32_t rank;
+    uint32_t index;  // in the rank's final plan
+  };
+  std::vector<size_t> start(s.fqns.size() + 1, 0);
+  for (size_t f = 0; f < s.fqns.size(); ++f) {
+    const bool tensor = s.fqns[f].kind == ItemKind::kTensor;
+    start[f + 1] = start[f] + (tensor ? s.fqns[f].kept : 0);
+  }
+  BigVector<Chunk> chunks(start.back());
+  std::vector<size_t> next(start.begin(), start.end() - 1);
+  std::vector<ByteLocation*> object_location(s.fqns.size(), nullptr);
+  for (size_t r = 0; r < world; ++r) {
+    out.refs[r].resize(s.kept[r]);
+    const char* m = s.messages[r].data();
+    for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+      const uint32_t index = s.final_index[i];
+      if (index == kNone) continue;
+      const Item& item = s.items[i];
+      const Fqn& f = s.fqns[item.fqn];
+      if (f.kind == ItemKind::kObject) {
+        ByteLocation*& loc = object_location[item.fqn];
+        if (loc == nullptr) loc = &md.objects[std::string(f.name)];
+        out.refs[r][index] = loc;
+        continue;
+      }
+      const char* box = m + item.box;
+      chunks[next[item.fqn]++] = Chunk{
+          BoxRank(box) > 0 ? static_cast<int64_t>(LoadU64(box + 8)) : 0, box,
+          static_cast<uint32_t>(r), index};
+    }
+  }
+  for (size_t f = 0; f < s.fqns.size(); ++f) {
+    if (start[f] == start[f + 1]) continue;
+    TensorMetadata& tm = md.tensors[std::string(s.fqns[f].name)];
+    tm.dtype = s.fqns[f].dtype;
+    tm.shape = s.fqns[f].shape;
+    // BuildMetadataSkeleton's std::sort, on the same sequence with the same
+    // comparisons' outcomes (equal offsets included), so the same order.
+    std::sort(chunks.begin() + start[f], chunks.begin() + start[f + 1],
+              [](const Chunk& a, const Chunk& b) {
+                if (a.first_offset != b.first_offset) {
+                  return a.first_offset < b.first_offset;
+                }
+                return OffsetsLess(a.box, b.box);
+              });
+    // Reserved exactly: the chunks never move, so the pointers stay valid.
+    tm.chunks.reserve(start[f + 1] - start[f]);
+    for (size_t c = start[f]; c < start[f + 1]; ++c) {
+      tm.chunks.push_back(ChunkMetadata{LoadBox(chunks[c].box), {}});
+      out.refs[chunks[c].rank][chunks[c].index] = &tm.chunks.back().location;
+    }
+  }
+  CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructureViews(s.structures));
+  return out;
+}
+
+absl::Status ColumnarPlans::ValidateFinal(const MetadataSkeleton& skeleton,
+                                          bool require_coverage) const {
+  for (const Fqn& f : s_->fqns) {
+    if (f.kept == 0) return Unsupported("an FQN no rank writes");
+    if (f.kind == ItemKind::kObject && f.kept > 1) {
+      return Unsupported("an object written twice");
+    }
+  }
+  if (!require_coverage) return absl::OkStatus();
+  for (const auto& [fqn, tensor] : skeleton.metadata.tensors) {
+    // Whether the boxes cover the shape exactly once does not depend on
+    // their order: the same verdict as ValidateFinalPlans' call.
+    if (!internal_format::ValidateCoverage(fqn, tensor).ok()) {
+      return Unsupported("a tensor not covered exactly once");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// EncodeSavePlan's layout: without scalar values, the item count, the
+// items, then the scalars, structure and opaque slots (the local plan's own
+// bytes from its scalars on).
+std::string ColumnarPlans::CopyFinal(size_t r, std::string_view prefix) const {
+  const State& s = *s_;
+  const std::string_view m = s.messages[r];
+  size_t bytes = prefix.size() + kHeader + (m.size() - s.tails[r]);
+  for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+    if (s.final_index[i] != kNone) bytes += s.items[i].end - s.items[i].begin;
+  }
+  ByteWriter w;
+  w.Reserve(bytes);
+  w.Raw(prefix);
+  w.U8(0);
+  w.U64(s.kept[r]);
+  for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+    if (s.final_index[i] == kNone) continue;
+    w.Raw(m.substr(s.items[i].begin, s.items[i].end - s.items[i].begin));
+  }
+  w.Raw(m.substr(s.tails[r]));
+  return w.Take();
+}
+
+std::vector<std::string> ColumnarPlans::EncodeFinals(
+    std::vector<std::string>& encoded, std::string_view prefix) {
+  const State& s = *s_;
+  std::vector<std::string> payloads;
+  payloads.reserve(s.world());
+  const size_t p = prefix.size();
+  for (size_t r = 0; r < s.world(); ++r) {
+    // The final plan is the local one with its dropped items cut out and
+    // `prefix` in front: built in place, in memory already faulted in (a
+    // new string per rank is as much fresh memory as all final plans).
+    // That needs a dropped item at least as long as the prefix, whose
+    // bytes the kept items before it move over; later items only move
+    // towards the front.
+    size_t first_dropped = s.base[r];
+    while (first_dropped < s.base[r + 1] &&
+           s.final_index[first_dropped] != kNone) {
+      ++first_dropped;
+    }
+    const bool in_place =
+        r < encoded.size() && encoded[r].data() == s.messages[r].data() &&
+        encoded[r].size() == s.messages[r].size() &&
+        first_dropped < s.base[r + 1] &&
+        s.items[first_dropped].end - s.items[first_dropped].begin >= p;
+    if (!in_place) {
+      payloads.push_back(CopyFinal(r, prefix));
+      continue;
+    }
+    std::string& m = encoded[r];
+    char* d = m.data();
+    const size_t lead = s.items[first_dropped].begin;
+    std::memmove(d + kHeader + p, d + kHeader, lead - kHeader);
+    size_t out = lead + p;
+    for (size_t i = first_dropped + 1; i < s.base[r + 1]; ++i) {
+      if (s.final_index[i] == kNone) continue;
+      const size_t len = s.items[i].end - s.items[i].begin;
+      std::memmove(d + out, d + s.items[i].begin, len);
+      out += len;
+    }
+    const size_t tail = m.size() - s.tails[r];
+    std::memmove(d + out, d + s.tails[r], tail);
+    out += tail;
+    std::memcpy(d, prefix.data(), p);
+    ByteWriter header;
+    header.U8(0);  // without scalar values
+    header.U64(s.kept[r]);
+    std::memcpy(d + p, header.data().data(), kHeader);
+    m.resize(out);
+    payloads.push_back(std::move(m));
+  }
+  s_ = nullptr;  // its views into `encoded` are stale
+  return payloads;
+}
+
+absl::StatusOr<EncodedGlobalPlan> PlanGlobalSaveColumnar(
+    std::vector<std::string>& encoded, DedupPolicy policy,
+    bool require_coverage, std::string_view prefix) {
+  CAIRN_ASSIGN_OR_RETURN(ColumnarPlans plans, ColumnarPlans::Decode(encoded));
+  plans.Dedup(policy);
+  EncodedGlobalPlan g;
+  CAIRN_ASSIGN_OR_RETURN(g.skeleton, plans.BuildSkeleton());
+  CAIRN_RETURN_IF_ERROR(plans.ValidateFinal(g.skeleton, require_coverage));
+  g.payloads = plans.EncodeFinals(encoded, prefix);
+  return g;
+}
+
+absl::StatusOr<EncodedGlobalPlan> PlanGlobalSaveDispatch(
+    SavePlanner& planner, std::optional<DedupPolicy> default_policy,
+    std::vector<std::string>& encoded, bool require_coverage,
+    std::string_view prefix) {
+  if (default_policy.has_value()) {
+    absl::StatusOr<EncodedGlobalPlan> g = PlanGlobalSaveColumnar(
+        encoded, *default_policy, require_coverage, prefix);
+    if (g.ok()) return g;
+    // Not the save's error: the classic path below plans what the columnar
+    // one does not, or fails with the error naming the FQN, ranks and boxes.
+  }
+  return PlanGlobalSave(planner, encoded, require_coverage, prefix);
+}
+
+}  // namespace cairn::internal_plan
