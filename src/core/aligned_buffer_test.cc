@@ -67,8 +67,10 @@ TEST(AlignedBufferTest, TailsPastTheLastHugePageStaySmall) {
   }
   const int64_t grown = RssAnonKiB() - before;
   // 64 x 2 MiB + 4 KiB = 128.25 MiB touched; two huge pages each would be
-  // 256 MiB.
-  EXPECT_LT(grown, 160 * 1024) << "KiB resident for " << kBuffers
+  // 256 MiB. The bound is halfway: AddressSanitizer's shadow of what was
+  // touched (1/8 of it, 16 MiB) counts as anonymous memory too, and put
+  // the ASan build at 161 MiB against the old bound of 160.
+  EXPECT_LT(grown, 192 * 1024) << "KiB resident for " << kBuffers
                                << " buffers of " << kSize << " bytes";
 }
 
