@@ -290,6 +290,22 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   EXPECT_LE(coalesced, kRows * kCols * 4 + header_bytes);
 }
 
+// A state dict holding `full` ([rows, cols] F32) as "w" in `chunks` row
+// chunks of equal height.
+StateDict RowChunked(std::vector<float>& full, int64_t rows, int64_t cols,
+                     int chunks) {
+  const int64_t height = rows / chunks;
+  std::vector<Shard> shards;
+  for (int r = 0; r < chunks; ++r) {
+    shards.push_back({Box{{r * height, 0}, {height, cols}},
+                      TensorView(full.data() + r * height * cols, DType::kF32,
+                                 {height, cols})});
+  }
+  StateDict sd;
+  sd["w"] = ShardedTensor(DType::kF32, {rows, cols}, shards);
+  return sd;
+}
+
 // Regression: column shards of row-chunked tensors, all in one process, read
 // each chunk once (not once per destination), and the chunks read whole are
 // still checksummed.
@@ -298,15 +314,7 @@ TEST(ReshardTest, SeveralDestinationsInOneChunkReadItOnce) {
   constexpr int64_t kRows = 256, kCols = 384;
   std::vector<float> full(kRows * kCols);
   for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
-  std::vector<Shard> rows;
-  for (int r = 0; r < 4; ++r) {
-    rows.push_back({Box{{r * 64, 0}, {64, kCols}},
-                    TensorView(full.data() + r * 64 * kCols, DType::kF32,
-                               {64, kCols})});
-  }
-  StateDict sd;
-  sd["w"] = ShardedTensor(DType::kF32, {kRows, kCols}, rows);
-  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
 
   std::vector<std::vector<float>> cols(3, std::vector<float>(kRows * 128));
   std::vector<Shard> dst;
@@ -343,17 +351,10 @@ TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
   constexpr int64_t kRows = 512, kCols = 1024;
   std::vector<float> full(kRows * kCols);
   for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
-  std::vector<Shard> rows;
-  for (int r = 0; r < 4; ++r) {
-    rows.push_back({Box{{r * 128, 0}, {128, kCols}},
-                    TensorView(full.data() + r * 128 * kCols, DType::kF32,
-                               {128, kCols})});
-  }
-  StateDict sd;
-  sd["w"] = ShardedTensor(DType::kF32, {kRows, kCols}, rows);
   SaveOptions buffered;
   buffered.direct_io = false;  // the data file stays in the page cache
-  ASSERT_TRUE(Save(sd, tmp.path(), buffered).ok());
+  ASSERT_TRUE(
+      Save(RowChunked(full, kRows, kCols, 4), tmp.path(), buffered).ok());
   absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
   ASSERT_TRUE(md.ok()) << md.status();
   const std::string file = md->tensors.at("w").chunks.at(0).location.file;

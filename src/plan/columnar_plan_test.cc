@@ -212,10 +212,25 @@ absl::StatusOr<EncodedGlobalPlan> Classic(
   return PlanGlobalSave(planner, encoded, require_coverage, kPrefix);
 }
 
+// Plans `encoded` both ways with `policy`; both must succeed, the same.
+void ExpectBothPlanTheSame(const std::vector<std::string>& encoded,
+                           DedupPolicy policy, bool require_coverage = true) {
+  absl::StatusOr<EncodedGlobalPlan> classic =
+      Classic(encoded, policy, require_coverage);
+  absl::StatusOr<EncodedGlobalPlan> columnar =
+      Columnar(encoded, policy, require_coverage);
+  ASSERT_TRUE(classic.ok()) << classic.status();
+  ASSERT_TRUE(columnar.ok()) << columnar.status();
+  ExpectSame(*classic, *columnar);
+  // And what each rank's FinishPlan gets: its payload, decoded.
+  for (const std::string& payload : columnar->payloads) {
+    ASSERT_TRUE(
+        DecodeSavePlan(std::string_view(payload).substr(8), "final").ok());
+  }
+}
+
 TEST(ColumnarPlanTest, SameAsClassicOnRandomPlans) {
   std::mt19937_64 rng(20261123);
-  int planned = 0;
-  int cases = 0;
   for (int world : {1, 2, 3, 5, 8, 16}) {
     for (int round = 0; round < 60; ++round) {
       const std::vector<SavePlan> plans = RandomPlans(rng, world);
@@ -224,23 +239,11 @@ TEST(ColumnarPlanTest, SameAsClassicOnRandomPlans) {
            {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
         SCOPED_TRACE(absl::StrCat("world ", world, " round ", round,
                                   " policy ", static_cast<int>(policy)));
-        ++cases;
-        absl::StatusOr<EncodedGlobalPlan> classic = Classic(encoded, policy);
-        absl::StatusOr<EncodedGlobalPlan> columnar =
-            Columnar(encoded, policy);
-        ASSERT_TRUE(classic.ok()) << classic.status();
-        ASSERT_TRUE(columnar.ok()) << columnar.status();
-        ExpectSame(*classic, *columnar);
-        // And what each rank's FinishPlan gets: its payload, decoded.
-        for (const std::string& payload : columnar->payloads) {
-          ASSERT_TRUE(
-              DecodeSavePlan(std::string_view(payload).substr(8), "final").ok());
-        }
-        ++planned;
+        ExpectBothPlanTheSame(encoded, policy);
+        if (HasFatalFailure()) return;
       }
     }
   }
-  EXPECT_EQ(planned, cases);
 }
 
 TEST(ColumnarPlanTest, SameAsClassicWithoutCoverage) {
@@ -254,12 +257,7 @@ TEST(ColumnarPlanTest, SameAsClassicWithoutCoverage) {
   const std::vector<std::string> encoded = Encode(plans);
   for (DedupPolicy policy :
        {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
-    absl::StatusOr<EncodedGlobalPlan> classic = Classic(encoded, policy, false);
-    absl::StatusOr<EncodedGlobalPlan> columnar =
-        Columnar(encoded, policy, false);
-    ASSERT_TRUE(classic.ok()) << classic.status();
-    ASSERT_TRUE(columnar.ok()) << columnar.status();
-    ExpectSame(*classic, *columnar);
+    ExpectBothPlanTheSame(encoded, policy, /*require_coverage=*/false);
     EXPECT_FALSE(Columnar(encoded, policy).ok());
   }
 }
@@ -282,13 +280,23 @@ TEST(ColumnarPlanTest, BalancesReplicasLikeClassic) {
   const std::vector<std::string> encoded = Encode(plans);
   for (DedupPolicy policy :
        {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
-    absl::StatusOr<EncodedGlobalPlan> classic = Classic(encoded, policy);
-    absl::StatusOr<EncodedGlobalPlan> columnar =
-        Columnar(encoded, policy);
-    ASSERT_TRUE(classic.ok()) << classic.status();
-    ASSERT_TRUE(columnar.ok()) << columnar.status();
-    ExpectSame(*classic, *columnar);
+    ExpectBothPlanTheSame(encoded, policy);
   }
+}
+
+// `encoded` is bad: the classic path refuses it, the columnar path declines
+// it, and the dispatch reports the classic path's error.
+void ExpectTheClassicError(const std::vector<std::string>& encoded) {
+  DefaultSavePlanner planner;
+  absl::StatusOr<EncodedGlobalPlan> classic =
+      PlanGlobalSave(planner, encoded, true, kPrefix);
+  ASSERT_FALSE(classic.ok());
+  EXPECT_FALSE(Columnar(encoded, DedupPolicy::kBalanceBytes).ok());
+  std::vector<std::string> copy = encoded;
+  EXPECT_EQ(PlanGlobalSaveDispatch(planner, DedupPolicy::kBalanceBytes, copy,
+                                   true, kPrefix)
+                .status(),
+            classic.status());
 }
 
 // Two ranks holding the rows of a [4, 3] F32 tensor, an object and a
@@ -331,16 +339,7 @@ TEST(ColumnarPlanTest, BadInputGivesTheClassicError) {
     SCOPED_TRACE(c.name);
     std::vector<SavePlan> plans = GoodPlans();
     c.change(plans);
-    const std::vector<std::string> encoded = Encode(plans);
-    DefaultSavePlanner planner;
-    absl::StatusOr<EncodedGlobalPlan> classic =
-        PlanGlobalSave(planner, encoded, true, kPrefix);
-    ASSERT_FALSE(classic.ok());
-    EXPECT_FALSE(Columnar(encoded, DedupPolicy::kBalanceBytes).ok());
-    std::vector<std::string> copy = encoded;
-    absl::StatusOr<EncodedGlobalPlan> dispatched = PlanGlobalSaveDispatch(
-        planner, DedupPolicy::kBalanceBytes, copy, true, kPrefix);
-    EXPECT_EQ(dispatched.status(), classic.status());
+    ExpectTheClassicError(Encode(plans));
   }
 }
 
@@ -357,16 +356,7 @@ TEST(ColumnarPlanTest, MalformedMessagesGiveTheClassicError) {
   bad.back()[0][9 + 8 + 1] = 7;  // the first item's kind
   for (size_t i = 0; i < bad.size(); ++i) {
     SCOPED_TRACE(i);
-    DefaultSavePlanner planner;
-    absl::StatusOr<EncodedGlobalPlan> classic =
-        PlanGlobalSave(planner, bad[i], true, kPrefix);
-    ASSERT_FALSE(classic.ok());
-    EXPECT_FALSE(Columnar(bad[i], DedupPolicy::kBalanceBytes).ok());
-    std::vector<std::string> copy = bad[i];
-    EXPECT_EQ(PlanGlobalSaveDispatch(planner, DedupPolicy::kBalanceBytes, copy,
-                                     true, kPrefix)
-                  .status(),
-              classic.status());
+    ExpectTheClassicError(bad[i]);
   }
 }
 

@@ -75,6 +75,11 @@ constexpr int kMadvPopulateRead = MADV_POPULATE_READ;
 constexpr int kMadvPopulateRead = 22;
 #endif
 
+uint64_t PageSize() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
 // Alignment O_DIRECT needs for offsets, lengths and buffer addresses. 4096
 // covers every logical block size in use (512 and 4096).
 constexpr size_t kDirectIoAlignment = 4096;
@@ -270,30 +275,19 @@ class FileReadableFile final : public ReadableFile {
   // goes, so they count against this process's memory only meanwhile.
   std::unique_ptr<View> ViewIfInMemory(uint64_t offset,
                                        uint64_t size) const override {
-    const uint64_t end = offset + size;
-    if (!copy_mapped_ || map_ == nullptr || size < kMinMappedBytes ||
-        end > size_ || end < offset || !Cached(offset, end)) {
-      return nullptr;
-    }
-    static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t begin = offset / page * page;
-    if (::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
-      return nullptr;
-    }
-    return std::make_unique<MappedView>(
-        std::span<const std::byte>(
-            reinterpret_cast<const std::byte*>(map_ + offset), size),
-        map_ + begin, end - begin);
+    return copy_mapped_ ? MapCached(offset, size) : nullptr;
   }
+
 
  private:
   absl::Status Read(uint64_t offset, std::span<std::byte> data,
                     bool copy_mapped) const {
     const uint64_t end = offset + data.size();
-    if (copy_mapped && map_ != nullptr && data.size() >= kMinMappedBytes &&
-        end <= size_ && end >= offset && Cached(offset, end) &&
-        !Resident(data.data(), data.size()) && CopyMapped(offset, data)) {
-      return absl::OkStatus();
+    if (copy_mapped && !Resident(data.data(), data.size())) {
+      if (std::unique_ptr<View> view = MapCached(offset, data.size())) {
+        std::memcpy(data.data(), view->bytes().data(), data.size());
+        return absl::OkStatus();
+      }
     }
     if (direct_fd_ < 0) return ReadAll(fd_, offset, data, offset, data.size());
     const uint64_t a = (offset + kDirectIoAlignment - 1) /
@@ -334,17 +328,23 @@ class FileReadableFile final : public ReadableFile {
     const uint64_t length_;
   };
 
-  // Copies [offset, offset + data.size()), inside the file, from the
-  // mapping; false (nothing promised about `data`) when the kernel would not
-  // populate the range, e.g. a kernel before 5.14.
-  bool CopyMapped(uint64_t offset, std::span<std::byte> data) const {
-    static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t begin = offset / page * page;
-    const uint64_t len = offset + data.size() - begin;
-    if (::madvise(map_ + begin, len, kMadvPopulateRead) != 0) return false;
-    std::memcpy(data.data(), map_ + offset, data.size());
-    (void)::madvise(map_ + begin, len, MADV_DONTNEED);  // page cache stays
-    return true;
+  // [offset, offset + size) of the mapping, populated in one call, when it
+  // lies inside the file, is worth a mapping and is wholly cached; null
+  // otherwise, or when the kernel would not populate it (before 5.14).
+  std::unique_ptr<View> MapCached(uint64_t offset, uint64_t size) const {
+    const uint64_t end = offset + size;
+    if (map_ == nullptr || size < kMinMappedBytes || end > size_ ||
+        end < offset || !Cached(offset, end)) {
+      return nullptr;
+    }
+    const uint64_t begin = offset / PageSize() * PageSize();
+    if (::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
+      return nullptr;
+    }
+    return std::make_unique<MappedView>(
+        std::span<const std::byte>(
+            reinterpret_cast<const std::byte*>(map_ + offset), size),
+        map_ + begin, end - begin);
   }
 
   // True when every page of [begin, end) (inside the file) is in the page
@@ -359,7 +359,7 @@ class FileReadableFile final : public ReadableFile {
   // faulted in. mincore() never touches the pages; a failure (e.g. memory
   // it cannot tell about) says no.
   static bool Resident(const void* p, uint64_t len) {
-    static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t page = PageSize();
     uint64_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
     const uint64_t end = reinterpret_cast<uintptr_t>(p) + len;
     unsigned char vec[1024];
