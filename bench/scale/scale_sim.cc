@@ -380,8 +380,6 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     return absl::OkStatus();
   }));
   for (const std::string& p : payloads) res.final_plan_bytes += p.size();
-  encoded.clear();
-  encoded.shrink_to_fit();
   // Each rank decodes its final plan, writes its items and sends its write
   // report (not timed: that is the ranks' work; the coordinator's decoding
   // of the reports is, in assemble).
@@ -389,9 +387,12 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
   for (int r = 0; r < world; ++r) {
     internal_core::ByteReader reader(payloads[r], "final plan");
     reader.I64();
+    // A rank none of whose items was dropped gets the prefix alone and
+    // decodes its own local plan (still in `encoded`: EncodeFinals left it).
     absl::StatusOr<SavePlan> final_plan =
-        internal_plan::DecodeSavePlan(reader.Rest(), "final plan");
+        internal_plan::DecodeFinalPlan(reader.Rest(), encoded[r], "final plan");
     if (!final_plan.ok()) return final_plan.status();
+    encoded[r] = std::string();
     uint64_t file_size = 0;
     reports[r] = MakeReport(r, *final_plan, &file_size);
     res.checkpoint_bytes += file_size;
@@ -400,6 +401,8 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
   }
   payloads.clear();
   payloads.shrink_to_fit();
+  encoded.clear();
+  encoded.shrink_to_fit();
 
   // Commit: save.cc's Assemble (decode each report, fill in the
   // locations, check the scalars), then metadata.json.

@@ -496,7 +496,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     CAIRN_RETURN_IF_ERROR(r.status());
     CAIRN_ASSIGN_OR_RETURN(
         final_plan,
-        internal_plan::DecodeSavePlan(plan_bytes, "final plan from the coordinator"));
+        internal_plan::DecodeFinalPlan(plan_bytes, encoded_local,
+                                       "final plan from the coordinator"));
     skeleton = &fresh_skeleton;
     if (cache != nullptr) {
       cache->valid = true;

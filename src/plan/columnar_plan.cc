@@ -571,6 +571,13 @@ std::vector<std::string> ColumnarPlans::EncodeFinals(
            s.final_index[first_dropped] != kNone) {
       ++first_dropped;
     }
+    // Nothing dropped: the final plan is the local one (the header, the
+    // scalar-values flag 0 and the item count, is the same too), which the
+    // rank has; it gets the prefix alone.
+    if (first_dropped == s.base[r + 1]) {
+      payloads.emplace_back(prefix);
+      continue;
+    }
     const bool in_place =
         r < encoded.size() && encoded[r].data() == s.messages[r].data() &&
         encoded[r].size() == s.messages[r].size() &&

@@ -53,7 +53,9 @@ class ColumnarPlans {
   absl::Status ValidateFinal(const MetadataSkeleton& skeleton,
                              bool require_coverage) const;
   // EncodedGlobalPlan::payloads, built in the strings of `encoded` (the
-  // vector Decode read), which are moved out; this object is left empty.
+  // vector Decode read), which are moved out where items were dropped (a
+  // rank with none dropped gets `prefix` alone, its string is left as it
+  // was); this object is left empty.
   std::vector<std::string> EncodeFinals(std::vector<std::string>& encoded,
                                         std::string_view prefix);
 

@@ -222,10 +222,29 @@ void ExpectBothPlanTheSame(const std::vector<std::string>& encoded,
   ASSERT_TRUE(classic.ok()) << classic.status();
   ASSERT_TRUE(columnar.ok()) << columnar.status();
   ExpectSame(*classic, *columnar);
-  // And what each rank's FinishPlan gets: its payload, decoded.
-  for (const std::string& payload : columnar->payloads) {
-    ASSERT_TRUE(
-        DecodeSavePlan(std::string_view(payload).substr(8), "final").ok());
+  // And what each rank's FinishPlan gets: its payload decoded (its own
+  // local plan when the payload is the prefix alone) is its plan as the
+  // public DedupSavePlans chooses it.
+  std::vector<SavePlan> locals;
+  for (const std::string& e : encoded) {
+    absl::StatusOr<SavePlan> p = DecodeSavePlan(e, "local");
+    ASSERT_TRUE(p.ok()) << p.status();
+    locals.push_back(*std::move(p));
+  }
+  const std::vector<SavePlan> expected = DedupSavePlans(locals, policy);
+  for (size_t r = 0; r < encoded.size(); ++r) {
+    const std::string& payload = columnar->payloads[r];
+    ASSERT_EQ(std::string_view(payload).substr(0, 8), kPrefix);
+    absl::StatusOr<SavePlan> final_plan = DecodeFinalPlan(
+        std::string_view(payload).substr(8), encoded[r], "final");
+    ASSERT_TRUE(final_plan.ok()) << final_plan.status();
+    EXPECT_EQ(EncodeSavePlan(*final_plan, false),
+              EncodeSavePlan(expected[r], false))
+        << "rank " << r;
+    // The prefix alone exactly when no item was dropped.
+    EXPECT_EQ(payload.size() == 8,
+              expected[r].items.size() == locals[r].items.size())
+        << "rank " << r;
   }
 }
 
@@ -282,6 +301,45 @@ TEST(ColumnarPlanTest, BalancesReplicasLikeClassic) {
        {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
     ExpectBothPlanTheSame(encoded, policy);
   }
+}
+
+TEST(ColumnarPlanTest, UnchangedPlansAreSentAsThePrefixAlone) {
+  // Rank 0 writes "a"; rank 1 holds a replica of "a", dropped, and "b".
+  std::vector<SavePlan> plans(2);
+  const Shape shape = {4, 2};
+  plans[0].items.push_back(
+      TensorItem("a", DType::kF32, shape, Box::Full(shape), 0));
+  plans[1].items.push_back(
+      TensorItem("a", DType::kF32, shape, Box::Full(shape), 0));
+  plans[1].items.push_back(
+      TensorItem("b", DType::kF32, shape, Box::Full(shape), 1));
+  const std::vector<std::string> encoded = Encode(plans);
+  for (bool columnar : {false, true}) {
+    SCOPED_TRACE(columnar ? "columnar" : "classic");
+    absl::StatusOr<EncodedGlobalPlan> g =
+        columnar ? Columnar(encoded, DedupPolicy::kLowestRank)
+                 : Classic(encoded, DedupPolicy::kLowestRank);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->payloads[0], kPrefix);
+    ASSERT_GT(g->payloads[1].size(), 8u);
+    absl::StatusOr<SavePlan> p1 = DecodeFinalPlan(
+        std::string_view(g->payloads[1]).substr(8), encoded[1], "final");
+    ASSERT_TRUE(p1.ok()) << p1.status();
+    ASSERT_EQ(p1->items.size(), 1u);
+    EXPECT_EQ(p1->items[0].fqn, "b");
+    absl::StatusOr<SavePlan> p0 =
+        DecodeFinalPlan("", encoded[0], "final");
+    ASSERT_TRUE(p0.ok()) << p0.status();
+    ASSERT_EQ(p0->items.size(), 1u);
+    EXPECT_EQ(p0->items[0].fqn, "a");
+  }
+  // A damaged own plan is an error naming what it is, never a crash.
+  absl::StatusOr<SavePlan> bad =
+      DecodeFinalPlan("", std::string_view(encoded[0]).substr(0, 5), "final");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("the local plan, unchanged"),
+            std::string::npos)
+      << bad.status();
 }
 
 // `encoded` is bad: the classic path refuses it, the columnar path declines

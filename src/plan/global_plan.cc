@@ -509,10 +509,22 @@ absl::StatusOr<EncodedGlobalPlan> PlanGlobalSave(
   EncodedGlobalPlan g;
   CAIRN_ASSIGN_OR_RETURN(g.skeleton, BuildMetadataSkeleton(finals));
   g.payloads.reserve(finals.size());
-  for (const SavePlan& p : finals) {
-    g.payloads.push_back(EncodeSavePlan(p, /*with_scalar_values=*/false, prefix));
+  for (size_t r = 0; r < world; ++r) {
+    std::string e = EncodeSavePlan(finals[r], /*with_scalar_values=*/false);
+    std::string payload(prefix);
+    if (e != encoded[r]) payload += e;
+    g.payloads.push_back(std::move(payload));
   }
   return g;
+}
+
+absl::StatusOr<SavePlan> DecodeFinalPlan(std::string_view rest,
+                                         std::string_view encoded_local,
+                                         std::string_view what) {
+  // An encoded plan is never empty (it starts with a flag and a count).
+  if (!rest.empty()) return DecodeSavePlan(rest, what);
+  return DecodeSavePlan(encoded_local,
+                        std::string(what) + " (the local plan, unchanged)");
 }
 
 }  // namespace cairn::internal_plan

@@ -80,7 +80,11 @@ absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
 // plan as the scatter sends it, and the skeleton the commit fills in.
 struct EncodedGlobalPlan {
   // payloads[r]: `prefix` + EncodeSavePlan(rank r's final plan, without
-  // scalar values).
+  // scalar values), or `prefix` alone when that encoding is rank r's local
+  // plan as gathered, byte for byte: a rank none of whose items was dropped
+  // (every rank of a job with nothing replicated) is sent only the prefix
+  // and decodes its own local plan (DecodeFinalPlan), so the coordinator
+  // neither copies nor sends the plan back.
   std::vector<std::string> payloads;
   MetadataSkeleton skeleton;
 };
@@ -95,6 +99,14 @@ struct EncodedGlobalPlan {
 absl::StatusOr<EncodedGlobalPlan> PlanGlobalSave(
     SavePlanner& planner, const std::vector<std::string>& encoded,
     bool require_coverage, std::string_view prefix);
+
+// A rank's final plan from its payload without the prefix (`rest`): the
+// plan it encodes, or, when `rest` is empty, the rank's own local plan as it
+// sent it (`encoded_local`, encoded without scalar values). Errors name
+// `what`.
+absl::StatusOr<SavePlan> DecodeFinalPlan(std::string_view rest,
+                                         std::string_view encoded_local,
+                                         std::string_view what);
 
 }  // namespace cairn::internal_plan
 
