@@ -145,6 +145,10 @@ TEST_F(BenchCliTest, JsonHasEveryPhaseAndLoadVariant) {
             << phase;
       }
       EXPECT_GT(row["phase_seconds"]["read"].get<double>(), 0);
+      // At least the destination's bytes were asked of the storage; what
+      // the device read depends on the page cache, but is counted.
+      EXPECT_GE(row["storage_bytes_read"].get<double>(), bytes);
+      EXPECT_TRUE(row["device_bytes_read"].is_number_unsigned());
     }
     if (row["kind"] == "async") {
       EXPECT_LE(row["blocked_seconds"].get<double>(),

@@ -88,6 +88,18 @@ class ReadableFile {
     return ReadAt(offset, data);
   }
 
+  // ReadAt into a reused buffer (as ReadAtIntoReusedBuffer) of a range
+  // that other readers, e.g. the other ranks of a load, are likely to read
+  // as well: the span of a chunk of which this reader needs only some
+  // columns. A backend that can share reads among them should: the file
+  // backend reads such a range through the page cache, never O_DIRECT, so
+  // the device serves it once however many ranks read it. Default:
+  // ReadAtIntoReusedBuffer.
+  virtual absl::Status ReadAtShared(uint64_t offset,
+                                    std::span<std::byte> data) const {
+    return ReadAtIntoReusedBuffer(offset, data);
+  }
+
   // Bytes of the file a reader may use in place, with no copy into a
   // buffer of its own; they stay valid while this object lives.
   class View {

@@ -102,6 +102,7 @@ struct ReadTask {
     std::vector<int64_t> dst_strides;  // bytes
   };
   std::vector<Copy> copies;
+  uint64_t copied = 0;  // bytes the copies take out of the span
   std::vector<int64_t> src_strides;  // bytes, shared by the copies
   size_t elem_size = 1;
   internal_core::RunPattern runs;  // kRuns: runs relative to file_offset
@@ -413,7 +414,9 @@ class Loader {
       for (int64_t st : dst.strides()) {
         copy.dst_strides.push_back(st * static_cast<int64_t>(es));
       }
-      result_.bytes_loaded += static_cast<uint64_t>(part->num_elements()) * es;
+      const uint64_t bytes = static_cast<uint64_t>(part->num_elements()) * es;
+      result_.bytes_loaded += bytes;
+      task.copied += bytes;
       task.copies.push_back(std::move(copy));
     }
     if (task.copies.empty()) return absl::OkStatus();
@@ -531,9 +534,13 @@ class Loader {
     }
     CAIRN_ASSIGN_OR_RETURN(PooledBuffer buf, pool.Acquire());
     if (t.mode == ReadTask::Mode::kSpan) {
+      // A span with bytes this rank does not copy (the other columns of a
+      // column reshard) is most likely read by other ranks too: through
+      // the page cache, so the device serves it once.
+      const std::span<std::byte> into(buf.data(), t.span);
       CAIRN_RETURN_IF_ERROR(Annotate(
-          file.ReadAtIntoReusedBuffer(
-              t.file_offset, std::span<std::byte>(buf.data(), t.span)),
+          t.copied < t.span ? file.ReadAtShared(t.file_offset, into)
+                            : file.ReadAtIntoReusedBuffer(t.file_offset, into),
           context()));
       checksum(buf.data());  // a checked chunk is contiguous: span == bytes
     } else {

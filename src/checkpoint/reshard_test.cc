@@ -252,6 +252,7 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   sd["w"] = TensorView(full.data(), DType::kF32, {kRows, kCols});
   ASSERT_TRUE(Save(sd, tmp.path()).ok());
 
+  uint64_t shared = 0;  // of the last load's bytes, read by ReadAtShared
   auto load_counting = [&](const Box& box, const LoadOptions& options,
                            std::vector<float>& out) -> uint64_t {
     out.assign(box.num_elements(), -1.0f);
@@ -271,6 +272,7 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
                                      box.offsets[1] + j));
       }
     }
+    shared = counting.shared_bytes_read();
     return counting.bytes_read();
   };
 
@@ -280,14 +282,19 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   uint64_t rows = load_counting(Box{{100, 0}, {10, kCols}}, {}, out);
   EXPECT_LE(rows, 10 * kCols * 4 + header_bytes);
   EXPECT_GE(rows, 10 * kCols * 4);
+  EXPECT_EQ(shared, 0u);  // every byte read is copied: no other rank's
   // Two columns of every row, per-run reads (gap larger than the limit).
   LoadOptions no_coalesce;
   no_coalesce.coalesce_gap_bytes = 0;
   uint64_t cols = load_counting(Box{{0, 500}, {kRows, 2}}, no_coalesce, out);
   EXPECT_LE(cols, kRows * 2 * 4 + header_bytes);
-  // With coalescing the gaps are read too, but never more than the chunk.
+  EXPECT_EQ(shared, 0u);
+  // With coalescing the gaps are read too, but never more than the chunk,
+  // and as a shared read: the gaps are the other ranks' columns.
   uint64_t coalesced = load_counting(Box{{0, 500}, {kRows, 2}}, {}, out);
   EXPECT_LE(coalesced, kRows * kCols * 4 + header_bytes);
+  EXPECT_GE(shared, (kRows - 1) * kCols * 4 + 2 * 4);
+  EXPECT_LE(shared, coalesced);
 }
 
 // A state dict holding `full` ([rows, cols] F32) as "w" in `chunks` row

@@ -60,6 +60,17 @@ class FaultReadableFile final : public ReadableFile {
     return absl::OkStatus();
   }
 
+  // The base's own shared read (the file backend's differs from its
+  // ReadAt), failing and corrupting as ReadAt does.
+  absl::Status ReadAtShared(uint64_t offset,
+                            std::span<std::byte> data) const override {
+    CAIRN_RETURN_IF_ERROR(owner_->MaybeFail(StorageOp::kReadAt));
+    CAIRN_RETURN_IF_ERROR(base_->ReadAtShared(offset, data));
+    owner_->AddBytesRead(data.size(), /*shared=*/true);
+    owner_->AfterRead(data);
+    return absl::OkStatus();
+  }
+
  private:
   FaultInjectionStorage* const owner_;
   const std::unique_ptr<ReadableFile> base_;
@@ -135,7 +146,14 @@ void FaultInjectionStorage::AfterRead(std::span<std::byte> data) {
   }
 }
 
-void FaultInjectionStorage::AddBytesRead(uint64_t n) { bytes_read_ += n; }
+void FaultInjectionStorage::AddBytesRead(uint64_t n, bool shared) {
+  bytes_read_ += n;
+  if (shared) shared_bytes_read_ += n;
+}
+
+uint64_t FaultInjectionStorage::shared_bytes_read() const {
+  return shared_bytes_read_.load();
+}
 
 void FaultInjectionStorage::AddBytesWritten(uint64_t n) { bytes_written_ += n; }
 

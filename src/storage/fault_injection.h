@@ -53,6 +53,8 @@ class FaultInjectionStorage : public Storage {
 
   int64_t calls(StorageOp op) const;
   uint64_t bytes_read() const;     // by ReadAt calls that succeeded
+  // The part of bytes_read() read by ReadAtShared (a kReadAt call too).
+  uint64_t shared_bytes_read() const;
   uint64_t bytes_written() const;  // by WriteAt calls that succeeded
 
   // Storage:
@@ -75,7 +77,7 @@ class FaultInjectionStorage : public Storage {
   // For the wrapped readable files, after a ReadAt succeeded: counts it
   // and flips a byte of `data` if it is the read to corrupt.
   void AfterRead(std::span<std::byte> data);
-  void AddBytesRead(uint64_t n);
+  void AddBytesRead(uint64_t n, bool shared = false);
   void AddBytesWritten(uint64_t n);
 
  private:
@@ -88,6 +90,7 @@ class FaultInjectionStorage : public Storage {
   int64_t reads_done_ = 0;    // successful ReadAt calls
   int64_t corrupt_read_ = 0;  // reads_done_ value to corrupt; 0: none
   std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> shared_bytes_read_{0};
   std::atomic<uint64_t> bytes_written_{0};
 };
 

@@ -270,6 +270,14 @@ class FileReadableFile final : public ReadableFile {
     return Read(offset, data, /*copy_mapped=*/false);
   }
 
+  // Buffered: the page cache holds the bytes for the other readers (and
+  // a reader that comes second finds them there, or waits for the first
+  // one's read of them, where O_DIRECT would read them again).
+  absl::Status ReadAtShared(uint64_t offset,
+                            std::span<std::byte> data) const override {
+    return ReadAll(fd_, offset, data, offset, data.size());
+  }
+
   // The mapping's pages of a wholly cached range, populated in one call and
   // unmapped again (MADV_DONTNEED; the page cache keeps them) when the view
   // goes, so they count against this process's memory only meanwhile.

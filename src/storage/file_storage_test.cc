@@ -241,6 +241,52 @@ bool WriteColdFile(const std::string& path, const std::string& bytes) {
   return ok && CachedPages(path, 0, bytes.size()) == 0;
 }
 
+// A shared read of a cold, aligned range goes through the page cache (where
+// ReadAt would read it O_DIRECT, past the cache), so a second reader of the
+// range finds it there; its bytes are exact.
+TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
+  TempDir dir;
+  const std::string path = dir.path() + "/data";
+  std::string bytes(size_t{3} << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>((i * 2654435761u) >> 11);
+  }
+  if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) {
+    GTEST_SKIP() << dir.path()
+                 << ": no O_DIRECT, or the page cache cannot be dropped here";
+  }
+  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  auto file = (*storage)->OpenForRead("data");
+  ASSERT_TRUE(file.ok()) << file.status();
+  // 1 MiB of 4096-aligned memory.
+  std::vector<std::byte> memory((1 << 20) + 4096);
+  const auto base = reinterpret_cast<uintptr_t>(memory.data());
+  const std::span<std::byte> buffer(
+      memory.data() + (4096 - base % 4096) % 4096, 1 << 20);
+  // ReadAt: direct, the range stays out of the cache.
+  ASSERT_TRUE((*file)->ReadAt(0, buffer).ok());
+  EXPECT_EQ(CachedPages(path, 0, 1 << 20), 0);
+  // ReadAtShared of the next MiB: cached afterwards, and exact.
+  ASSERT_TRUE((*file)->ReadAtShared(1 << 20, buffer).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()),
+                        buffer.size()),
+            bytes.substr(1 << 20, 1 << 20));
+  EXPECT_EQ(CachedPages(path, 1 << 20, 2 << 20), 256);
+  EXPECT_NE((*file)->ViewIfInMemory(1 << 20, 1 << 20), nullptr);
+  // Unaligned and at the end of the file: exact.
+  std::vector<std::byte> small(70001);
+  ASSERT_TRUE((*file)->ReadAtShared(bytes.size() - small.size(),
+                                    std::span(small)).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(small.data()),
+                        small.size()),
+            bytes.substr(bytes.size() - small.size()));
+  // Past the end: an error naming the file, not a short read.
+  absl::Status past = (*file)->ReadAtShared(bytes.size() - 10, std::span(small));
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
+  EXPECT_NE(past.message().find("data"), std::string::npos) << past;
+}
+
 // Reads of every alignment return the file's bytes whether they come from
 // the page cache or from the device: an uncached aligned middle is read with
 // O_DIRECT (so it stays out of the cache), its head and tail and anything
