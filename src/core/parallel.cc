@@ -43,4 +43,9 @@ absl::Status ParallelFor(int64_t n, int threads,
   return failure;
 }
 
+int CpuThreads(int cap) {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, std::min(hw, cap));
+}
+
 }  // namespace cairn::internal_core

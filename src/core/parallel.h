@@ -16,6 +16,11 @@ namespace cairn::internal_core {
 absl::Status ParallelFor(int64_t n, int threads,
                          absl::FunctionRef<absl::Status(int64_t)> fn);
 
+// Threads for CPU-bound loops of one process, such as the save
+// coordinator's global planning and metadata encoding: the machine's
+// hardware threads, at least 1 and at most `cap`.
+int CpuThreads(int cap = 16);
+
 }  // namespace cairn::internal_core
 
 #endif  // CAIRN_CORE_PARALLEL_H_

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "cairn/box.h"
 #include "cairn/dtype.h"
 #include "core/checked.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "format/crc32c.h"
 #include "format/json_util.h"
@@ -56,8 +58,10 @@ std::string Quote(std::string_view s_std) {
 // nlohmann::json's dump() of the same document gives (compact, keys sorted,
 // strings escaped by its rules): building that document first costs a heap
 // node per value, gigabytes and seconds for the millions of chunks of a
-// save at 16k ranks. The text is written twice through one template: first
-// to count its bytes, then into a string of that size.
+// save at 16k ranks. The text is written twice through the same templates:
+// first to count the bytes of its head, of each tensor and of its tail,
+// then each part at its offset in a string of the whole size (the tensors
+// on several threads when there are many chunks).
 
 // Sink that counts the bytes it is given.
 class CountingSink {
@@ -68,17 +72,6 @@ class CountingSink {
 
  private:
   size_t size_ = 0;
-};
-
-// Sink that appends to a string reserved to the counted size.
-class StringSink {
- public:
-  explicit StringSink(std::string& out) : out_(out) {}
-  void Put(char c) { out_.push_back(c); }
-  void Put(std::string_view s) { out_.append(s.data(), s.size()); }
-
- private:
-  std::string& out_;
 };
 
 template <typename Sink, typename Int>
@@ -163,9 +156,56 @@ struct Prepared {
   std::string user;
 };
 
+// Sink that writes into memory sized beforehand (by a CountingSink).
+class PointerSink {
+ public:
+  explicit PointerSink(char* at) : at_(at) {}
+  void Put(char c) { *at_++ = c; }
+  void Put(std::string_view s) {
+    std::memcpy(at_, s.data(), s.size());
+    at_ += s.size();
+  }
+
+ private:
+  char* at_;
+};
+
+// One member of "tensors": `"fqn":{...}`, with a leading ',' unless first.
 template <typename Sink>
-absl::Status PutMetadata(Sink& sink, const Metadata& md,
-                         const Prepared& prepared) {
+absl::Status PutTensor(Sink& sink, const std::string& fqn,
+                       const TensorMetadata& tensor, bool first) {
+  if (!first) sink.Put(',');
+  CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
+  sink.Put(":{");
+  PutKey(sink, "chunks");
+  sink.Put('[');
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+    const ChunkMetadata& chunk = tensor.chunks[c];
+    sink.Put(c == 0 ? "{" : ",{");
+    CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, chunk.location));
+    sink.Put(',');
+    PutKey(sink, "offsets");
+    PutDims(sink, chunk.box.offsets);
+    sink.Put(',');
+    PutKey(sink, "sizes");
+    PutDims(sink, chunk.box.sizes);
+    sink.Put('}');
+  }
+  sink.Put("],");
+  PutKey(sink, "dtype");
+  CAIRN_RETURN_IF_ERROR(PutString(sink, DTypeName(tensor.dtype)));
+  sink.Put(',');
+  PutKey(sink, "shape");
+  PutDims(sink, tensor.shape);
+  sink.Put('}');
+  return absl::OkStatus();
+}
+
+// The document is its head, the members of "tensors" (PutTensor) and its
+// tail. Members in key order: created_by, format, objects, rank, scalars,
+// structure, tensors, user, version, world_size.
+template <typename Sink>
+absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
   // Members in key order: created_by, format, objects, rank, scalars,
   // structure, tensors, user, version, world_size.
   sink.Put('{');
@@ -211,34 +251,11 @@ absl::Status PutMetadata(Sink& sink, const Metadata& md,
   sink.Put(',');
   PutKey(sink, "tensors");
   sink.Put('{');
-  first = true;
-  for (const auto& [fqn, tensor] : md.tensors) {
-    if (!first) sink.Put(',');
-    first = false;
-    CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
-    sink.Put(":{");
-    PutKey(sink, "chunks");
-    sink.Put('[');
-    for (size_t c = 0; c < tensor.chunks.size(); ++c) {
-      const ChunkMetadata& chunk = tensor.chunks[c];
-      sink.Put(c == 0 ? "{" : ",{");
-      CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, chunk.location));
-      sink.Put(',');
-      PutKey(sink, "offsets");
-      PutDims(sink, chunk.box.offsets);
-      sink.Put(',');
-      PutKey(sink, "sizes");
-      PutDims(sink, chunk.box.sizes);
-      sink.Put('}');
-    }
-    sink.Put("],");
-    PutKey(sink, "dtype");
-    CAIRN_RETURN_IF_ERROR(PutString(sink, DTypeName(tensor.dtype)));
-    sink.Put(',');
-    PutKey(sink, "shape");
-    PutDims(sink, tensor.shape);
-    sink.Put('}');
-  }
+  return absl::OkStatus();
+}
+
+template <typename Sink>
+void PutTail(Sink& sink, const Metadata& md, const Prepared& prepared) {
   sink.Put("},");
   PutKey(sink, "user");
   sink.Put(prepared.user);
@@ -249,7 +266,6 @@ absl::Status PutMetadata(Sink& sink, const Metadata& md,
   PutKey(sink, "world_size");
   PutInt(sink, md.world_size);
   sink.Put('}');
-  return absl::OkStatus();
 }
 
 json EncodeScalar(const Scalar& scalar) {
@@ -1023,23 +1039,51 @@ absl::Status CheckEncodable(const Metadata& metadata) {
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
                                            uint64_t max_bytes) {
   CAIRN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(metadata, /*scalars=*/true));
-  CountingSink counter;
-  CAIRN_RETURN_IF_ERROR(PutMetadata(counter, metadata, prepared));
-  if (counter.size() + 1 > max_bytes) {
-    size_t chunks = 0;
-    for (const auto& [fqn, t] : metadata.tensors) chunks += t.chunks.size();
+  // Each tensor's text is counted, then written at its offset, on several
+  // threads when there are many chunks (a 16k-rank job's metadata.json is
+  // a GB): errors are the first in document order either way.
+  std::vector<const std::pair<const std::string, TensorMetadata>*> tensors;
+  tensors.reserve(metadata.tensors.size());
+  size_t chunks = 0;
+  for (const auto& entry : metadata.tensors) {
+    tensors.push_back(&entry);
+    chunks += entry.second.chunks.size();
+  }
+  const int threads = chunks >= (size_t{1} << 16) ? internal_core::CpuThreads()
+                                                  : 1;
+  CountingSink head_counter;
+  CAIRN_RETURN_IF_ERROR(PutHead(head_counter, metadata, prepared));
+  std::vector<size_t> at(tensors.size() + 1, 0);
+  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+      static_cast<int64_t>(tensors.size()), threads, [&](int64_t t) {
+        CountingSink c;
+        CAIRN_RETURN_IF_ERROR(
+            PutTensor(c, tensors[t]->first, tensors[t]->second, t == 0));
+        at[t + 1] = c.size();
+        return absl::OkStatus();
+      }));
+  at[0] = head_counter.size();
+  for (size_t t = 0; t < tensors.size(); ++t) at[t + 1] += at[t];
+  CountingSink tail_counter;
+  PutTail(tail_counter, metadata, prepared);
+  const size_t size = at.back() + tail_counter.size();
+  if (size + 1 > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "metadata.json would be %d bytes (%d tensors, %d chunks), more than "
         "the %d bytes a load accepts: save with fewer, larger chunks (fewer "
         "ranks per tensor) or save rank-local checkpoints",
-        counter.size() + 1, metadata.tensors.size(), chunks,
-        max_bytes));
+        size + 1, metadata.tensors.size(), chunks, max_bytes));
   }
-  std::string text;
-  text.reserve(counter.size() + 1);
-  StringSink sink(text);
-  CAIRN_RETURN_IF_ERROR(PutMetadata(sink, metadata, prepared));
-  text += '\n';
+  std::string text(size + 1, '\n');
+  PointerSink head(text.data());
+  CAIRN_RETURN_IF_ERROR(PutHead(head, metadata, prepared));
+  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+      static_cast<int64_t>(tensors.size()), threads, [&](int64_t t) {
+        PointerSink sink(text.data() + at[t]);
+        return PutTensor(sink, tensors[t]->first, tensors[t]->second, t == 0);
+      }));
+  PointerSink tail(text.data() + at.back());
+  PutTail(tail, metadata, prepared);
   return text;
 }
 

@@ -692,6 +692,41 @@ TEST(MetadataCodecTest, EncoderWritesCanonicalJson) {
   EXPECT_EQ(json::parse(text).dump() + "\n", text);
 }
 
+// With many chunks the tensors are encoded on several threads, each at its
+// counted offset: the text is still nlohmann's dump of the document, and
+// of two bad names the first in document order is the one reported.
+TEST(MetadataCodecTest, ManyChunksEncodeTheSameOnSeveralThreads) {
+  Metadata md;
+  md.world_size = 4096;
+  const int64_t kChunks = 20000;  // x 5 tensors: past the threaded bound
+  for (const char* fqn : {"a.w", "b \"q\"", "c\tx", "d.\xc3\xa9", "e"}) {
+    TensorMetadata& t = md.tensors[fqn];
+    t.dtype = DType::kBF16;
+    t.shape = {kChunks * 3, 7};
+    for (int64_t c = 0; c < kChunks; ++c) {
+      ChunkMetadata chunk;
+      chunk.box = Box{{c * 3, 0}, {3, 7}};
+      chunk.location = ByteLocation{
+          absl::StrCat("data-", c % 4096, ".safetensors"),
+          static_cast<uint64_t>(c) * 4096 * 1000003, 42,
+          static_cast<uint32_t>(c * 2654435761u)};
+      t.chunks.push_back(std::move(chunk));
+    }
+  }
+  absl::StatusOr<std::string> text = EncodeMetadata(md);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(json::parse(*text).dump() + "\n", *text);
+  absl::StatusOr<Metadata> back = DecodeMetadata(*text, "many.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, md);
+
+  md.tensors["z\xff"] = md.tensors["e"];
+  md.tensors["m\xfe"] = md.tensors["e"];
+  absl::StatusOr<std::string> bad = EncodeMetadata(md);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("FE")) << bad.status();
+}
+
 // ------------------------------------------------------------ coverage
 
 TEST(MetadataCodecTest, CoverageAcceptsExactTilings) {

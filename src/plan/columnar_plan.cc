@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/byte_codec.h"
 #include "core/checked.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "format/metadata_codec.h"
 
@@ -486,27 +487,44 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
           static_cast<uint32_t>(r), index};
     }
   }
+  // The tensors' map entries first (the map is not thread-safe), then each
+  // tensor's chunks on its own: a tensor's sort, boxes and refs touch
+  // nothing another tensor's do (each ref slot is one chunk's).
+  std::vector<TensorMetadata*> tensor_of(s.fqns.size(), nullptr);
+  std::vector<int64_t> with_chunks;
   for (size_t f = 0; f < s.fqns.size(); ++f) {
     if (start[f] == start[f + 1]) continue;
     TensorMetadata& tm = md.tensors[std::string(s.fqns[f].name)];
     tm.dtype = s.fqns[f].dtype;
     tm.shape = s.fqns[f].shape;
-    // BuildMetadataSkeleton's std::sort, on the same sequence with the same
-    // comparisons' outcomes (equal offsets included), so the same order.
-    std::sort(chunks.begin() + start[f], chunks.begin() + start[f + 1],
-              [](const Chunk& a, const Chunk& b) {
-                if (a.first_offset != b.first_offset) {
-                  return a.first_offset < b.first_offset;
-                }
-                return OffsetsLess(a.box, b.box);
-              });
-    // Reserved exactly: the chunks never move, so the pointers stay valid.
-    tm.chunks.reserve(start[f + 1] - start[f]);
-    for (size_t c = start[f]; c < start[f + 1]; ++c) {
-      tm.chunks.push_back(ChunkMetadata{LoadBox(chunks[c].box), {}});
-      out.refs[chunks[c].rank][chunks[c].index] = &tm.chunks.back().location;
-    }
+    tensor_of[f] = &tm;
+    with_chunks.push_back(static_cast<int64_t>(f));
   }
+  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+      static_cast<int64_t>(with_chunks.size()), internal_core::CpuThreads(),
+      [&](int64_t k) {
+        const size_t f = static_cast<size_t>(with_chunks[k]);
+        TensorMetadata& tm = *tensor_of[f];
+        // BuildMetadataSkeleton's std::sort, on the same sequence with the
+        // same comparisons' outcomes (equal offsets included), so the same
+        // order.
+        std::sort(chunks.begin() + start[f], chunks.begin() + start[f + 1],
+                  [](const Chunk& a, const Chunk& b) {
+                    if (a.first_offset != b.first_offset) {
+                      return a.first_offset < b.first_offset;
+                    }
+                    return OffsetsLess(a.box, b.box);
+                  });
+        // Reserved exactly: the chunks never move, so the pointers stay
+        // valid.
+        tm.chunks.reserve(start[f + 1] - start[f]);
+        for (size_t c = start[f]; c < start[f + 1]; ++c) {
+          tm.chunks.push_back(ChunkMetadata{LoadBox(chunks[c].box), {}});
+          out.refs[chunks[c].rank][chunks[c].index] =
+              &tm.chunks.back().location;
+        }
+        return absl::OkStatus();
+      }));
   CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructureViews(s.structures));
   return out;
 }
@@ -520,14 +538,20 @@ absl::Status ColumnarPlans::ValidateFinal(const MetadataSkeleton& skeleton,
     }
   }
   if (!require_coverage) return absl::OkStatus();
-  for (const auto& [fqn, tensor] : skeleton.metadata.tensors) {
-    // Whether the boxes cover the shape exactly once does not depend on
-    // their order: the same verdict as ValidateFinalPlans' call.
-    if (!internal_format::ValidateCoverage(fqn, tensor).ok()) {
-      return Unsupported("a tensor not covered exactly once");
-    }
-  }
-  return absl::OkStatus();
+  std::vector<const std::pair<const std::string, TensorMetadata>*> tensors;
+  tensors.reserve(skeleton.metadata.tensors.size());
+  for (const auto& entry : skeleton.metadata.tensors) tensors.push_back(&entry);
+  // Whether the boxes cover the shape exactly once does not depend on
+  // their order: the same verdict as ValidateFinalPlans' call.
+  return internal_core::ParallelFor(
+      static_cast<int64_t>(tensors.size()), internal_core::CpuThreads(),
+      [&](int64_t t) {
+        return internal_format::ValidateCoverage(tensors[t]->first,
+                                                 tensors[t]->second)
+                       .ok()
+                   ? absl::OkStatus()
+                   : Unsupported("a tensor not covered exactly once");
+      });
 }
 
 // EncodeSavePlan's layout: without scalar values, the item count, the
