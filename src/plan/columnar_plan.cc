@@ -135,35 +135,6 @@ struct Fqn {
   uint32_t kept = 0;          // its final items (after Dedup)
 };
 
-// A distinct stored piece, DedupImpl's (FQN, kind, box): the kind is the
-// FQN's, and equal boxes encode to equal bytes.
-struct PieceKey {
-  uint32_t fqn;
-  std::string_view box;
-};
-struct PieceHash {
-  using is_transparent = void;
-  const BigVector<PieceKey>* pieces;
-  size_t operator()(const PieceKey& k) const {
-    return absl::HashOf(k.fqn, AsAbsl(k.box));
-  }
-  size_t operator()(uint32_t id) const { return (*this)((*pieces)[id]); }
-};
-struct PieceEq {
-  using is_transparent = void;
-  const BigVector<PieceKey>* pieces;
-  static bool Same(const PieceKey& a, const PieceKey& b) {
-    return a.fqn == b.fqn && a.box == b.box;
-  }
-  bool operator()(uint32_t a, uint32_t b) const { return a == b; }
-  bool operator()(const PieceKey& a, uint32_t b) const {
-    return Same(a, (*pieces)[b]);
-  }
-  bool operator()(uint32_t a, const PieceKey& b) const {
-    return Same((*pieces)[a], b);
-  }
-};
-
 }  // namespace
 
 struct ColumnarPlans::State {
@@ -319,47 +290,139 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
   State& s = *s_;
   const size_t world = s.world();
   const size_t n = s.items.size();
-  BigVector<PieceKey> pieces;
-  pieces.reserve(n);
-  BigVector<uint32_t> piece_of(n);
-  BigVector<uint32_t> last_rank;
-  BigVector<uint32_t> num_holders;
-  last_rank.reserve(n);
-  num_holders.reserve(n);
-  {
-    absl::flat_hash_set<uint32_t, PieceHash, PieceEq, BigAllocator<uint32_t>>
-        ids(0, PieceHash{&pieces}, PieceEq{&pieces});
-    ids.reserve(n);
-    for (size_t r = 0; r < world; ++r) {
-      const char* m = s.messages[r].data();
-      for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
-        const Item& item = s.items[i];
-        const PieceKey key{item.fqn,
-                           std::string_view(m + item.box,
-                                            item.end - 16 - item.box)};
-        bool inserted = false;
-        const uint32_t id = *ids.lazy_emplace(key, [&](const auto& ctor) {
-          inserted = true;
-          pieces.push_back(key);
-          ctor(static_cast<uint32_t>(pieces.size() - 1));
-        });
-        if (inserted) {
-          last_rank.push_back(static_cast<uint32_t>(r));
-          num_holders.push_back(1);
-        } else if (last_rank[id] != r) {
-          last_rank[id] = static_cast<uint32_t>(r);
-          ++num_holders[id];
-        } else {
-          piece_of[i] = kNone;  // a second copy on one rank: not a holder
-          continue;
+  const size_t num_fqns = s.fqns.size();
+  const int threads =
+      n >= (size_t{1} << 16) ? internal_core::CpuThreads() : 1;
+  auto box_of = [&](size_t r, size_t i) {
+    const Item& item = s.items[i];
+    return std::string_view(s.messages[r].data() + item.box,
+                            item.end - 16 - item.box);
+  };
+  // Each item's rank and encoded box's hash, rank by rank (each message
+  // read in order).
+  BigVector<uint64_t> hash(n);
+  BigVector<uint32_t> rank_of(n);
+  (void)internal_core::ParallelFor(
+      static_cast<int64_t>(world), threads, [&](int64_t r) {
+        for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+          hash[i] = absl::HashOf(AsAbsl(box_of(static_cast<size_t>(r), i)));
+          rank_of[i] = static_cast<uint32_t>(r);
         }
-        piece_of[i] = id;
-      }
+        return absl::OkStatus();
+      });
+  // The items of each FQN, in (rank, item) order: a stable counting sort.
+  std::vector<size_t> fqn_start(num_fqns + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++fqn_start[s.items[i].fqn + 1];
+  for (size_t f = 0; f < num_fqns; ++f) fqn_start[f + 1] += fqn_start[f];
+  BigVector<uint32_t> by_fqn(n);
+  {
+    std::vector<size_t> next(fqn_start.begin(), fqn_start.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      by_fqn[next[s.items[i].fqn]++] = static_cast<uint32_t>(i);
     }
   }
-  last_rank = {};
-  const size_t num_pieces = pieces.size();
-  pieces = {};
+  // DedupImpl's distinct pieces, (FQN, kind, box): the kind is the FQN's
+  // and equal boxes encode to equal bytes, so within an FQN a piece is its
+  // encoded box. Found FQN by FQN (a small hash
+  // table each, on several threads): each piece's holders (ranks; a
+  // second copy on one rank is not a holder) and its first item, which
+  // orders pieces as DedupImpl's first-seen ids do. An FQN's pieces get
+  // ids from piece_base[f], in the order they are first seen.
+  BigVector<uint32_t> piece_of(n);
+  std::vector<std::vector<uint32_t>> fqn_holders(num_fqns);  // per piece
+  std::vector<std::vector<uint32_t>> fqn_first(num_fqns);    // item
+  // A piece is stored as its local id and looked up by an item's index.
+  struct ItemKey {
+    uint32_t item;
+  };
+  struct Pieces {
+    const State* s;
+    const BigVector<uint64_t>* hash;
+    const BigVector<uint32_t>* rank_of;
+    const std::vector<uint32_t>* first;  // the current FQN's
+    uint32_t ItemOf(uint32_t local) const { return (*first)[local]; }
+    std::string_view Box(uint32_t i) const {
+      const Item& item = s->items[i];
+      return std::string_view(s->messages[(*rank_of)[i]].data() + item.box,
+                              item.end - 16 - item.box);
+    }
+  };
+  struct PieceHash {
+    using is_transparent = void;
+    const Pieces* p;
+    size_t operator()(uint32_t local) const {
+      return (*p->hash)[p->ItemOf(local)];
+    }
+    size_t operator()(ItemKey k) const { return (*p->hash)[k.item]; }
+  };
+  struct PieceEq {
+    using is_transparent = void;
+    const Pieces* p;
+    bool Same(uint32_t a, uint32_t b) const {
+      return (*p->hash)[a] == (*p->hash)[b] && p->Box(a) == p->Box(b);
+    }
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(ItemKey a, uint32_t b) const {
+      return Same(a.item, p->ItemOf(b));
+    }
+    bool operator()(uint32_t a, ItemKey b) const {
+      return Same(p->ItemOf(a), b.item);
+    }
+  };
+  (void)internal_core::ParallelFor(
+      static_cast<int64_t>(num_fqns), threads, [&](int64_t f) {
+        std::vector<uint32_t>& holders = fqn_holders[f];
+        std::vector<uint32_t>& first = fqn_first[f];
+        std::vector<uint32_t> last_rank;
+        const Pieces pieces{&s, &hash, &rank_of, &first};
+        absl::flat_hash_set<uint32_t, PieceHash, PieceEq> ids(
+            0, PieceHash{&pieces}, PieceEq{&pieces});
+        ids.reserve(fqn_start[f + 1] - fqn_start[f]);
+        for (size_t k = fqn_start[f]; k < fqn_start[f + 1]; ++k) {
+          const uint32_t i = by_fqn[k];
+          const uint32_t r = rank_of[i];
+          bool inserted = false;
+          const uint32_t local =
+              *ids.lazy_emplace(ItemKey{i}, [&](const auto& ctor) {
+                inserted = true;
+                first.push_back(i);
+                ctor(static_cast<uint32_t>(first.size() - 1));
+              });
+          if (inserted) {
+            holders.push_back(1);
+            last_rank.push_back(r);
+          } else if (last_rank[local] != r) {
+            last_rank[local] = r;
+            ++holders[local];
+          } else {
+            piece_of[i] = kNone;  // a second copy on one rank: not a holder
+            continue;
+          }
+          piece_of[i] = local;
+        }
+        return absl::OkStatus();
+      });
+  std::vector<size_t> piece_base(num_fqns + 1, 0);
+  for (size_t f = 0; f < num_fqns; ++f) {
+    piece_base[f + 1] = piece_base[f] + fqn_first[f].size();
+  }
+  const size_t num_pieces = piece_base[num_fqns];
+  BigVector<uint32_t> num_holders(num_pieces);
+  BigVector<uint32_t> first_item(num_pieces);
+  for (size_t f = 0; f < num_fqns; ++f) {
+    std::copy(fqn_holders[f].begin(), fqn_holders[f].end(),
+              num_holders.begin() + piece_base[f]);
+    std::copy(fqn_first[f].begin(), fqn_first[f].end(),
+              first_item.begin() + piece_base[f]);
+    fqn_holders[f] = {};
+    fqn_first[f] = {};
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (piece_of[i] != kNone) piece_of[i] += piece_base[s.items[i].fqn];
+  }
+  hash = {};
+  by_fqn = {};
+  rank_of = {};
   // Each piece's holders (global item indices), in rank order, at
   // [first[id], first[id + 1]).
   BigVector<size_t> first(num_pieces + 1, 0);
@@ -395,6 +458,7 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
     uint32_t holders;
     uint32_t id;
     uint64_t bytes;
+    uint32_t first_item;  // DedupImpl's ids are in first-seen order
   };
   BigVector<Replicated> replicated;
   for (size_t id = 0; id < num_pieces; ++id) {
@@ -403,15 +467,16 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
       keep[h.item] = 1;
       load[h.rank] += nbytes(h);
     } else {
-      replicated.push_back(
-          Replicated{num_holders[id], static_cast<uint32_t>(id), nbytes(h)});
+      replicated.push_back(Replicated{num_holders[id],
+                                      static_cast<uint32_t>(id), nbytes(h),
+                                      first_item[id]});
     }
   }
   std::sort(replicated.begin(), replicated.end(),
             [](const Replicated& a, const Replicated& b) {
               if (a.holders != b.holders) return a.holders < b.holders;
               if (a.bytes != b.bytes) return a.bytes > b.bytes;
-              return a.id < b.id;
+              return a.first_item < b.first_item;
             });
   for (const Replicated& p : replicated) {
     const Holder* best = &holders[first[p.id]];

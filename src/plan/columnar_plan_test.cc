@@ -303,6 +303,34 @@ TEST(ColumnarPlanTest, BalancesReplicasLikeClassic) {
   }
 }
 
+TEST(ColumnarPlanTest, SameAsClassicWhenPlannedOnSeveralThreads) {
+  // Enough items (256 ranks x 300) that dedup and the skeleton run on
+  // several threads: rows held by two ranks each, small tensors by all,
+  // of several sizes so that the greedy balance has ties to break.
+  constexpr int kWorld = 256;
+  std::vector<SavePlan> plans(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    int64_t index = 0;
+    for (int t = 0; t < 100; ++t) {
+      const Shape shape = {kWorld / 2, 4 + t % 3};
+      const Box row{{r % (kWorld / 2), 0}, {1, shape[1]}};
+      plans[r].items.push_back(TensorItem(absl::StrCat("layer", t, ".w"),
+                                          DType::kF32, shape, row, index++));
+    }
+    for (int t = 0; t < 200; ++t) {
+      const Shape shape = {1 + t % 5};
+      plans[r].items.push_back(TensorItem(absl::StrCat("norm", t),
+                                          DType::kBF16, shape,
+                                          Box::Full(shape), index++));
+    }
+  }
+  const std::vector<std::string> encoded = Encode(plans);
+  for (DedupPolicy policy :
+       {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
+    ExpectBothPlanTheSame(encoded, policy);
+  }
+}
+
 TEST(ColumnarPlanTest, UnchangedPlansAreSentAsThePrefixAlone) {
   // Rank 0 writes "a"; rank 1 holds a replica of "a", dropped, and "b".
   std::vector<SavePlan> plans(2);
