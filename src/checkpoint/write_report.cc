@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "cairn/version.h"
 #include "core/byte_codec.h"
+#include "core/parallel.h"
 #include "core/status.h"
 
 namespace cairn::internal_checkpoint {
@@ -70,23 +71,53 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
         "%d write reports for a plan of %d ranks", encoded_reports.size(),
         skeleton.refs.size()));
   }
-  for (int r = 0; r < static_cast<int>(encoded_reports.size()); ++r) {
-    CAIRN_ASSIGN_OR_RETURN(WriteReport report,
-                           DecodeReport(encoded_reports[r], r));
+  // Each rank's report decoded and its locations filled in (each rank's
+  // refs are its own locations), on several threads when there are many;
+  // then, rank by rank, the errors and the scalars, so the error reported
+  // is the first in rank order, as one pass would find it.
+  const int world = static_cast<int>(encoded_reports.size());
+  size_t items = 0;
+  for (const std::vector<ByteLocation*>& refs : skeleton.refs) {
+    items += refs.size();
+  }
+  struct Rest {
+    absl::Status status;
+    uint64_t file_size = 0;
+    std::map<std::string, Scalar> scalars;
+  };
+  std::vector<Rest> rest(static_cast<size_t>(world));
+  (void)internal_core::ParallelFor(
+      world, items >= (size_t{1} << 16) ? internal_core::CpuThreads() : 1,
+      [&](int64_t r) {
+        Rest& out = rest[static_cast<size_t>(r)];
+        absl::StatusOr<WriteReport> report =
+            DecodeReport(encoded_reports[r], static_cast<int>(r));
+        if (!report.ok()) {
+          out.status = report.status();
+          return absl::OkStatus();
+        }
+        const std::vector<ByteLocation*>& refs = skeleton.refs[r];
+        if (report->items.size() != refs.size()) {
+          out.status = absl::InternalError(absl::StrFormat(
+              "rank %d reports %d written items; its plan has %d", r,
+              report->items.size(), refs.size()));
+          return absl::OkStatus();
+        }
+        for (size_t i = 0; i < refs.size(); ++i) {
+          ByteLocation& loc = *refs[i];
+          loc.file = report->file;
+          loc.offset = report->items[i].offset;
+          loc.nbytes = report->items[i].nbytes;
+          loc.crc32c = report->items[i].crc32c;
+        }
+        out.file_size = report->file_size;
+        out.scalars = std::move(report->scalars);
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < world; ++r) {
+    Rest& report = rest[static_cast<size_t>(r)];
+    CAIRN_RETURN_IF_ERROR(report.status);
     *checkpoint_bytes += report.file_size;
-    const std::vector<ByteLocation*>& refs = skeleton.refs[r];
-    if (report.items.size() != refs.size()) {
-      return absl::InternalError(absl::StrFormat(
-          "rank %d reports %d written items; its plan has %d", r,
-          report.items.size(), refs.size()));
-    }
-    for (size_t i = 0; i < refs.size(); ++i) {
-      ByteLocation& loc = *refs[i];
-      loc.file = report.file;
-      loc.offset = report.items[i].offset;
-      loc.nbytes = report.items[i].nbytes;
-      loc.crc32c = report.items[i].crc32c;
-    }
     for (auto& [fqn, value] : report.scalars) {
       auto [it, inserted] = md.scalars.try_emplace(fqn, value);
       if (inserted) {
