@@ -568,7 +568,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       skeleton->metadata.world_size = where.world;
     }
     if (committed.ok()) {
-      absl::StatusOr<std::string> json = internal_format::EncodeMetadata(**md);
+      absl::StatusOr<std::string> json =
+          internal_plan::EncodeSkeleton(*skeleton);
       committed = json.status();
       if (committed.ok()) {
         committed = (*storage)->WriteAtomically(where.metadata_name(), *json);

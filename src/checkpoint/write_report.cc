@@ -103,12 +103,44 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
               report->items.size(), refs.size()));
           return absl::OkStatus();
         }
+        const uint32_t* chunk_refs = nullptr;
+        if (skeleton.uses_flat) {
+          // Rank r's data file is flat.files[1 + r]; its chunks' locations
+          // are flat's chunk_refs[r] (each rank's are its own).
+          if (skeleton.chunk_refs.size() != static_cast<size_t>(world) ||
+              skeleton.chunk_refs[r].size() != refs.size() ||
+              skeleton.flat.files.size() != static_cast<size_t>(world) + 1) {
+            out.status = absl::InternalError(absl::StrFormat(
+                "the metadata skeleton's chunk refs do not match rank %d's "
+                "plan", r));
+            return absl::OkStatus();
+          }
+          skeleton.flat.files[r + 1] = report->file;
+          chunk_refs = skeleton.chunk_refs[r].data();
+        }
+        internal_format::FlatChunks& flat = skeleton.flat;
         for (size_t i = 0; i < refs.size(); ++i) {
+          const WriteReport::Loc& l = report->items[i];
+          if (refs[i] == nullptr && chunk_refs != nullptr &&
+              chunk_refs[i] < flat.num_chunks()) {
+            const uint32_t c = chunk_refs[i];
+            flat.file[c] = static_cast<uint32_t>(r + 1);
+            flat.offset[c] = l.offset;
+            flat.nbytes[c] = l.nbytes;
+            flat.crc32c[c] = l.crc32c;
+            continue;
+          }
+          if (refs[i] == nullptr) {
+            out.status = absl::InternalError(absl::StrFormat(
+                "rank %d's item %d has no place in the metadata skeleton", r,
+                i));
+            return absl::OkStatus();
+          }
           ByteLocation& loc = *refs[i];
           loc.file = report->file;
-          loc.offset = report->items[i].offset;
-          loc.nbytes = report->items[i].nbytes;
-          loc.crc32c = report->items[i].crc32c;
+          loc.offset = l.offset;
+          loc.nbytes = l.nbytes;
+          loc.crc32c = l.crc32c;
         }
         out.file_size = report->file_size;
         out.scalars = std::move(report->scalars);

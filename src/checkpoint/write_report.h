@@ -38,7 +38,8 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank);
 
 // The coordinator's commit step: fills `skeleton`'s metadata in place from
 // every rank's encoded report (rank r's report fills the locations of
-// skeleton.refs[r]) and returns it, with the scalars, created_by and
+// skeleton.refs[r], or of its flat chunks, skeleton.chunk_refs[r]) and
+// returns it (encode it with EncodeSkeleton, which reads the flat chunks), with the scalars, created_by and
 // `user_metadata` set. Every location and scalar is set anew, so a cached
 // skeleton is reused from save to save without a copy. *checkpoint_bytes:
 // the sum of the reported file sizes. kInvalidArgument when two ranks hold

@@ -8,7 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "format/metadata_codec.h"
+#include "plan/columnar_plan.h"
 #include "plan/global_plan.h"
+#include "plan/plan_codec.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -134,6 +137,42 @@ TEST(AssembleMetadataTest, TheFirstProblemInRankOrderIsReported) {
   md = AssembleMetadata(*skeleton, good, "{}", &total);
   ASSERT_TRUE(md.ok()) << md.status();
   ExpectFilled(**md, kWorld, kRows);
+}
+
+// The columnar coordinator's skeleton keeps its chunks flat; filled from
+// the same reports it gives the same metadata, on several threads too, and
+// refs that do not match a rank's plan are an internal error, never a
+// write outside the arrays.
+TEST(AssembleMetadataTest, FillsFlatChunks) {
+  constexpr int kWorld = 64;
+  constexpr int64_t kRows = 2048;  // several threads
+  std::vector<std::string> encoded;
+  for (const SavePlan& p : RowPlans(kWorld, kRows)) {
+    encoded.push_back(internal_plan::EncodeSavePlan(p, false));
+  }
+  absl::StatusOr<internal_plan::EncodedGlobalPlan> g =
+      internal_plan::PlanGlobalSaveColumnar(encoded, DedupPolicy::kBalanceBytes,
+                                            true, "");
+  ASSERT_TRUE(g.ok()) << g.status();
+  MetadataSkeleton& skeleton = g->skeleton;
+  ASSERT_TRUE(skeleton.uses_flat);
+  EXPECT_TRUE(skeleton.metadata.tensors.at("w").chunks.empty());
+  std::vector<std::string> reports;
+  for (int r = 0; r < kWorld; ++r) reports.push_back(EncodeReport(Report(r, kRows)));
+  uint64_t total = 0;
+  ASSERT_TRUE(AssembleMetadata(skeleton, reports, "{}", &total).ok());
+  const Metadata md = internal_plan::SkeletonMetadata(skeleton);
+  ExpectFilled(md, kWorld, kRows);
+  absl::StatusOr<std::string> text = internal_plan::EncodeSkeleton(skeleton);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, internal_format::EncodeMetadata(md).value());
+
+  skeleton.chunk_refs[5].pop_back();
+  absl::StatusOr<const Metadata*> bad =
+      AssembleMetadata(skeleton, reports, "{}", &total);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(bad.status().message().find("rank 5"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

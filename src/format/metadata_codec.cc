@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -117,7 +118,7 @@ void PutKey(Sink& sink, std::string_view key) {
 }
 
 template <typename Sink>
-void PutDims(Sink& sink, const std::vector<int64_t>& dims) {
+void PutDims(Sink& sink, std::span<const int64_t> dims) {
   sink.Put('[');
   for (size_t i = 0; i < dims.size(); ++i) {
     if (i > 0) sink.Put(',');
@@ -128,24 +129,31 @@ void PutDims(Sink& sink, const std::vector<int64_t>& dims) {
 
 // The members of a location, without braces; ",offsets..." may follow.
 template <typename Sink>
-absl::Status PutLocationMembers(Sink& sink, const ByteLocation& loc) {
+absl::Status PutLocationMembers(Sink& sink, uint32_t crc32c,
+                                std::string_view file, uint64_t nbytes,
+                                uint64_t offset) {
   // Crc32cToHex's "%08x", without a format call per chunk.
   static constexpr char kHex[] = "0123456789abcdef";
   char crc[8];
-  for (int i = 0; i < 8; ++i) crc[i] = kHex[(loc.crc32c >> (28 - 4 * i)) & 0xf];
+  for (int i = 0; i < 8; ++i) crc[i] = kHex[(crc32c >> (28 - 4 * i)) & 0xf];
   PutKey(sink, "crc32c");
   sink.Put('"');
   sink.Put(std::string_view(crc, 8));
   sink.Put("\",");
   PutKey(sink, "file");
-  CAIRN_RETURN_IF_ERROR(PutString(sink, loc.file));
+  CAIRN_RETURN_IF_ERROR(PutString(sink, file));
   sink.Put(',');
   PutKey(sink, "nbytes");
-  PutInt(sink, loc.nbytes);
+  PutInt(sink, nbytes);
   sink.Put(',');
   PutKey(sink, "offset");
-  PutInt(sink, loc.offset);
+  PutInt(sink, offset);
   return absl::OkStatus();
+}
+template <typename Sink>
+absl::Status PutLocationMembers(Sink& sink, const ByteLocation& loc) {
+  return PutLocationMembers(sink, loc.crc32c, loc.file, loc.nbytes,
+                            loc.offset);
 }
 
 // The parts of the document that are already text.
@@ -170,26 +178,47 @@ class PointerSink {
   char* at_;
 };
 
-// One member of "tensors": `"fqn":{...}`, with a leading ',' unless first.
+// One member of "tensors": `"fqn":{...}`, with a leading ',' unless first;
+// its chunks from `tensor`, or with `flat`, flat's chunks of tensor `t`.
 template <typename Sink>
 absl::Status PutTensor(Sink& sink, const std::string& fqn,
-                       const TensorMetadata& tensor, bool first) {
+                       const TensorMetadata& tensor, bool first,
+                       const FlatChunks* flat, size_t t) {
   if (!first) sink.Put(',');
   CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
   sink.Put(":{");
   PutKey(sink, "chunks");
   sink.Put('[');
-  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
-    const ChunkMetadata& chunk = tensor.chunks[c];
-    sink.Put(c == 0 ? "{" : ",{");
-    CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, chunk.location));
-    sink.Put(',');
-    PutKey(sink, "offsets");
-    PutDims(sink, chunk.box.offsets);
-    sink.Put(',');
-    PutKey(sink, "sizes");
-    PutDims(sink, chunk.box.sizes);
-    sink.Put('}');
+  if (flat == nullptr) {
+    for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+      const ChunkMetadata& chunk = tensor.chunks[c];
+      sink.Put(c == 0 ? "{" : ",{");
+      CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, chunk.location));
+      sink.Put(',');
+      PutKey(sink, "offsets");
+      PutDims(sink, chunk.box.offsets);
+      sink.Put(',');
+      PutKey(sink, "sizes");
+      PutDims(sink, chunk.box.sizes);
+      sink.Put('}');
+    }
+  } else {
+    const size_t rank = tensor.shape.size();
+    const int64_t* dims = flat->dims.data() + flat->dims_at[t];
+    for (size_t c = flat->first[t]; c < flat->first[t + 1]; ++c) {
+      sink.Put(c == flat->first[t] ? "{" : ",{");
+      CAIRN_RETURN_IF_ERROR(PutLocationMembers(
+          sink, flat->crc32c[c], flat->files[flat->file[c]], flat->nbytes[c],
+          flat->offset[c]));
+      sink.Put(',');
+      PutKey(sink, "offsets");
+      PutDims(sink, std::span<const int64_t>(dims, rank));
+      sink.Put(',');
+      PutKey(sink, "sizes");
+      PutDims(sink, std::span<const int64_t>(dims + rank, rank));
+      sink.Put('}');
+      dims += 2 * rank;
+    }
   }
   sink.Put("],");
   PutKey(sink, "dtype");
@@ -1036,9 +1065,42 @@ absl::Status CheckEncodable(const Metadata& metadata) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
-                                           uint64_t max_bytes) {
+namespace {
+
+absl::StatusOr<std::string> Encode(const Metadata& metadata,
+                                   const FlatChunks* flat, uint64_t max_bytes) {
   CAIRN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(metadata, /*scalars=*/true));
+  if (flat != nullptr &&
+      (flat->num_tensors() != metadata.tensors.size() ||
+       flat->dims_at.size() != flat->num_tensors() ||
+       flat->file.size() != flat->num_chunks() ||
+       flat->offset.size() != flat->num_chunks() ||
+       flat->nbytes.size() != flat->num_chunks() ||
+       flat->crc32c.size() != flat->num_chunks())) {
+    return absl::InternalError(absl::StrFormat(
+        "flat chunks of %d tensors (%d chunks, %d locations) for metadata of "
+        "%d tensors",
+        flat->num_tensors(), flat->num_chunks(), flat->file.size(),
+        metadata.tensors.size()));
+  }
+  if (flat != nullptr) {
+    size_t t = 0;
+    for (const auto& [fqn, tensor] : metadata.tensors) {
+      const size_t need = flat->dims_at[t] + 2 * tensor.shape.size() *
+                                                 (flat->first[t + 1] -
+                                                  flat->first[t]);
+      if (flat->first[t + 1] < flat->first[t] || need > flat->dims.size()) {
+        return absl::InternalError(
+            absl::StrCat("flat chunks of tensor ", fqn, " out of range"));
+      }
+      ++t;
+    }
+    for (uint32_t f : flat->file) {
+      if (f >= flat->files.size()) {
+        return absl::InternalError("flat chunk location with no file");
+      }
+    }
+  }
   // Each tensor's text is counted, then written at its offset, on several
   // threads when there are many chunks (a 16k-rank job's metadata.json is
   // a GB): errors are the first in document order either way.
@@ -1049,6 +1111,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
     tensors.push_back(&entry);
     chunks += entry.second.chunks.size();
   }
+  if (flat != nullptr) chunks = flat->num_chunks();
   const int threads = chunks >= (size_t{1} << 16) ? internal_core::CpuThreads()
                                                   : 1;
   CountingSink head_counter;
@@ -1057,8 +1120,9 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
   CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
       static_cast<int64_t>(tensors.size()), threads, [&](int64_t t) {
         CountingSink c;
-        CAIRN_RETURN_IF_ERROR(
-            PutTensor(c, tensors[t]->first, tensors[t]->second, t == 0));
+        CAIRN_RETURN_IF_ERROR(PutTensor(c, tensors[t]->first,
+                                        tensors[t]->second, t == 0, flat,
+                                        static_cast<size_t>(t)));
         at[t + 1] = c.size();
         return absl::OkStatus();
       }));
@@ -1080,11 +1144,60 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
   CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
       static_cast<int64_t>(tensors.size()), threads, [&](int64_t t) {
         PointerSink sink(text.data() + at[t]);
-        return PutTensor(sink, tensors[t]->first, tensors[t]->second, t == 0);
+        return PutTensor(sink, tensors[t]->first, tensors[t]->second, t == 0,
+                         flat, static_cast<size_t>(t));
       }));
   PointerSink tail(text.data() + at.back());
   PutTail(tail, metadata, prepared);
   return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
+                                           uint64_t max_bytes) {
+  return Encode(metadata, nullptr, max_bytes);
+}
+
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
+                                           const FlatChunks& flat,
+                                           uint64_t max_bytes) {
+  return Encode(metadata, &flat, max_bytes);
+}
+
+Box FlatChunks::BoxOf(size_t t, size_t c, size_t rank) const {
+  const int64_t* d = dims.data() + dims_at[t] + 2 * rank * (c - first[t]);
+  return Box{std::vector<int64_t>(d, d + rank),
+             std::vector<int64_t>(d + rank, d + 2 * rank)};
+}
+
+void FlatChunks::ResizeLocations() {
+  const size_t n = num_chunks();
+  file.assign(n, 0);
+  offset.assign(n, 0);
+  nbytes.assign(n, 0);
+  crc32c.assign(n, 0);
+  if (files.empty()) files.emplace_back();
+}
+
+Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat) {
+  size_t t = 0;
+  for (auto& [fqn, tensor] : metadata.tensors) {
+    if (t >= flat.num_tensors()) break;
+    tensor.chunks.clear();
+    tensor.chunks.reserve(flat.first[t + 1] - flat.first[t]);
+    for (size_t c = flat.first[t]; c < flat.first[t + 1]; ++c) {
+      ChunkMetadata chunk;
+      chunk.box = flat.BoxOf(t, c, tensor.shape.size());
+      if (c < flat.file.size() && flat.file[c] < flat.files.size()) {
+        chunk.location = ByteLocation{flat.files[flat.file[c]], flat.offset[c],
+                                      flat.nbytes[c], flat.crc32c[c]};
+      }
+      tensor.chunks.push_back(std::move(chunk));
+    }
+    ++t;
+  }
+  return metadata;
 }
 
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
@@ -1116,6 +1229,19 @@ absl::Status ValidateCoverage(std::string_view fqn,
   boxes.reserve(tensor.chunks.size());
   for (const ChunkMetadata& chunk : tensor.chunks) boxes.push_back(&chunk.box);
   return ValidateCoverage(fqn, tensor.shape, boxes);
+}
+
+absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
+                              const FlatChunks& flat, size_t t) {
+  std::vector<Box> boxes;
+  std::vector<const Box*> pointers;
+  boxes.reserve(flat.first[t + 1] - flat.first[t]);
+  pointers.reserve(boxes.capacity());
+  for (size_t c = flat.first[t]; c < flat.first[t + 1]; ++c) {
+    boxes.push_back(flat.BoxOf(t, c, shape.size()));
+    pointers.push_back(&boxes.back());
+  }
+  return ValidateCoverage(fqn, shape, pointers);
 }
 
 absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,

@@ -7,9 +7,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cairn/metadata.h"
+#include "core/big_vector.h"
 
 namespace cairn::internal_format {
 
@@ -18,12 +20,53 @@ namespace cairn::internal_format {
 // bench/scale/README.md).
 inline constexpr uint64_t kMaxMetadataBytes = uint64_t{4} << 30;
 
+// The chunks of a save coordinator's metadata, flat: per chunk its box and
+// location in a few arrays (huge-page backed), where a ChunkMetadata holds
+// two heap vectors and a string. At 16k ranks x 500 tensors that is 8M
+// chunks: 1.4 GB of small allocations as ChunkMetadata, which the kernel
+// faults in one page at a time, against some 330 MB here. A Metadata whose
+// tensors' `chunks` are empty plus these is what EncodeMetadata(metadata,
+// flat) writes; WithFlatChunks builds the ordinary Metadata.
+struct FlatChunks {
+  // Tensor t (the t-th of metadata.tensors, in map order) has the chunks
+  // [first[t], first[t + 1]); the k-th of them has its box's offsets at
+  // dims[dims_at[t] + 2 * rank * k] and its sizes right after (rank: the
+  // tensor's shape's).
+  std::vector<size_t> first = {0};
+  std::vector<size_t> dims_at;
+  internal_core::BigVector<int64_t> dims;
+  // Locations, per chunk (filled at commit): its file (an index into
+  // `files`), offset, size and CRC32C.
+  internal_core::BigVector<uint32_t> file;
+  internal_core::BigVector<uint64_t> offset;
+  internal_core::BigVector<uint64_t> nbytes;
+  internal_core::BigVector<uint32_t> crc32c;
+  std::vector<std::string> files;
+
+  size_t num_tensors() const { return first.size() - 1; }
+  size_t num_chunks() const { return first.back(); }
+  // Chunk c's box (c in tensor t's range, rank `rank`).
+  Box BoxOf(size_t t, size_t c, size_t rank) const;
+  // A location for each chunk, empty and unset: sized to num_chunks().
+  void ResizeLocations();
+};
+
+// `metadata` (whose tensors, in map order, are flat's) with each tensor's
+// chunks taken from `flat`.
+Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat);
+
 // Deterministic JSON text (keys sorted). `metadata.structure` and
 // `metadata.user` must hold valid JSON (they are embedded as JSON values).
 // kResourceExhausted when the text would be longer than `max_bytes` (a load
 // would refuse it), before it is built.
 absl::StatusOr<std::string> EncodeMetadata(
     const Metadata& metadata, uint64_t max_bytes = kMaxMetadataBytes);
+// The same text for `metadata` with its tensors' chunks in `flat` (the
+// tensors' own `chunks` are not read): EncodeMetadata(WithFlatChunks(...))
+// byte for byte. kInternal when flat's tensors are not metadata's.
+absl::StatusOr<std::string> EncodeMetadata(
+    const Metadata& metadata, const FlatChunks& flat,
+    uint64_t max_bytes = kMaxMetadataBytes);
 
 // OK when EncodeMetadata(metadata) would succeed as far as the version,
 // `structure`, `user` and the names (FQNs, created_by) go, without building
@@ -59,6 +102,9 @@ absl::Status ValidateCoverage(std::string_view fqn,
 // final plans' boxes in place instead of copying millions of them.
 absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
                               std::span<const Box* const> boxes);
+// The same for the chunks of tensor t of `flat`.
+absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
+                              const FlatChunks& flat, size_t t);
 
 // OK when every chunk and object lies inside its file, given the real file
 // sizes by name. kDataLoss naming FQN, file, offset and size otherwise;

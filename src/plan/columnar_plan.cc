@@ -1,7 +1,5 @@
 #include "plan/columnar_plan.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -12,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "core/big_vector.h"
 #include "core/byte_codec.h"
 #include "core/checked.h"
 #include "core/parallel.h"
@@ -25,47 +24,7 @@ using internal_core::AsAbsl;
 using internal_core::ByteReader;
 using internal_core::ByteWriter;
 
-// Allocator of the flat arrays (up to hundreds of MB at 16k ranks): a block
-// of 2 MiB or more is its own mapping, advised for transparent huge pages.
-// First-touch page faults are what the WriteItem path spent most of its time
-// on; on the 2-core PVM guest the benchmarks run on, faulting in 1 GiB took
-// 2.8 s with 4 KiB pages and 0.12 s with 2 MiB ones.
-constexpr size_t kHugePage = size_t{2} << 20;
-
-template <typename T>
-struct BigAllocator {
-  using value_type = T;
-  BigAllocator() = default;
-  template <typename U>
-  BigAllocator(const BigAllocator<U>&) {}  // NOLINT: rebinding
-
-  static size_t MappedBytes(size_t n) {
-    return (n * sizeof(T) + kHugePage - 1) / kHugePage * kHugePage;
-  }
-  T* allocate(size_t n) {
-    if (n * sizeof(T) < kHugePage) return std::allocator<T>().allocate(n);
-    void* p = mmap(nullptr, MappedBytes(n), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    // What std::allocator does when memory runs out.
-    if (p == MAP_FAILED) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    madvise(p, MappedBytes(n), MADV_HUGEPAGE);  // advice: failing is fine
-#endif
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t n) {
-    if (n * sizeof(T) < kHugePage) {
-      std::allocator<T>().deallocate(p, n);
-    } else {
-      munmap(p, MappedBytes(n));
-    }
-  }
-  friend bool operator==(const BigAllocator&, const BigAllocator&) {
-    return true;
-  }
-};
-template <typename T>
-using BigVector = std::vector<T, BigAllocator<T>>;
+using internal_core::BigVector;
 
 constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 // A plan's encoding starts with the scalar-values flag and the item count.
@@ -552,24 +511,46 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
           static_cast<uint32_t>(r), index};
     }
   }
-  // The tensors' map entries first (the map is not thread-safe), then each
-  // tensor's chunks on its own: a tensor's sort, boxes and refs touch
-  // nothing another tensor's do (each ref slot is one chunk's).
-  std::vector<TensorMetadata*> tensor_of(s.fqns.size(), nullptr);
-  std::vector<int64_t> with_chunks;
+  // The tensors' map entries first (the map is not thread-safe); the
+  // chunks go flat, tensor by tensor in the map's (name) order, each
+  // tensor's sorted, boxed and referenced on its own (its part of every
+  // array, and each ref slot, is its chunks' alone).
   for (size_t f = 0; f < s.fqns.size(); ++f) {
     if (start[f] == start[f + 1]) continue;
     TensorMetadata& tm = md.tensors[std::string(s.fqns[f].name)];
     tm.dtype = s.fqns[f].dtype;
     tm.shape = s.fqns[f].shape;
-    tensor_of[f] = &tm;
-    with_chunks.push_back(static_cast<int64_t>(f));
   }
+  absl::flat_hash_map<absl::string_view, size_t> fqn_index;
+  for (size_t f = 0; f < s.fqns.size(); ++f) {
+    if (start[f] != start[f + 1]) fqn_index[AsAbsl(s.fqns[f].name)] = f;
+  }
+  internal_format::FlatChunks& flat = out.flat;
+  out.uses_flat = true;
+  std::vector<size_t> fqn_of;  // per flat tensor
+  fqn_of.reserve(md.tensors.size());
+  flat.first.assign(1, 0);
+  flat.dims_at.clear();
+  size_t dims = 0;
+  for (const auto& [name, tm] : md.tensors) {
+    const size_t f = fqn_index.at(name);
+    const size_t count = start[f + 1] - start[f];
+    fqn_of.push_back(f);
+    flat.dims_at.push_back(dims);
+    dims += 2 * tm.shape.size() * count;
+    flat.first.push_back(flat.first.back() + count);
+  }
+  flat.dims.resize(dims);
+  flat.files.assign(world + 1, std::string());
+  flat.ResizeLocations();
+  out.chunk_refs.resize(world);
+  for (size_t r = 0; r < world; ++r) out.chunk_refs[r].resize(s.kept[r]);
   CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
-      static_cast<int64_t>(with_chunks.size()), internal_core::CpuThreads(),
-      [&](int64_t k) {
-        const size_t f = static_cast<size_t>(with_chunks[k]);
-        TensorMetadata& tm = *tensor_of[f];
+      static_cast<int64_t>(fqn_of.size()),
+      start.back() >= (size_t{1} << 16) ? internal_core::CpuThreads() : 1,
+      [&](int64_t t) {
+        const size_t f = fqn_of[t];
+        const size_t rank = s.fqns[f].shape.size();
         // BuildMetadataSkeleton's std::sort, on the same sequence with the
         // same comparisons' outcomes (equal offsets included), so the same
         // order.
@@ -580,13 +561,19 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
                     }
                     return OffsetsLess(a.box, b.box);
                   });
-        // Reserved exactly: the chunks never move, so the pointers stay
-        // valid.
-        tm.chunks.reserve(start[f + 1] - start[f]);
-        for (size_t c = start[f]; c < start[f + 1]; ++c) {
-          tm.chunks.push_back(ChunkMetadata{LoadBox(chunks[c].box), {}});
-          out.refs[chunks[c].rank][chunks[c].index] =
-              &tm.chunks.back().location;
+        int64_t* d = flat.dims.data() + flat.dims_at[t];
+        size_t c = flat.first[t];
+        for (size_t k = start[f]; k < start[f + 1]; ++k, ++c) {
+          // An encoded box: the offsets' count and values, then the sizes'.
+          const char* box = chunks[k].box;
+          for (size_t i = 0; i < rank; ++i) {
+            d[i] = static_cast<int64_t>(LoadU64(box + 8 + 8 * i));
+            d[rank + i] =
+                static_cast<int64_t>(LoadU64(box + 16 + 8 * rank + 8 * i));
+          }
+          d += 2 * rank;
+          out.chunk_refs[chunks[k].rank][chunks[k].index] =
+              static_cast<uint32_t>(c);
         }
         return absl::OkStatus();
       }));
@@ -603,16 +590,21 @@ absl::Status ColumnarPlans::ValidateFinal(const MetadataSkeleton& skeleton,
     }
   }
   if (!require_coverage) return absl::OkStatus();
+  if (!skeleton.uses_flat) return Unsupported("a skeleton not built here");
   std::vector<const std::pair<const std::string, TensorMetadata>*> tensors;
   tensors.reserve(skeleton.metadata.tensors.size());
   for (const auto& entry : skeleton.metadata.tensors) tensors.push_back(&entry);
   // Whether the boxes cover the shape exactly once does not depend on
   // their order: the same verdict as ValidateFinalPlans' call.
   return internal_core::ParallelFor(
-      static_cast<int64_t>(tensors.size()), internal_core::CpuThreads(),
+      static_cast<int64_t>(tensors.size()),
+      skeleton.flat.num_chunks() >= (size_t{1} << 16)
+          ? internal_core::CpuThreads()
+          : 1,
       [&](int64_t t) {
-        return internal_format::ValidateCoverage(tensors[t]->first,
-                                                 tensors[t]->second)
+        return internal_format::ValidateCoverage(
+                   tensors[t]->first, tensors[t]->second.shape, skeleton.flat,
+                   static_cast<size_t>(t))
                        .ok()
                    ? absl::OkStatus()
                    : Unsupported("a tensor not covered exactly once");

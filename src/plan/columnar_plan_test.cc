@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
 #include "gtest/gtest.h"
+#include "checkpoint/write_report.h"
 #include "plan/global_plan.h"
 #include "plan/plan_codec.h"
 
@@ -167,14 +168,39 @@ std::map<const ByteLocation*, std::string> LocationNames(const Metadata& md) {
   return names;
 }
 
-// Both plans: same payloads, metadata, and refs naming the same locations.
+// What (rank, item) of `skeleton` fills: "tensor#chunk" or "object".
+std::string RefName(const MetadataSkeleton& skeleton,
+                    const std::map<const ByteLocation*, std::string>& names,
+                    size_t r, size_t i) {
+  if (const ByteLocation* loc = skeleton.refs[r][i]; loc != nullptr) {
+    return names.contains(loc) ? names.at(loc) : "(unknown location)";
+  }
+  if (!skeleton.uses_flat || r >= skeleton.chunk_refs.size() ||
+      i >= skeleton.chunk_refs[r].size()) {
+    return "(no location)";
+  }
+  const size_t c = skeleton.chunk_refs[r][i];
+  const internal_format::FlatChunks& flat = skeleton.flat;
+  size_t t = 0;
+  for (const auto& [fqn, tensor] : skeleton.metadata.tensors) {
+    if (c >= flat.first[t] && c < flat.first[t + 1]) {
+      return absl::StrCat(fqn, "#", c - flat.first[t]);
+    }
+    ++t;
+  }
+  return "(chunk out of range)";
+}
+
+// Both plans: same payloads, metadata, refs naming the same locations,
+// and, filled in from the same reports, the same metadata.json.
 void ExpectSame(const EncodedGlobalPlan& classic,
                 const EncodedGlobalPlan& columnar) {
   ASSERT_EQ(classic.payloads.size(), columnar.payloads.size());
   for (size_t r = 0; r < classic.payloads.size(); ++r) {
     EXPECT_EQ(classic.payloads[r], columnar.payloads[r]) << "rank " << r;
   }
-  EXPECT_EQ(classic.skeleton.metadata, columnar.skeleton.metadata);
+  EXPECT_FALSE(classic.skeleton.uses_flat);
+  EXPECT_EQ(classic.skeleton.metadata, SkeletonMetadata(columnar.skeleton));
   const auto a = LocationNames(classic.skeleton.metadata);
   const auto b = LocationNames(columnar.skeleton.metadata);
   ASSERT_EQ(classic.skeleton.refs.size(), columnar.skeleton.refs.size());
@@ -182,13 +208,43 @@ void ExpectSame(const EncodedGlobalPlan& classic,
     ASSERT_EQ(classic.skeleton.refs[r].size(), columnar.skeleton.refs[r].size());
     for (size_t i = 0; i < classic.skeleton.refs[r].size(); ++i) {
       ASSERT_TRUE(a.contains(classic.skeleton.refs[r][i]));
-      ASSERT_TRUE(b.contains(columnar.skeleton.refs[r][i]))
-          << "rank " << r << " item " << i;
       EXPECT_EQ(a.at(classic.skeleton.refs[r][i]),
-                b.at(columnar.skeleton.refs[r][i]))
+                RefName(columnar.skeleton, b, r, i))
           << "rank " << r << " item " << i;
     }
   }
+}
+
+// Fills both skeletons from the same write reports (rank r's item i at
+// offset 1000 * r + i, CRC r * 7919 + i) and expects the same
+// metadata.json from each.
+void ExpectSameMetadataJson(EncodedGlobalPlan& classic,
+                            EncodedGlobalPlan& columnar) {
+  std::vector<std::string> reports;
+  for (size_t r = 0; r < classic.skeleton.refs.size(); ++r) {
+    internal_checkpoint::WriteReport report;
+    report.file = absl::StrCat("data-", r, ".safetensors");
+    for (size_t i = 0; i < classic.skeleton.refs[r].size(); ++i) {
+      report.items.push_back({1000 * r + i, 3 + i,
+                              static_cast<uint32_t>(r * 7919 + i)});
+    }
+    report.file_size = 1000 * (r + 1);
+    reports.push_back(internal_checkpoint::EncodeReport(report));
+  }
+  uint64_t total_a = 0, total_b = 0;
+  ASSERT_TRUE(internal_checkpoint::AssembleMetadata(classic.skeleton, reports,
+                                                    "{}", &total_a)
+                  .ok());
+  ASSERT_TRUE(internal_checkpoint::AssembleMetadata(columnar.skeleton, reports,
+                                                    "{}", &total_b)
+                  .ok());
+  EXPECT_EQ(total_a, total_b);
+  absl::StatusOr<std::string> text_a = EncodeSkeleton(classic.skeleton);
+  absl::StatusOr<std::string> text_b = EncodeSkeleton(columnar.skeleton);
+  ASSERT_TRUE(text_a.ok()) << text_a.status();
+  ASSERT_TRUE(text_b.ok()) << text_b.status();
+  EXPECT_EQ(*text_a, *text_b);
+  EXPECT_EQ(classic.skeleton.metadata, SkeletonMetadata(columnar.skeleton));
 }
 
 // PlanGlobalSaveColumnar on a copy of `encoded` (it consumes its input on
@@ -221,7 +277,9 @@ void ExpectBothPlanTheSame(const std::vector<std::string>& encoded,
       Columnar(encoded, policy, require_coverage);
   ASSERT_TRUE(classic.ok()) << classic.status();
   ASSERT_TRUE(columnar.ok()) << columnar.status();
+  EXPECT_TRUE(columnar->skeleton.uses_flat);
   ExpectSame(*classic, *columnar);
+  ExpectSameMetadataJson(*classic, *columnar);
   // And what each rank's FinishPlan gets: its payload decoded (its own
   // local plan when the payload is the prefix alone) is its plan as the
   // public DedupSavePlans chooses it.

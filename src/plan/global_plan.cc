@@ -518,6 +518,18 @@ absl::StatusOr<EncodedGlobalPlan> PlanGlobalSave(
   return g;
 }
 
+Metadata SkeletonMetadata(const MetadataSkeleton& skeleton) {
+  if (!skeleton.uses_flat) return skeleton.metadata;
+  return internal_format::WithFlatChunks(skeleton.metadata, skeleton.flat);
+}
+
+absl::StatusOr<std::string> EncodeSkeleton(const MetadataSkeleton& skeleton) {
+  if (!skeleton.uses_flat) {
+    return internal_format::EncodeMetadata(skeleton.metadata);
+  }
+  return internal_format::EncodeMetadata(skeleton.metadata, skeleton.flat);
+}
+
 absl::StatusOr<SavePlan> DecodeFinalPlan(std::string_view rest,
                                          std::string_view encoded_local,
                                          std::string_view what) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "cairn/metadata.h"
 #include "cairn/planner.h"
+#include "format/metadata_codec.h"
 
 namespace cairn::internal_plan {
 
@@ -72,7 +73,21 @@ struct MetadataSkeleton {
 
   Metadata metadata;
   std::vector<std::vector<ByteLocation*>> refs;  // [rank][item]
+  // Set by the columnar coordinator: the tensors' chunks are in `flat`
+  // (the metadata's tensors have none, so millions of chunks cost no heap
+  // vectors), and a tensor item's location is flat's chunk
+  // chunk_refs[rank][item] (its `refs` entry is null). flat.files[0] is
+  // "", flat.files[1 + r] rank r's data file.
+  bool uses_flat = false;
+  internal_format::FlatChunks flat;
+  std::vector<std::vector<uint32_t>> chunk_refs;  // [rank][item]
 };
+// The skeleton's metadata with every chunk in its tensor's `chunks`
+// (WithFlatChunks when uses_flat): for tests and tools, not the save path.
+Metadata SkeletonMetadata(const MetadataSkeleton& skeleton);
+// metadata.json of the (assembled) skeleton: EncodeMetadata of its
+// metadata, with its flat chunks when uses_flat.
+absl::StatusOr<std::string> EncodeSkeleton(const MetadataSkeleton& skeleton);
 absl::StatusOr<MetadataSkeleton> BuildMetadataSkeleton(
     const std::vector<SavePlan>& final_plans);
 
