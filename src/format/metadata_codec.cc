@@ -984,7 +984,8 @@ std::optional<Metadata> FastDecoder::Decode() {
 
 // Half-open overlap of two boxes of the same rank that lie inside one shape
 // (so the ends cannot overflow).
-bool Overlaps(const Box& a, const Box& b) {
+template <typename B>  // Box or FlatBox
+bool Overlaps(const B& a, const B& b) {
   for (size_t d = 0; d < a.sizes.size(); ++d) {
     if (a.offsets[d] >= b.offsets[d] + b.sizes[d] ||
         b.offsets[d] >= a.offsets[d] + a.sizes[d]) {
@@ -1231,27 +1232,60 @@ absl::Status ValidateCoverage(std::string_view fqn,
   return ValidateCoverage(fqn, tensor.shape, boxes);
 }
 
-absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
-                              const FlatChunks& flat, size_t t) {
-  std::vector<Box> boxes;
-  std::vector<const Box*> pointers;
-  boxes.reserve(flat.first[t + 1] - flat.first[t]);
-  pointers.reserve(boxes.capacity());
-  for (size_t c = flat.first[t]; c < flat.first[t + 1]; ++c) {
-    boxes.push_back(flat.BoxOf(t, c, shape.size()));
-    pointers.push_back(&boxes.back());
+namespace {
+
+// A box of FlatChunks, in place: what Coverage reads of a Box.
+struct FlatBox {
+  std::span<const int64_t> offsets;
+  std::span<const int64_t> sizes;
+  bool empty() const {
+    return std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
   }
-  return ValidateCoverage(fqn, shape, pointers);
+};
+const Box& AsBox(const Box& box) { return box; }
+Box AsBox(const FlatBox& box) {
+  return Box{std::vector<int64_t>(box.offsets.begin(), box.offsets.end()),
+             std::vector<int64_t>(box.sizes.begin(), box.sizes.end())};
+}
+absl::Status CheckBox(const Box& box, const Shape& shape) {
+  return ValidateBox(box, shape);
+}
+// Whether the box lies inside the shape, without a Box; ValidateBox's
+// message (from a Box made only then) when not. ValidateBox also refuses a
+// shape whose element count overflows, which Coverage refuses right after
+// ("shape overflows"): same verdict, another message.
+absl::Status CheckBox(const FlatBox& box, const Shape& shape) {
+  bool inside = box.sizes.size() == shape.size();
+  for (size_t d = 0; inside && d < shape.size(); ++d) {
+    int64_t end = 0;
+    inside = box.offsets[d] >= 0 && box.sizes[d] >= 0 &&
+             !__builtin_add_overflow(box.offsets[d], box.sizes[d], &end) &&
+             end <= shape[d];
+  }
+  if (inside) return absl::OkStatus();
+  absl::Status s = ValidateBox(AsBox(box), shape);
+  return s.ok() ? absl::InvalidArgumentError("box lies outside the shape") : s;
+}
+// Elements of a box that lies inside a shape whose elements do not
+// overflow (so neither do its).
+uint64_t Volume(const Box& box) {
+  return internal_core::CheckedBytes(box.sizes, DType::kU8).value_or(0);
+}
+uint64_t Volume(const FlatBox& box) {
+  uint64_t v = 1;
+  for (int64_t s : box.sizes) v *= static_cast<uint64_t>(s);
+  return v;
 }
 
-absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
-                              std::span<const Box* const> all_boxes) {
+template <typename B>
+absl::Status Coverage(std::string_view fqn, const Shape& shape,
+                      std::span<const B* const> all_boxes) {
   const std::string where = absl::StrCat("tensor ", Quote(fqn));
-  for (const Box* box : all_boxes) {
-    if (absl::Status s = ValidateBox(*box, shape); !s.ok()) {
+  for (const B* box : all_boxes) {
+    if (absl::Status s = CheckBox(*box, shape); !s.ok()) {
       return absl::DataLossError(absl::StrCat(
-          where, ": chunk ", ChunkName(fqn, shape, *box), " ",
-          box->ToString(), " lies outside the shape: ", s.message()));
+          where, ": chunk ", ChunkName(fqn, shape, AsBox(*box)), " ",
+          AsBox(*box).ToString(), " lies outside the shape: ", s.message()));
     }
   }
   std::optional<uint64_t> total_opt = internal_core::CheckedBytes(shape, DType::kU8);
@@ -1260,14 +1294,15 @@ absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
   }
   const uint64_t total = *total_opt;
 
-  std::vector<const Box*> boxes;
+  std::vector<const B*> boxes;
   boxes.reserve(all_boxes.size());
-  for (const Box* box : all_boxes) {
+  for (const B* box : all_boxes) {
     if (!box->empty()) boxes.push_back(box);
   }
-  auto overlap_error = [&](const Box& a, const Box& b) {
-    return absl::DataLossError(absl::StrCat(where, ": chunks ", a.ToString(),
-                                            " and ", b.ToString(), " overlap"));
+  auto overlap_error = [&](const B& a, const B& b) {
+    return absl::DataLossError(absl::StrCat(where, ": chunks ",
+                                            AsBox(a).ToString(), " and ",
+                                            AsBox(b).ToString(), " overlap"));
   };
   const size_t rank = shape.size();
   if (rank == 0) {
@@ -1288,20 +1323,20 @@ absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
       }
     }
     std::sort(boxes.begin(), boxes.end(),
-              [sweep_dim](const Box* a, const Box* b) {
+              [sweep_dim](const B* a, const B* b) {
                 return a->offsets[sweep_dim] < b->offsets[sweep_dim];
               });
-    std::vector<const Box*> open;
-    for (const Box* box : boxes) {
+    std::vector<const B*> open;
+    for (const B* box : boxes) {
       const int64_t start = box->offsets[sweep_dim];
       // Drop chunks that end at or before this one starts.
       size_t kept = 0;
-      for (const Box* o : open) {
+      for (const B* o : open) {
         if (o->offsets[sweep_dim] + o->sizes[sweep_dim] > start)
           open[kept++] = o;
       }
       open.resize(kept);
-      for (const Box* o : open) {
+      for (const B* o : open) {
         if (Overlaps(*o, *box)) return overlap_error(*o, *box);
       }
       open.push_back(box);
@@ -1310,14 +1345,37 @@ absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
 
   // Disjoint boxes inside the shape: the sum cannot exceed `total`.
   uint64_t covered = 0;
-  for (const Box* box : boxes)
-    covered += internal_core::CheckedBytes(box->sizes, DType::kU8).value_or(0);
+  for (const B* box : boxes) covered += Volume(*box);
   if (covered != total) {
     return absl::DataLossError(absl::StrCat(
         where, ": chunks cover ", covered, " of ", total, " elements; ",
         total - covered, " elements are in no chunk"));
   }
   return absl::OkStatus();
+}
+
+
+}  // namespace
+
+absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
+                              const FlatChunks& flat, size_t t) {
+  const size_t rank = shape.size();
+  std::vector<FlatBox> boxes;
+  std::vector<const FlatBox*> pointers;
+  boxes.reserve(flat.first[t + 1] - flat.first[t]);
+  pointers.reserve(boxes.capacity());
+  const int64_t* d = flat.dims.data() + flat.dims_at[t];
+  for (size_t c = flat.first[t]; c < flat.first[t + 1]; ++c, d += 2 * rank) {
+    boxes.push_back(FlatBox{std::span<const int64_t>(d, rank),
+                            std::span<const int64_t>(d + rank, rank)});
+    pointers.push_back(&boxes.back());
+  }
+  return Coverage<FlatBox>(fqn, shape, pointers);
+}
+
+absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
+                              std::span<const Box* const> boxes) {
+  return Coverage<Box>(fqn, shape, boxes);
 }
 
 absl::Status ValidateAgainstFileSizes(

@@ -102,7 +102,9 @@ absl::Status ValidateCoverage(std::string_view fqn,
 // final plans' boxes in place instead of copying millions of them.
 absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
                               std::span<const Box* const> boxes);
-// The same for the chunks of tensor t of `flat`.
+// The same verdict for the chunks of tensor t of `flat`, read in place (no
+// Box per chunk); the message may differ for a shape whose element count
+// overflows.
 absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
                               const FlatChunks& flat, size_t t);
 

@@ -729,6 +729,35 @@ TEST(MetadataCodecTest, ManyChunksEncodeTheSameOnSeveralThreads) {
 
 // ------------------------------------------------------------ coverage
 
+// The flat form of one tensor's boxes gives the same verdicts and, but for
+// an overflowing shape, the same messages as the chunks' form.
+TEST(MetadataCodecTest, FlatCoverageAgreesWithChunkCoverage) {
+  const Shape shape = {6, 4};
+  auto check = [&](const std::vector<Box>& boxes, bool ok) {
+    Metadata md;
+    md.tensors["w"].shape = shape;
+    FlatChunks flat;
+    flat.dims_at = {0};
+    for (const Box& b : boxes) {
+      flat.dims.insert(flat.dims.end(), b.offsets.begin(), b.offsets.end());
+      flat.dims.insert(flat.dims.end(), b.sizes.begin(), b.sizes.end());
+    }
+    flat.first = {0, boxes.size()};
+    flat.ResizeLocations();
+    const Metadata full = WithFlatChunks(md, flat);
+    absl::Status a = ValidateCoverage("w", full.tensors.at("w"));
+    absl::Status b = ValidateCoverage("w", shape, flat, 0);
+    EXPECT_EQ(a.ok(), ok) << a;
+    EXPECT_EQ(a, b);
+  };
+  check({Box{{0, 0}, {3, 4}}, Box{{3, 0}, {3, 4}}}, true);
+  check({Box{{0, 0}, {6, 2}}, Box{{0, 2}, {6, 2}}, Box{{2, 2}, {0, 2}}}, true);
+  check({Box{{0, 0}, {3, 4}}}, false);                        // a gap
+  check({Box{{0, 0}, {4, 4}}, Box{{3, 0}, {3, 4}}}, false);   // overlap
+  check({Box{{0, 0}, {3, 4}}, Box{{3, 0}, {4, 4}}}, false);   // outside
+  check({Box{{0, 0}, {6, 4}}, Box{{-1, 0}, {1, 4}}}, false);  // negative
+}
+
 TEST(MetadataCodecTest, CoverageAcceptsExactTilings) {
   EXPECT_TRUE(
       ValidateCoverage("w", RowSharded(DType::kF32, {10, 3}, 1, "f")).ok());
