@@ -241,24 +241,44 @@ bool WriteColdFile(const std::string& path, const std::string& bytes) {
   return ok && CachedPages(path, 0, bytes.size()) == 0;
 }
 
+// A 3 MiB file "data" of patterned bytes (the pattern shifted by `shift`),
+// durable and out of the page cache, opened through a storage that reads
+// O_DIRECT; `file` stays null (the test skips) where O_DIRECT or evicting
+// is not possible here.
+struct ColdFile {
+  explicit ColdFile(int shift) : path(dir.path() + "/data"),
+                                 bytes(size_t{3} << 20, '\0') {
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<char>((i * 2654435761u) >> shift);
+    }
+    if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) return;
+    auto s = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return;
+    storage = *std::move(s);
+    auto f = storage->OpenForRead("data");
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (f.ok()) file = *std::move(f);
+  }
+  TempDir dir;
+  std::string path;
+  std::string bytes;
+  std::unique_ptr<Storage> storage;
+  std::unique_ptr<ReadableFile> file;
+};
+
 // A shared read of a cold, aligned range goes through the page cache (where
 // ReadAt would read it O_DIRECT, past the cache), so a second reader of the
 // range finds it there; its bytes are exact.
 TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
-  TempDir dir;
-  const std::string path = dir.path() + "/data";
-  std::string bytes(size_t{3} << 20, '\0');
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = static_cast<char>((i * 2654435761u) >> 11);
-  }
-  if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) {
-    GTEST_SKIP() << dir.path()
+  ColdFile cold(11);
+  if (cold.file == nullptr) {
+    GTEST_SKIP() << cold.dir.path()
                  << ": no O_DIRECT, or the page cache cannot be dropped here";
   }
-  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
-  ASSERT_TRUE(storage.ok()) << storage.status();
-  auto file = (*storage)->OpenForRead("data");
-  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string& path = cold.path;
+  const std::string& bytes = cold.bytes;
+  const std::unique_ptr<ReadableFile>* file = &cold.file;
   // 1 MiB of 4096-aligned memory.
   std::vector<std::byte> memory((1 << 20) + 4096);
   const auto base = reinterpret_cast<uintptr_t>(memory.data());
@@ -292,20 +312,14 @@ TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
 // O_DIRECT (so it stays out of the cache), its head and tail and anything
 // cached through the cache, an unaligned destination buffered.
 TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
-  TempDir dir;
-  const std::string path = dir.path() + "/data";
-  std::string bytes(size_t{3} << 20, '\0');
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
-  }
-  if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) {
-    GTEST_SKIP() << dir.path()
+  ColdFile cold(13);
+  if (cold.file == nullptr) {
+    GTEST_SKIP() << cold.dir.path()
                  << ": no O_DIRECT, or the page cache cannot be dropped here";
   }
-  auto storage = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
-  ASSERT_TRUE(storage.ok()) << storage.status();
-  auto file = (*storage)->OpenForRead("data");
-  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string& path = cold.path;
+  const std::string& bytes = cold.bytes;
+  const std::unique_ptr<ReadableFile>* file = &cold.file;
   // 4096-aligned destination memory, offset by `shift` bytes.
   auto read = [&](uint64_t offset, size_t size, size_t shift) {
     std::vector<std::byte> buffer(size + 8192);
