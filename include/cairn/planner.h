@@ -146,6 +146,9 @@ class DefaultSavePlanner : public SavePlanner {
   absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override;
   absl::StatusOr<ResolvedData> ResolveData(const WriteItem& item) override;
 
+  // The policy CreateGlobalPlan dedups with.
+  DedupPolicy dedup_policy() const { return dedup_; }
+
  protected:
   // True when `tensor`'s bytes cannot be read in place (e.g. device memory,
   // or values the planner transforms). Default: true when a shard is in

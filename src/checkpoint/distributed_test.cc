@@ -144,10 +144,18 @@ TEST(DistributedTest, ReplicatedToShardedAndBack) {
 // Four ranks each hold four replicated tensors of equal size: each box is
 // written once, and balancing gives each rank one of them; lowest-rank
 // gives rank 0 all of them.
+// The policy is SaveOptions::dedup, or that of a DefaultSavePlanner passed
+// in (which the coordinator plans on flat arrays too, and must not mix up
+// with SaveOptions::dedup, left at its default then).
 TEST(DistributedTest, DedupWritesReplicatedBoxesOnce) {
   TempDir tmp;
-  for (DedupPolicy policy : {DedupPolicy::kBalanceBytes, DedupPolicy::kLowestRank}) {
-    const std::string dir = tmp.Sub(policy == DedupPolicy::kBalanceBytes ? "bal" : "low");
+  for (const auto& [policy, via_planner] :
+       {std::pair{DedupPolicy::kBalanceBytes, false},
+        std::pair{DedupPolicy::kLowestRank, false},
+        std::pair{DedupPolicy::kLowestRank, true}}) {
+    const std::string dir = tmp.Sub(absl::StrCat(
+        policy == DedupPolicy::kBalanceBytes ? "bal" : "low",
+        via_planner ? "-planner" : ""));
     std::vector<SaveResult> results(4);
     std::vector<absl::Status> st = OnRanks(4, [&](Communicator& comm) {
       std::vector<Tensor> ts;
@@ -160,7 +168,12 @@ TEST(DistributedTest, DedupWritesReplicatedBoxesOnce) {
       }
       SaveOptions o;
       o.comm = &comm;
-      o.dedup = policy;
+      DefaultSavePlanner planner(policy);
+      if (via_planner) {
+        o.planner = &planner;
+      } else {
+        o.dedup = policy;
+      }
       CAIRN_ASSIGN_OR_RETURN(results[comm.rank()], Save(sd, dir, o));
       return absl::OkStatus();
     });

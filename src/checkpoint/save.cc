@@ -472,10 +472,14 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     absl::Status global = gathered.status();
     std::vector<std::string> payloads;
     if (coordinator && global.ok()) {
-      // The columnar path's policy is the one the planner was made with:
-      // known for the planner made here, not for one passed in.
+      // The columnar path plans exactly a DefaultSavePlanner (a subclass
+      // may override CreateGlobalPlan), with the policy it was made with:
+      // the one made here or one passed in.
       std::optional<DedupPolicy> default_policy;
-      if (&planner == &default_planner) default_policy = options.dedup;
+      if (typeid(planner) == typeid(DefaultSavePlanner)) {
+        default_policy =
+            static_cast<const DefaultSavePlanner&>(planner).dedup_policy();
+      }
       ByteWriter header;
       header.I64(NewPlanId());
       absl::StatusOr<internal_plan::EncodedGlobalPlan> g = PlanGlobally(
