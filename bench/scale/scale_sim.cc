@@ -407,19 +407,16 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
 
   // Commit: save.cc's Assemble (decode each report, fill in the
   // locations, check the scalars), then metadata.json.
-  const Metadata* assembled = nullptr;
   CAIRN_RETURN_IF_ERROR(Timed(phases, "assemble", [&] {
     uint64_t total = 0;
-    absl::StatusOr<const Metadata*> m =
-        internal_checkpoint::AssembleMetadata(skeleton, reports, "{}", &total);
-    if (!m.ok()) return m.status();
-    assembled = *m;
+    CAIRN_RETURN_IF_ERROR(
+        internal_checkpoint::AssembleMetadata(skeleton, reports, "{}", &total)
+            .status());
     if (total != res.checkpoint_bytes) {
       return absl::InternalError("the reports' file sizes do not add up");
     }
     return absl::OkStatus();
   }));
-  (void)assembled;  // the skeleton's metadata, filled in
   reports.clear();
   reports.shrink_to_fit();
   if (skeleton.uses_flat) {
@@ -524,7 +521,7 @@ double LoadSeconds(const Result& r, const std::string& name) {
 void PrintTable(const std::vector<Result>& results, bool warm) {
   std::printf(
       "cairn_scale_sim: global planning and metadata.json for W simulated "
-      "ranks, in one process, one thread.\n"
+      "ranks, in one process (the coordinator's loops on up to 16 threads).\n"
       "Inputs (state dicts, local plans, write reports) are built outside "
       "the timers. Phases: wall seconds\n(CPU seconds of this process, of "
       "which in the kernel: mostly page faults of new memory); a wall\n"

@@ -56,6 +56,57 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
   return out;
 }
 
+namespace {
+
+// Rank r's locations in `skeleton` from its decoded report: through its
+// refs, or for flat chunks its chunk_refs (rank r's data file is then
+// flat.files[1 + r]). Each rank's locations are its own, so ranks may be
+// filled concurrently. kInternal when the report does not match the plan.
+absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
+                           const WriteReport& report) {
+  const std::vector<ByteLocation*>& refs = skeleton.refs[r];
+  if (report.items.size() != refs.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "rank %d reports %d written items; its plan has %d", r,
+        report.items.size(), refs.size()));
+  }
+  internal_format::FlatChunks& flat = skeleton.flat;
+  const uint32_t* chunk_refs = nullptr;
+  if (skeleton.uses_flat) {
+    if (skeleton.chunk_refs.size() != skeleton.refs.size() ||
+        skeleton.chunk_refs[r].size() != refs.size() ||
+        flat.files.size() != skeleton.refs.size() + 1) {
+      return absl::InternalError(absl::StrFormat(
+          "the metadata skeleton's chunk refs do not match rank %d's plan",
+          r));
+    }
+    flat.files[r + 1] = report.file;
+    chunk_refs = skeleton.chunk_refs[r].data();
+  }
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const WriteReport::Loc& l = report.items[i];
+    if (refs[i] != nullptr) {
+      ByteLocation& loc = *refs[i];
+      loc.file = report.file;
+      loc.offset = l.offset;
+      loc.nbytes = l.nbytes;
+      loc.crc32c = l.crc32c;
+    } else if (chunk_refs != nullptr && chunk_refs[i] < flat.num_chunks()) {
+      const uint32_t c = chunk_refs[i];
+      flat.file[c] = static_cast<uint32_t>(r + 1);
+      flat.offset[c] = l.offset;
+      flat.nbytes[c] = l.nbytes;
+      flat.crc32c[c] = l.crc32c;
+    } else {
+      return absl::InternalError(absl::StrFormat(
+          "rank %d's item %d has no place in the metadata skeleton", r, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<const Metadata*> AssembleMetadata(
     internal_plan::MetadataSkeleton& skeleton,
     const std::vector<std::string>& encoded_reports,
@@ -87,63 +138,18 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
   };
   std::vector<Rest> rest(static_cast<size_t>(world));
   (void)internal_core::ParallelFor(
-      world, items >= (size_t{1} << 16) ? internal_core::CpuThreads() : 1,
+      world, internal_core::ThreadsFor(items),
       [&](int64_t r) {
         Rest& out = rest[static_cast<size_t>(r)];
         absl::StatusOr<WriteReport> report =
             DecodeReport(encoded_reports[r], static_cast<int>(r));
-        if (!report.ok()) {
-          out.status = report.status();
-          return absl::OkStatus();
+        out.status = report.ok()
+                         ? FillLocations(skeleton, static_cast<int>(r), *report)
+                         : report.status();
+        if (out.status.ok()) {
+          out.file_size = report->file_size;
+          out.scalars = std::move(report->scalars);
         }
-        const std::vector<ByteLocation*>& refs = skeleton.refs[r];
-        if (report->items.size() != refs.size()) {
-          out.status = absl::InternalError(absl::StrFormat(
-              "rank %d reports %d written items; its plan has %d", r,
-              report->items.size(), refs.size()));
-          return absl::OkStatus();
-        }
-        const uint32_t* chunk_refs = nullptr;
-        if (skeleton.uses_flat) {
-          // Rank r's data file is flat.files[1 + r]; its chunks' locations
-          // are flat's chunk_refs[r] (each rank's are its own).
-          if (skeleton.chunk_refs.size() != static_cast<size_t>(world) ||
-              skeleton.chunk_refs[r].size() != refs.size() ||
-              skeleton.flat.files.size() != static_cast<size_t>(world) + 1) {
-            out.status = absl::InternalError(absl::StrFormat(
-                "the metadata skeleton's chunk refs do not match rank %d's "
-                "plan", r));
-            return absl::OkStatus();
-          }
-          skeleton.flat.files[r + 1] = report->file;
-          chunk_refs = skeleton.chunk_refs[r].data();
-        }
-        internal_format::FlatChunks& flat = skeleton.flat;
-        for (size_t i = 0; i < refs.size(); ++i) {
-          const WriteReport::Loc& l = report->items[i];
-          if (refs[i] == nullptr && chunk_refs != nullptr &&
-              chunk_refs[i] < flat.num_chunks()) {
-            const uint32_t c = chunk_refs[i];
-            flat.file[c] = static_cast<uint32_t>(r + 1);
-            flat.offset[c] = l.offset;
-            flat.nbytes[c] = l.nbytes;
-            flat.crc32c[c] = l.crc32c;
-            continue;
-          }
-          if (refs[i] == nullptr) {
-            out.status = absl::InternalError(absl::StrFormat(
-                "rank %d's item %d has no place in the metadata skeleton", r,
-                i));
-            return absl::OkStatus();
-          }
-          ByteLocation& loc = *refs[i];
-          loc.file = report->file;
-          loc.offset = l.offset;
-          loc.nbytes = l.nbytes;
-          loc.crc32c = l.crc32c;
-        }
-        out.file_size = report->file_size;
-        out.scalars = std::move(report->scalars);
         return absl::OkStatus();
       });
   for (int r = 0; r < world; ++r) {

@@ -43,6 +43,10 @@ absl::Status ParallelFor(int64_t n, int threads,
   return failure;
 }
 
+int ThreadsFor(size_t items) {
+  return items >= (size_t{1} << 16) ? CpuThreads() : 1;
+}
+
 int CpuThreads(int cap) {
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
   return std::max(1, std::min(hw, cap));

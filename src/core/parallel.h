@@ -2,6 +2,7 @@
 #ifndef CAIRN_CORE_PARALLEL_H_
 #define CAIRN_CORE_PARALLEL_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/functional/function_ref.h"
@@ -20,6 +21,10 @@ absl::Status ParallelFor(int64_t n, int threads,
 // coordinator's global planning and metadata encoding: the machine's
 // hardware threads, at least 1 and at most `cap`.
 int CpuThreads(int cap = 16);
+// Threads for a CPU-bound loop over `items` (chunks, plan items, ...):
+// CpuThreads() from 65536 items on, 1 (the loop runs inline) below, where
+// starting threads costs more than it saves.
+int ThreadsFor(size_t items);
 
 }  // namespace cairn::internal_core
 

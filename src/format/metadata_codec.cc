@@ -1113,8 +1113,7 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
     chunks += entry.second.chunks.size();
   }
   if (flat != nullptr) chunks = flat->num_chunks();
-  const int threads = chunks >= (size_t{1} << 16) ? internal_core::CpuThreads()
-                                                  : 1;
+  const int threads = internal_core::ThreadsFor(chunks);
   CountingSink head_counter;
   CAIRN_RETURN_IF_ERROR(PutHead(head_counter, metadata, prepared));
   std::vector<size_t> at(tensors.size() + 1, 0);

@@ -48,11 +48,12 @@ inline void LoadInts(const char* p, std::vector<int64_t>& out) {
 }
 // `box` points at an encoded box (offsets, then sizes).
 inline size_t BoxRank(const char* box) { return LoadU64(box); }
-inline Box LoadBox(const char* box) {
-  Box b;
-  LoadInts(box, b.offsets);
-  LoadInts(box + 8 + 8 * b.offsets.size(), b.sizes);
-  return b;
+// Its `rank` offsets, then its `rank` sizes, into out[0, 2 * rank).
+inline void LoadBoxDims(const char* box, size_t rank, int64_t* out) {
+  for (size_t i = 0; i < rank; ++i) {
+    out[i] = static_cast<int64_t>(LoadU64(box + 8 + 8 * i));
+    out[rank + i] = static_cast<int64_t>(LoadU64(box + 16 + 8 * rank + 8 * i));
+  }
 }
 // Box::offsets' operator<, on encoded boxes.
 bool OffsetsLess(const char* a, const char* b) {
@@ -108,6 +109,12 @@ struct ColumnarPlans::State {
   std::vector<uint32_t> kept;  // per rank: final items
 
   size_t world() const { return messages.size(); }
+  // Item i's encoded box (offsets, then sizes), in rank r's message.
+  std::string_view BoxBytes(size_t i, size_t r) const {
+    const Item& item = items[i];
+    return std::string_view(messages[r].data() + item.box,
+                            item.end - 16 - item.box);
+  }
 };
 
 ColumnarPlans::ColumnarPlans(std::unique_ptr<State> state)
@@ -250,13 +257,7 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
   const size_t world = s.world();
   const size_t n = s.items.size();
   const size_t num_fqns = s.fqns.size();
-  const int threads =
-      n >= (size_t{1} << 16) ? internal_core::CpuThreads() : 1;
-  auto box_of = [&](size_t r, size_t i) {
-    const Item& item = s.items[i];
-    return std::string_view(s.messages[r].data() + item.box,
-                            item.end - 16 - item.box);
-  };
+  const int threads = internal_core::ThreadsFor(n);
   // Each item's rank and encoded box's hash, rank by rank (each message
   // read in order).
   BigVector<uint64_t> hash(n);
@@ -264,8 +265,8 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
   (void)internal_core::ParallelFor(
       static_cast<int64_t>(world), threads, [&](int64_t r) {
         for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
-          hash[i] = absl::HashOf(AsAbsl(box_of(static_cast<size_t>(r), i)));
           rank_of[i] = static_cast<uint32_t>(r);
+          hash[i] = absl::HashOf(AsAbsl(s.BoxBytes(i, rank_of[i])));
         }
         return absl::OkStatus();
       });
@@ -282,11 +283,11 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
   }
   // DedupImpl's distinct pieces, (FQN, kind, box): the kind is the FQN's
   // and equal boxes encode to equal bytes, so within an FQN a piece is its
-  // encoded box. Found FQN by FQN (a small hash
-  // table each, on several threads): each piece's holders (ranks; a
-  // second copy on one rank is not a holder) and its first item, which
-  // orders pieces as DedupImpl's first-seen ids do. An FQN's pieces get
-  // ids from piece_base[f], in the order they are first seen.
+  // encoded box. Found FQN by FQN (a small hash table each, on several
+  // threads): each piece's holders (ranks; a second copy on one rank is
+  // not a holder) and its first item, which orders pieces as DedupImpl's
+  // first-seen ids do. An FQN's pieces get ids from piece_base[f], in the
+  // order they are first seen.
   BigVector<uint32_t> piece_of(n);
   std::vector<std::vector<uint32_t>> fqn_holders(num_fqns);  // per piece
   std::vector<std::vector<uint32_t>> fqn_first(num_fqns);    // item
@@ -301,9 +302,7 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
     const std::vector<uint32_t>* first;  // the current FQN's
     uint32_t ItemOf(uint32_t local) const { return (*first)[local]; }
     std::string_view Box(uint32_t i) const {
-      const Item& item = s->items[i];
-      return std::string_view(s->messages[(*rank_of)[i]].data() + item.box,
-                              item.end - 16 - item.box);
+      return s->BoxBytes(i, (*rank_of)[i]);
     }
   };
   struct PieceHash {
@@ -515,27 +514,26 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
   // chunks go flat, tensor by tensor in the map's (name) order, each
   // tensor's sorted, boxed and referenced on its own (its part of every
   // array, and each ref slot, is its chunks' alone).
+  // fqn_of[t]: the FQN of tensor t, in name order (the map's: names are
+  // distinct, and std::string orders as string_view does).
+  std::vector<size_t> fqn_of;
   for (size_t f = 0; f < s.fqns.size(); ++f) {
-    if (start[f] == start[f + 1]) continue;
-    TensorMetadata& tm = md.tensors[std::string(s.fqns[f].name)];
-    tm.dtype = s.fqns[f].dtype;
-    tm.shape = s.fqns[f].shape;
+    if (start[f] != start[f + 1]) fqn_of.push_back(f);
   }
-  absl::flat_hash_map<absl::string_view, size_t> fqn_index;
-  for (size_t f = 0; f < s.fqns.size(); ++f) {
-    if (start[f] != start[f + 1]) fqn_index[AsAbsl(s.fqns[f].name)] = f;
-  }
+  std::sort(fqn_of.begin(), fqn_of.end(), [&](size_t a, size_t b) {
+    return s.fqns[a].name < s.fqns[b].name;
+  });
   internal_format::FlatChunks& flat = out.flat;
   out.uses_flat = true;
-  std::vector<size_t> fqn_of;  // per flat tensor
-  fqn_of.reserve(md.tensors.size());
-  flat.first.assign(1, 0);
-  flat.dims_at.clear();
   size_t dims = 0;
-  for (const auto& [name, tm] : md.tensors) {
-    const size_t f = fqn_index.at(name);
+  for (size_t f : fqn_of) {
+    TensorMetadata& tm =
+        md.tensors.emplace_hint(md.tensors.end(), std::string(s.fqns[f].name),
+                                TensorMetadata{})
+            ->second;
+    tm.dtype = s.fqns[f].dtype;
+    tm.shape = s.fqns[f].shape;
     const size_t count = start[f + 1] - start[f];
-    fqn_of.push_back(f);
     flat.dims_at.push_back(dims);
     dims += 2 * tm.shape.size() * count;
     flat.first.push_back(flat.first.back() + count);
@@ -547,7 +545,7 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
   for (size_t r = 0; r < world; ++r) out.chunk_refs[r].resize(s.kept[r]);
   CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
       static_cast<int64_t>(fqn_of.size()),
-      start.back() >= (size_t{1} << 16) ? internal_core::CpuThreads() : 1,
+      internal_core::ThreadsFor(start.back()),
       [&](int64_t t) {
         const size_t f = fqn_of[t];
         const size_t rank = s.fqns[f].shape.size();
@@ -563,15 +561,8 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
                   });
         int64_t* d = flat.dims.data() + flat.dims_at[t];
         size_t c = flat.first[t];
-        for (size_t k = start[f]; k < start[f + 1]; ++k, ++c) {
-          // An encoded box: the offsets' count and values, then the sizes'.
-          const char* box = chunks[k].box;
-          for (size_t i = 0; i < rank; ++i) {
-            d[i] = static_cast<int64_t>(LoadU64(box + 8 + 8 * i));
-            d[rank + i] =
-                static_cast<int64_t>(LoadU64(box + 16 + 8 * rank + 8 * i));
-          }
-          d += 2 * rank;
+        for (size_t k = start[f]; k < start[f + 1]; ++k, ++c, d += 2 * rank) {
+          LoadBoxDims(chunks[k].box, rank, d);
           out.chunk_refs[chunks[k].rank][chunks[k].index] =
               static_cast<uint32_t>(c);
         }
@@ -598,9 +589,7 @@ absl::Status ColumnarPlans::ValidateFinal(const MetadataSkeleton& skeleton,
   // their order: the same verdict as ValidateFinalPlans' call.
   return internal_core::ParallelFor(
       static_cast<int64_t>(tensors.size()),
-      skeleton.flat.num_chunks() >= (size_t{1} << 16)
-          ? internal_core::CpuThreads()
-          : 1,
+      internal_core::ThreadsFor(skeleton.flat.num_chunks()),
       [&](int64_t t) {
         return internal_format::ValidateCoverage(
                    tensors[t]->first, tensors[t]->second.shape, skeleton.flat,

@@ -251,7 +251,11 @@ struct ColdFile {
     for (size_t i = 0; i < bytes.size(); ++i) {
       bytes[i] = static_cast<char>((i * 2654435761u) >> shift);
     }
-    if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) return;
+    if (!DirectIoWorksIn(dir.path()) || !WriteColdFile(path, bytes)) {
+      why_not = dir.path() +
+                ": no O_DIRECT, or the page cache cannot be dropped here";
+      return;
+    }
     auto s = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return;
@@ -265,6 +269,7 @@ struct ColdFile {
   std::string bytes;
   std::unique_ptr<Storage> storage;
   std::unique_ptr<ReadableFile> file;
+  std::string why_not;  // when `file` is null
 };
 
 // A shared read of a cold, aligned range goes through the page cache (where
@@ -272,37 +277,34 @@ struct ColdFile {
 // range finds it there; its bytes are exact.
 TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
   ColdFile cold(11);
-  if (cold.file == nullptr) {
-    GTEST_SKIP() << cold.dir.path()
-                 << ": no O_DIRECT, or the page cache cannot be dropped here";
-  }
+  if (cold.file == nullptr) GTEST_SKIP() << cold.why_not;
   const std::string& path = cold.path;
   const std::string& bytes = cold.bytes;
-  const std::unique_ptr<ReadableFile>* file = &cold.file;
+  ReadableFile& file = *cold.file;
   // 1 MiB of 4096-aligned memory.
   std::vector<std::byte> memory((1 << 20) + 4096);
   const auto base = reinterpret_cast<uintptr_t>(memory.data());
   const std::span<std::byte> buffer(
       memory.data() + (4096 - base % 4096) % 4096, 1 << 20);
   // ReadAt: direct, the range stays out of the cache.
-  ASSERT_TRUE((*file)->ReadAt(0, buffer).ok());
+  ASSERT_TRUE(file.ReadAt(0, buffer).ok());
   EXPECT_EQ(CachedPages(path, 0, 1 << 20), 0);
   // ReadAtShared of the next MiB: cached afterwards, and exact.
-  ASSERT_TRUE((*file)->ReadAtShared(1 << 20, buffer).ok());
+  ASSERT_TRUE(file.ReadAtShared(1 << 20, buffer).ok());
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()),
                         buffer.size()),
             bytes.substr(1 << 20, 1 << 20));
   EXPECT_EQ(CachedPages(path, 1 << 20, 2 << 20), 256);
-  EXPECT_NE((*file)->ViewIfInMemory(1 << 20, 1 << 20), nullptr);
+  EXPECT_NE(file.ViewIfInMemory(1 << 20, 1 << 20), nullptr);
   // Unaligned and at the end of the file: exact.
   std::vector<std::byte> small(70001);
-  ASSERT_TRUE((*file)->ReadAtShared(bytes.size() - small.size(),
+  ASSERT_TRUE(file.ReadAtShared(bytes.size() - small.size(),
                                     std::span(small)).ok());
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(small.data()),
                         small.size()),
             bytes.substr(bytes.size() - small.size()));
   // Past the end: an error naming the file, not a short read.
-  absl::Status past = (*file)->ReadAtShared(bytes.size() - 10, std::span(small));
+  absl::Status past = file.ReadAtShared(bytes.size() - 10, std::span(small));
   EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
   EXPECT_NE(past.message().find("data"), std::string::npos) << past;
 }
@@ -313,19 +315,16 @@ TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
 // cached through the cache, an unaligned destination buffered.
 TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   ColdFile cold(13);
-  if (cold.file == nullptr) {
-    GTEST_SKIP() << cold.dir.path()
-                 << ": no O_DIRECT, or the page cache cannot be dropped here";
-  }
+  if (cold.file == nullptr) GTEST_SKIP() << cold.why_not;
   const std::string& path = cold.path;
   const std::string& bytes = cold.bytes;
-  const std::unique_ptr<ReadableFile>* file = &cold.file;
+  ReadableFile& file = *cold.file;
   // 4096-aligned destination memory, offset by `shift` bytes.
   auto read = [&](uint64_t offset, size_t size, size_t shift) {
     std::vector<std::byte> buffer(size + 8192);
     const auto base = reinterpret_cast<uintptr_t>(buffer.data());
     std::byte* dst = buffer.data() + ((4096 - base % 4096) % 4096) + shift;
-    absl::Status s = (*file)->ReadAt(offset, std::span(dst, size));
+    absl::Status s = file.ReadAt(offset, std::span(dst, size));
     EXPECT_TRUE(s.ok()) << s;
     return std::string(reinterpret_cast<const char*>(dst), size);
   };
@@ -333,7 +332,7 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   EXPECT_EQ(read(1 << 20, 1 << 20, 0), bytes.substr(1 << 20, 1 << 20));
   EXPECT_EQ(CachedPages(path, 1 << 20, 2 << 20), 0);
   // Not cached: no in-place view.
-  EXPECT_EQ((*file)->ViewIfInMemory(1 << 20, 1 << 20), nullptr);
+  EXPECT_EQ(file.ViewIfInMemory(1 << 20, 1 << 20), nullptr);
   // Cold, unaligned offset and size with the destination aligned like the
   // file offset: buffered head and tail, direct middle.
   EXPECT_EQ(read(100, 500000, 100), bytes.substr(100, 500000));
@@ -362,15 +361,15 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(fresh, MAP_FAILED);
     auto* dst = static_cast<std::byte*>(fresh);
-    ASSERT_TRUE((*file)->ReadAt(4096, std::span(dst, size)).ok());
+    ASSERT_TRUE(file.ReadAt(4096, std::span(dst, size)).ok());
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), size),
               bytes.substr(4096, size));
     ASSERT_EQ(::madvise(fresh, size, MADV_DONTNEED), 0);  // untouched again
     dst[size / 2] = std::byte{1};  // one page resident
-    ASSERT_TRUE((*file)->ReadAt(100, std::span(dst, size - 100)).ok());
+    ASSERT_TRUE(file.ReadAt(100, std::span(dst, size - 100)).ok());
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), size - 100),
               bytes.substr(100, size - 100));
-    ASSERT_TRUE((*file)->ReadAt(300000, std::span(dst + 5, size - 5)).ok());
+    ASSERT_TRUE(file.ReadAt(300000, std::span(dst + 5, size - 5)).ok());
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst + 5), size - 5),
               bytes.substr(300000, size - 5));
     ::munmap(fresh, size);
@@ -379,7 +378,7 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   {
     const int64_t rss_before = RssFileKiB();
     std::unique_ptr<ReadableFile::View> view =
-        (*file)->ViewIfInMemory(12345, 2 << 20);
+        file.ViewIfInMemory(12345, 2 << 20);
     ASSERT_NE(view, nullptr);
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(view->bytes().data()),
                           view->bytes().size()),
@@ -388,8 +387,8 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
     view.reset();
     EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
     // Past the end of the file, or too small to be worth a mapping: none.
-    EXPECT_EQ((*file)->ViewIfInMemory(bytes.size() - 4096, 8192), nullptr);
-    EXPECT_EQ((*file)->ViewIfInMemory(0, 100), nullptr);
+    EXPECT_EQ(file.ViewIfInMemory(bytes.size() - 4096, 8192), nullptr);
+    EXPECT_EQ(file.ViewIfInMemory(0, 100), nullptr);
   }
   // A cached read copied out of the mapping leaves nothing mapped: the
   // process's file-backed RSS does not grow by what it read (into resident
@@ -401,7 +400,7 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(fresh, MAP_FAILED);
     auto* dst = static_cast<std::byte*>(fresh);
-    ASSERT_TRUE((*file)->ReadAt(0, std::span(dst, bytes.size())).ok());
+    ASSERT_TRUE(file.ReadAt(0, std::span(dst, bytes.size())).ok());
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), bytes.size()),
               bytes);
     ::munmap(fresh, bytes.size());
@@ -409,7 +408,7 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
   EXPECT_LT(RssFileKiB() - rss_before, 1024) << "KiB of file pages left mapped";
   // Past the end: kDataLoss naming the file, also on the direct path.
   std::vector<std::byte> big(size_t{2} << 20);
-  absl::Status past = (*file)->ReadAt((2 << 20) - 4096, std::span(big));
+  absl::Status past = file.ReadAt((2 << 20) - 4096, std::span(big));
   EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
   EXPECT_THAT(past.message(), HasSubstr(path));
 }
