@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -275,6 +276,23 @@ absl::Status Timed(std::vector<Phase>& into, const char* name, Fn&& fn) {
   const CpuTimes cpu_end = ProcessCpu();
   const double sys = cpu_end.sys - cpu_start.sys;
   into.push_back({name, wall, cpu_end.user - cpu_start.user + sys, sys});
+  if (std::getenv("CAIRN_SCALE_STAMPS") != nullptr) {
+    // For perf report --time (perf record -k CLOCK_MONOTONIC).
+    const auto ns = [](Clock::time_point t) {
+      return std::chrono::duration<double>(t.time_since_epoch()).count();
+    };
+    std::fprintf(stderr, "stamp %s %.6f,%.6f\n", name, ns(start),
+                 ns(Clock::now()));
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    char line[256];
+    while (f != nullptr && std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::strncmp(line, "VmHWM", 5) == 0 ||
+          std::strncmp(line, "VmRSS", 5) == 0) {
+        std::fprintf(stderr, "  %s", line);
+      }
+    }
+    if (f != nullptr) std::fclose(f);
+  }
   if (!s.ok()) return absl::InternalError(absl::StrCat(name, ": ", s.ToString()));
   return absl::OkStatus();
 }

@@ -248,25 +248,28 @@ absl::StatusOr<ColumnarPlans> ColumnarPlans::Decode(
   return ColumnarPlans(std::move(state));
 }
 
-// DedupImpl, step for step, on ids instead of WriteItems: pieces numbered
-// in first-seen order, each rank's first copy of a piece its holder, the
-// same greedy order and tie-breaking, zero-byte declarations dropped where
-// the tensor has bytes.
+// DedupImpl on ids instead of WriteItems: each rank's first copy of a piece
+// its holder, the same greedy order and tie-breaking, zero-byte
+// declarations dropped where the tensor has bytes. A piece is found within
+// its FQN (DedupImpl's pieces are (FQN, kind, box), and an FQN has one
+// kind), and only pieces with several holders keep a list of them: where
+// no box is replicated (FSDP), the flat arrays are an item's hash, its
+// place in its FQN's list and its verdict, so little new memory is touched.
 void ColumnarPlans::Dedup(DedupPolicy policy) {
   State& s = *s_;
   const size_t world = s.world();
   const size_t n = s.items.size();
   const size_t num_fqns = s.fqns.size();
   const int threads = internal_core::ThreadsFor(n);
-  // Each item's rank and encoded box's hash, rank by rank (each message
-  // read in order).
-  BigVector<uint64_t> hash(n);
-  BigVector<uint32_t> rank_of(n);
+  // Each item's encoded box's hash, rank by rank (each message read in
+  // order). 32 bits place a piece among its FQN's; equal boxes are then
+  // compared byte for byte.
+  BigVector<uint32_t> hash(n);
   (void)internal_core::ParallelFor(
       static_cast<int64_t>(world), threads, [&](int64_t r) {
         for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
-          rank_of[i] = static_cast<uint32_t>(r);
-          hash[i] = absl::HashOf(AsAbsl(s.BoxBytes(i, rank_of[i])));
+          hash[i] = static_cast<uint32_t>(
+              absl::HashOf(AsAbsl(s.BoxBytes(i, static_cast<size_t>(r)))));
         }
         return absl::OkStatus();
       });
@@ -281,129 +284,101 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
       by_fqn[next[s.items[i].fqn]++] = static_cast<uint32_t>(i);
     }
   }
-  // DedupImpl's distinct pieces, (FQN, kind, box): the kind is the FQN's
-  // and equal boxes encode to equal bytes, so within an FQN a piece is its
-  // encoded box. Found FQN by FQN (a small hash table each, on several
-  // threads): each piece's holders (ranks; a second copy on one rank is
-  // not a holder) and its first item, which orders pieces as DedupImpl's
-  // first-seen ids do. An FQN's pieces get ids from piece_base[f], in the
-  // order they are first seen.
-  BigVector<uint32_t> piece_of(n);
-  std::vector<std::vector<uint32_t>> fqn_holders(num_fqns);  // per piece
-  std::vector<std::vector<uint32_t>> fqn_first(num_fqns);    // item
-  // A piece is stored as its local id and looked up by an item's index.
+  // An FQN's distinct pieces, in the order first seen, each with its first
+  // item (on its lowest rank, which orders pieces as DedupImpl's
+  // first-seen ids do) and its number of holders (ranks: a second copy on
+  // one rank is not one); `more` lists the other holders of pieces with
+  // several, piece by piece in rank order, from more_at[piece].
+  struct Holder {
+    uint32_t item;
+    uint32_t rank;
+  };
+  struct FqnPieces {
+    std::vector<Holder> first;
+    std::vector<uint32_t> holders;
+    std::vector<Holder> more;
+    std::vector<uint32_t> more_at;  // empty when `more` is
+  };
+  std::vector<FqnPieces> pieces(num_fqns);
+  // The hash set holds a piece's index in `first`, and is searched with an
+  // item.
   struct ItemKey {
     uint32_t item;
+    uint32_t rank;
   };
-  struct Pieces {
+  struct Lookup {
     const State* s;
-    const BigVector<uint64_t>* hash;
-    const BigVector<uint32_t>* rank_of;
-    const std::vector<uint32_t>* first;  // the current FQN's
-    uint32_t ItemOf(uint32_t local) const { return (*first)[local]; }
-    std::string_view Box(uint32_t i) const {
-      return s->BoxBytes(i, (*rank_of)[i]);
-    }
+    const BigVector<uint32_t>* hash;
+    const std::vector<Holder>* first;  // the current FQN's
   };
   struct PieceHash {
     using is_transparent = void;
-    const Pieces* p;
-    size_t operator()(uint32_t local) const {
-      return (*p->hash)[p->ItemOf(local)];
+    const Lookup* l;
+    size_t operator()(uint32_t piece) const {
+      return (*l->hash)[(*l->first)[piece].item];
     }
-    size_t operator()(ItemKey k) const { return (*p->hash)[k.item]; }
+    size_t operator()(ItemKey k) const { return (*l->hash)[k.item]; }
   };
   struct PieceEq {
     using is_transparent = void;
-    const Pieces* p;
-    bool Same(uint32_t a, uint32_t b) const {
-      return (*p->hash)[a] == (*p->hash)[b] && p->Box(a) == p->Box(b);
+    const Lookup* l;
+    bool Same(ItemKey k, uint32_t piece) const {
+      const Holder& h = (*l->first)[piece];
+      return (*l->hash)[k.item] == (*l->hash)[h.item] &&
+             l->s->BoxBytes(k.item, k.rank) == l->s->BoxBytes(h.item, h.rank);
     }
     bool operator()(uint32_t a, uint32_t b) const { return a == b; }
-    bool operator()(ItemKey a, uint32_t b) const {
-      return Same(a.item, p->ItemOf(b));
-    }
-    bool operator()(uint32_t a, ItemKey b) const {
-      return Same(p->ItemOf(a), b.item);
-    }
+    bool operator()(ItemKey a, uint32_t b) const { return Same(a, b); }
+    bool operator()(uint32_t a, ItemKey b) const { return Same(b, a); }
   };
   (void)internal_core::ParallelFor(
       static_cast<int64_t>(num_fqns), threads, [&](int64_t f) {
-        std::vector<uint32_t>& holders = fqn_holders[f];
-        std::vector<uint32_t>& first = fqn_first[f];
-        std::vector<uint32_t> last_rank;
-        const Pieces pieces{&s, &hash, &rank_of, &first};
+        FqnPieces& p = pieces[f];
+        std::vector<uint32_t> last_rank;  // each piece's last holder
+        const Lookup lookup{&s, &hash, &p.first};
         absl::flat_hash_set<uint32_t, PieceHash, PieceEq> ids(
-            0, PieceHash{&pieces}, PieceEq{&pieces});
+            0, PieceHash{&lookup}, PieceEq{&lookup});
         ids.reserve(fqn_start[f + 1] - fqn_start[f]);
+        std::vector<uint32_t> more_piece;  // the piece of each `more` entry
+        size_t r = 0;  // the rank of item by_fqn[k]: they come in rank order
         for (size_t k = fqn_start[f]; k < fqn_start[f + 1]; ++k) {
           const uint32_t i = by_fqn[k];
-          const uint32_t r = rank_of[i];
+          while (s.base[r + 1] <= i) ++r;
+          const ItemKey key{i, static_cast<uint32_t>(r)};
           bool inserted = false;
-          const uint32_t local =
-              *ids.lazy_emplace(ItemKey{i}, [&](const auto& ctor) {
+          const uint32_t piece =
+              *ids.lazy_emplace(key, [&](const auto& ctor) {
                 inserted = true;
-                first.push_back(i);
-                ctor(static_cast<uint32_t>(first.size() - 1));
+                p.first.push_back(Holder{i, key.rank});
+                ctor(static_cast<uint32_t>(p.first.size() - 1));
               });
           if (inserted) {
-            holders.push_back(1);
-            last_rank.push_back(r);
-          } else if (last_rank[local] != r) {
-            last_rank[local] = r;
-            ++holders[local];
-          } else {
-            piece_of[i] = kNone;  // a second copy on one rank: not a holder
-            continue;
+            p.holders.push_back(1);
+            last_rank.push_back(key.rank);
+          } else if (last_rank[piece] != key.rank) {
+            last_rank[piece] = key.rank;
+            ++p.holders[piece];
+            p.more.push_back(Holder{i, key.rank});
+            more_piece.push_back(piece);
           }
-          piece_of[i] = local;
         }
+        if (p.more.empty()) return absl::OkStatus();
+        // Group `more` by piece, keeping rank order: a stable counting sort.
+        p.more_at.assign(p.first.size() + 1, 0);
+        for (uint32_t piece : more_piece) ++p.more_at[piece + 1];
+        for (size_t q = 0; q < p.first.size(); ++q) {
+          p.more_at[q + 1] += p.more_at[q];
+        }
+        std::vector<Holder> grouped(p.more.size());
+        std::vector<uint32_t> next(p.more_at.begin(), p.more_at.end() - 1);
+        for (size_t e = 0; e < p.more.size(); ++e) {
+          grouped[next[more_piece[e]]++] = p.more[e];
+        }
+        p.more.swap(grouped);
         return absl::OkStatus();
       });
-  std::vector<size_t> piece_base(num_fqns + 1, 0);
-  for (size_t f = 0; f < num_fqns; ++f) {
-    piece_base[f + 1] = piece_base[f] + fqn_first[f].size();
-  }
-  const size_t num_pieces = piece_base[num_fqns];
-  BigVector<uint32_t> num_holders(num_pieces);
-  BigVector<uint32_t> first_item(num_pieces);
-  for (size_t f = 0; f < num_fqns; ++f) {
-    std::copy(fqn_holders[f].begin(), fqn_holders[f].end(),
-              num_holders.begin() + piece_base[f]);
-    std::copy(fqn_first[f].begin(), fqn_first[f].end(),
-              first_item.begin() + piece_base[f]);
-    fqn_holders[f] = {};
-    fqn_first[f] = {};
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (piece_of[i] != kNone) piece_of[i] += piece_base[s.items[i].fqn];
-  }
   hash = {};
   by_fqn = {};
-  rank_of = {};
-  // Each piece's holders (global item indices), in rank order, at
-  // [first[id], first[id + 1]).
-  BigVector<size_t> first(num_pieces + 1, 0);
-  for (size_t id = 0; id < num_pieces; ++id) {
-    first[id + 1] = first[id] + num_holders[id];
-  }
-  struct Holder {
-    uint32_t rank;
-    uint32_t item;
-  };
-  BigVector<Holder> holders(first[num_pieces]);
-  {
-    BigVector<size_t> next(first.begin(), first.end() - 1);
-    for (size_t r = 0; r < world; ++r) {
-      for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
-        if (piece_of[i] != kNone) {
-          holders[next[piece_of[i]]++] =
-              Holder{static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
-        }
-      }
-    }
-  }
-  piece_of = {};
 
   auto nbytes = [&](const Holder& h) {
     return LoadU64(s.messages[h.rank].data() + s.items[h.item].end - 16);
@@ -414,20 +389,24 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
   // first, larger before smaller, then first seen (its stable sort's ties).
   struct Replicated {
     uint32_t holders;
-    uint32_t id;
+    uint32_t fqn;
+    uint32_t piece;  // in the FQN's
     uint64_t bytes;
     uint32_t first_item;  // DedupImpl's ids are in first-seen order
   };
-  BigVector<Replicated> replicated;
-  for (size_t id = 0; id < num_pieces; ++id) {
-    const Holder& h = holders[first[id]];  // the lowest rank
-    if (num_holders[id] == 1 || policy == DedupPolicy::kLowestRank) {
-      keep[h.item] = 1;
-      load[h.rank] += nbytes(h);
-    } else {
-      replicated.push_back(Replicated{num_holders[id],
-                                      static_cast<uint32_t>(id), nbytes(h),
-                                      first_item[id]});
+  std::vector<Replicated> replicated;
+  for (size_t f = 0; f < num_fqns; ++f) {
+    const FqnPieces& p = pieces[f];
+    for (size_t q = 0; q < p.first.size(); ++q) {
+      const Holder& h = p.first[q];  // the lowest rank
+      if (p.holders[q] == 1 || policy == DedupPolicy::kLowestRank) {
+        keep[h.item] = 1;
+        load[h.rank] += nbytes(h);
+      } else {
+        replicated.push_back(Replicated{p.holders[q], static_cast<uint32_t>(f),
+                                        static_cast<uint32_t>(q), nbytes(h),
+                                        h.item});
+      }
     }
   }
   std::sort(replicated.begin(), replicated.end(),
@@ -436,16 +415,17 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
               if (a.bytes != b.bytes) return a.bytes > b.bytes;
               return a.first_item < b.first_item;
             });
-  for (const Replicated& p : replicated) {
-    const Holder* best = &holders[first[p.id]];
-    for (size_t h = first[p.id]; h < first[p.id + 1]; ++h) {
-      if (load[holders[h].rank] < load[best->rank]) best = &holders[h];
+  for (const Replicated& rp : replicated) {
+    const FqnPieces& p = pieces[rp.fqn];
+    const Holder* best = &p.first[rp.piece];
+    for (size_t e = p.more_at[rp.piece]; e < p.more_at[rp.piece + 1]; ++e) {
+      if (load[p.more[e].rank] < load[best->rank]) best = &p.more[e];
     }
     keep[best->item] = 1;
-    load[best->rank] += p.bytes;
+    load[best->rank] += rp.bytes;
   }
   replicated = {};
-  holders = {};
+  pieces = {};
 
   // Zero-byte tensor items only declare a tensor: kept only for a tensor no
   // rank writes bytes of.
@@ -551,14 +531,22 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
         const size_t rank = s.fqns[f].shape.size();
         // BuildMetadataSkeleton's std::sort, on the same sequence with the
         // same comparisons' outcomes (equal offsets included), so the same
-        // order.
-        std::sort(chunks.begin() + start[f], chunks.begin() + start[f + 1],
-                  [](const Chunk& a, const Chunk& b) {
-                    if (a.first_offset != b.first_offset) {
-                      return a.first_offset < b.first_offset;
-                    }
-                    return OffsetsLess(a.box, b.box);
-                  });
+        // order. Chunks listed in rank order are often in order already
+        // (a dimension split over consecutive ranks): a strictly increasing
+        // sequence is what any sort returns, so it is left as it is.
+        const auto less = [](const Chunk& a, const Chunk& b) {
+          if (a.first_offset != b.first_offset) {
+            return a.first_offset < b.first_offset;
+          }
+          return OffsetsLess(a.box, b.box);
+        };
+        const auto begin = chunks.begin() + start[f];
+        const auto end = chunks.begin() + start[f + 1];
+        if (std::adjacent_find(begin, end, [&](const Chunk& a, const Chunk& b) {
+              return !less(a, b);
+            }) != end) {
+          std::sort(begin, end, less);
+        }
         int64_t* d = flat.dims.data() + flat.dims_at[t];
         size_t c = flat.first[t];
         for (size_t k = start[f]; k < start[f + 1]; ++k, ++c, d += 2 * rank) {
