@@ -16,6 +16,13 @@ namespace cairn::internal_core {
 // First-touch page faults are what the coordinator's WriteItem path spent
 // most of its time on; on the 2-core PVM guest the benchmarks run on,
 // faulting in 1 GiB took 2.8 s with 4 KiB pages and 0.12 s with 2 MiB ones.
+// The 0.12 s holds only for memory the guest freed a moment ago: it hands
+// free 2 MiB blocks back to its host after a second or so (virtio-balloon
+// free page reporting), and faulting huge pages in from those took 1.6-3.8 s
+// a GiB (bench/scale/fault_cost.c; bench/RESULTS.md, 2026-11-23, night).
+// So there the cost is how far a phase raises the process's memory. A
+// cache that reused freed blocks, and leaving huge pages off, were both
+// measured in the scale simulator and neither made a difference.
 constexpr size_t kHugePage = size_t{2} << 20;
 
 template <typename T>
