@@ -286,18 +286,20 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
   }
   // An FQN's distinct pieces, in the order first seen, each with its first
   // item (on its lowest rank, which orders pieces as DedupImpl's
-  // first-seen ids do) and its number of holders (ranks: a second copy on
-  // one rank is not one); `more` lists the other holders of pieces with
-  // several, piece by piece in rank order, from more_at[piece].
+  // first-seen ids do); `more` lists the other holders (ranks: a second
+  // copy on one rank is not one) of pieces with several, piece by piece in
+  // rank order, from more_at[piece].
   struct Holder {
     uint32_t item;
     uint32_t rank;
   };
   struct FqnPieces {
     std::vector<Holder> first;
-    std::vector<uint32_t> holders;
     std::vector<Holder> more;
     std::vector<uint32_t> more_at;  // empty when `more` is
+    uint32_t Holders(size_t piece) const {
+      return more_at.empty() ? 1 : 1 + more_at[piece + 1] - more_at[piece];
+    }
   };
   std::vector<FqnPieces> pieces(num_fqns);
   // The hash set holds a piece's index in `first`, and is searched with an
@@ -353,11 +355,9 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
                 ctor(static_cast<uint32_t>(p.first.size() - 1));
               });
           if (inserted) {
-            p.holders.push_back(1);
             last_rank.push_back(key.rank);
           } else if (last_rank[piece] != key.rank) {
             last_rank[piece] = key.rank;
-            ++p.holders[piece];
             p.more.push_back(Holder{i, key.rank});
             more_piece.push_back(piece);
           }
@@ -399,11 +399,12 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
     const FqnPieces& p = pieces[f];
     for (size_t q = 0; q < p.first.size(); ++q) {
       const Holder& h = p.first[q];  // the lowest rank
-      if (p.holders[q] == 1 || policy == DedupPolicy::kLowestRank) {
+      const uint32_t holders = p.Holders(q);
+      if (holders == 1 || policy == DedupPolicy::kLowestRank) {
         keep[h.item] = 1;
         load[h.rank] += nbytes(h);
       } else {
-        replicated.push_back(Replicated{p.holders[q], static_cast<uint32_t>(f),
+        replicated.push_back(Replicated{holders, static_cast<uint32_t>(f),
                                         static_cast<uint32_t>(q), nbytes(h),
                                         h.item});
       }

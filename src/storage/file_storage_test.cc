@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "cairn/storage.h"
+#include "core/aligned_buffer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -281,11 +282,10 @@ TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
   const std::string& path = cold.path;
   const std::string& bytes = cold.bytes;
   ReadableFile& file = *cold.file;
-  // 1 MiB of 4096-aligned memory.
-  std::vector<std::byte> memory((1 << 20) + 4096);
-  const auto base = reinterpret_cast<uintptr_t>(memory.data());
-  const std::span<std::byte> buffer(
-      memory.data() + (4096 - base % 4096) % 4096, 1 << 20);
+  absl::StatusOr<internal_core::UniqueAligned> memory =
+      internal_core::AllocateAlignedUnique(1 << 20);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const std::span<std::byte> buffer(memory->get(), 1 << 20);
   // ReadAt: direct, the range stays out of the cache.
   ASSERT_TRUE(file.ReadAt(0, buffer).ok());
   EXPECT_EQ(CachedPages(path, 0, 1 << 20), 0);
