@@ -60,6 +60,16 @@ class WritableFile {
   virtual absl::Status WriteAt(uint64_t offset,
                                std::span<const std::byte> data) = 0;
 
+  // Says, before the first WriteAt, that the file will be `size` bytes long
+  // (alignment padding included), so that the backend can allocate its
+  // space at once. Optional; a backend that cannot does nothing (the
+  // default). The file backend fallocates: the space is then known to be
+  // there before any byte is written (kResourceExhausted naming the file
+  // when it is not), and on ext4 and XFS concurrent O_DIRECT writes inside
+  // the allocated size run in parallel, where writes past the end of the
+  // file are serialised.
+  virtual absl::Status Reserve(uint64_t size) { return absl::OkStatus(); }
+
   // Sets the file size to `size` (cutting alignment padding past it), makes
   // the data durable (fdatasync) and closes the file. Call exactly once, after
   // every WriteAt has returned. Destroying an unfinished file closes it

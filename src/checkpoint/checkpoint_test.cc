@@ -335,9 +335,9 @@ TEST(CheckpointTest, StorageFailuresNeverCommit) {
   Tensor a = Filled(DType::kF32, {1024, 64}, 1);
   StateDict sd;
   sd["a"] = a;
-  const StorageOp ops[] = {StorageOp::kCreate, StorageOp::kWriteAt,
-                           StorageOp::kFinish, StorageOp::kSync,
-                           StorageOp::kWriteAtomically};
+  const StorageOp ops[] = {StorageOp::kCreate,  StorageOp::kReserve,
+                           StorageOp::kWriteAt, StorageOp::kFinish,
+                           StorageOp::kSync,    StorageOp::kWriteAtomically};
   int i = 0;
   for (StorageOp op : ops) {
     const std::string dir = tmp.Sub("f" + std::to_string(i++));

@@ -285,6 +285,10 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
     const uint64_t last = (layout.data_start + e->st.end - 1) / block;
     e->blocks_left = static_cast<int64_t>(last - first + 1);
   }
+  // Whole aligned blocks are written, so the file reaches file_size
+  // rounded up to the alignment before Finish cuts it back.
+  CAIRN_RETURN_IF_ERROR(
+      file->Reserve((layout.file_size + align - 1) / align * align));
   const int threads = std::max(1, options.io_threads);
   internal_core::BufferPool pool(block, threads);
   std::vector<std::vector<CrcPiece>> pieces(num_blocks);

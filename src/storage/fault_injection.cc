@@ -31,6 +31,11 @@ class FaultWritableFile final : public WritableFile {
     return absl::OkStatus();
   }
 
+  absl::Status Reserve(uint64_t size) override {
+    CAIRN_RETURN_IF_ERROR(owner_->MaybeFail(StorageOp::kReserve));
+    return base_->Reserve(size);
+  }
+
   // An injected failure leaves the base file unfinished: destroying it then
   // closes without syncing, as after a crash before fdatasync.
   absl::Status Finish(uint64_t size) override {

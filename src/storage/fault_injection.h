@@ -22,6 +22,7 @@ enum class StorageOp : int {
   kCreateLocation,
   kCreate,
   kWriteAt,  // WritableFile::WriteAt
+  kReserve,  // WritableFile::Reserve
   kFinish,   // WritableFile::Finish
   kWriteAtomically,
   kRemove,

@@ -138,6 +138,9 @@ TEST_F(FaultInjectionTest, EveryOperationCanFail) {
       case StorageOp::kWriteAt:
         got = (*writer)->WriteAt(0, buf);
         break;
+      case StorageOp::kReserve:
+        got = (*writer)->Reserve(4096);
+        break;
       case StorageOp::kFinish:
         got = (*writer)->Finish(0);
         break;

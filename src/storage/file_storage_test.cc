@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -490,6 +491,68 @@ TEST(FileStorageTest, UnalignedDirectWriteIsInvalidArgument) {
   struct stat st;
   ASSERT_EQ(::stat((dir.path() + "/f").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 5000);
+}
+
+// Whether fallocate(2) allocates space in `dir` (ext4, XFS, tmpfs do).
+bool FallocateWorksIn(const std::string& dir) {
+  const std::string path = dir + "/fallocate-probe";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return false;
+  const bool ok = ::fallocate(fd, 0, 0, 4096) == 0;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok;
+}
+
+TEST(FileStorageTest, ReserveAllocatesTheFileBeforeItsWrites) {
+  TempDir dir;
+  if (!FallocateWorksIn(dir.path())) GTEST_SKIP() << "no fallocate here";
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok());
+  constexpr uint64_t kReserved = uint64_t{1} << 20;
+  ASSERT_TRUE((*file)->Reserve(kReserved).ok());
+  const std::string path = dir.path() + "/f";
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), kReserved);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, kReserved);
+  // Writes land inside the reservation; Finish cuts it back to the size.
+  const size_t align = std::max<size_t>(1, (*file)->alignment());
+  absl::StatusOr<internal_core::UniqueAligned> buffer =
+      internal_core::AllocateAlignedUnique(8192);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::memset(buffer->get(), 'x', 8192);
+  const uint64_t len = (5000 + align - 1) / align * align;
+  ASSERT_TRUE((*file)
+                  ->WriteAt(0, std::span<const std::byte>(buffer->get(), len))
+                  .ok());
+  ASSERT_TRUE((*file)->Finish(5000).ok());
+  EXPECT_EQ(ReadFileDirectly(path), std::string(5000, 'x'));
+  EXPECT_EQ((*file)->Reserve(4096).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A reservation the filesystem cannot give is an error naming the file,
+// before any byte is written.
+TEST(FileStorageTest, ReserveBeyondTheFilesystemNamesTheFile) {
+  TempDir dir;
+  if (!FallocateWorksIn(dir.path())) GTEST_SKIP() << "no fallocate here";
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok());
+  // 2^60 bytes: more than any test machine's disk (ENOSPC) and than ext4's
+  // largest file (EFBIG).
+  absl::Status huge = (*file)->Reserve(uint64_t{1} << 60);
+  EXPECT_FALSE(huge.ok());
+  EXPECT_THAT(huge.message(), HasSubstr(dir.path() + "/f"));
+  EXPECT_THAT(huge.message(), HasSubstr("fallocate"));
+  absl::Status too_large = (*file)->Reserve(~uint64_t{0});
+  EXPECT_EQ(too_large.code(), absl::StatusCode::kInvalidArgument) << too_large;
+  EXPECT_THAT(too_large.message(), HasSubstr(dir.path() + "/f"));
+  EXPECT_TRUE((*file)->Finish(0).ok());
 }
 
 TEST(FileStorageTest, FinishTwiceIsFailedPrecondition) {
