@@ -133,57 +133,103 @@ absl::StatusOr<ColumnarPlans> ColumnarPlans::Decode(
   State& s = *state;
   const size_t world = encoded.size();
   s.messages.assign(encoded.begin(), encoded.end());
-  s.base.assign(1, 0);
-  s.base.reserve(world + 1);
   s.tails.resize(world);
   s.structures.resize(world);
-  // Reserved from the messages' item counts (checked against their sizes).
-  size_t total = 0;
-  for (const std::string& m : encoded) {
-    if (m.size() >= kNone) return Unsupported("a local plan of 4 GiB");
-    ByteReader r(m, std::string());
-    r.U8();
-    total += r.Count(32);
+  // Each rank's items' place, from the messages' item counts (checked
+  // against their sizes).
+  s.base.assign(world + 1, 0);
+  for (size_t r = 0; r < world; ++r) {
+    if (encoded[r].size() >= kNone) return Unsupported("a local plan of 4 GiB");
+    ByteReader rd(encoded[r], std::string());
+    rd.U8();
+    s.base[r + 1] = s.base[r] + rd.Count(32);
   }
-  if (total >= kNone) return Unsupported("4G items");
-  s.items.reserve(total);
+  if (s.base[world] >= kNone) return Unsupported("4G items");
+  s.items.resize(s.base[world]);
 
+  // 1. Each rank's message on its own (ranks on threads): every field read
+  // with the ByteReader's checks, each tensor item's box checked against
+  // the global shape the item states and its byte count against the box.
+  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+      static_cast<int64_t>(world), internal_core::ThreadsFor(s.base[world]),
+      [&](int64_t r) -> absl::Status {
+        const std::string_view m = s.messages[r];
+        ByteReader rd(m, std::string());
+        // The final plans are encoded without values; a plan with them
+        // would re-encode to other bytes.
+        if (rd.U8() != 0) return Unsupported("a local plan with scalar values");
+        const uint64_t n = rd.Count(32);
+        Shape shape;
+        Box box;  // reused, so no allocation per item
+        for (uint64_t i = 0; i < n; ++i) {
+          Item& item = s.items[s.base[r] + i];
+          item.begin = static_cast<uint32_t>(rd.position());
+          rd.StrView();
+          const uint8_t kind = rd.U8();
+          const uint8_t dtype = rd.U8();
+          const size_t shape_at = rd.position();
+          rd.SkipInts();
+          item.box = static_cast<uint32_t>(rd.position());
+          const uint64_t num_offsets = rd.SkipInts();
+          const uint64_t num_sizes = rd.SkipInts();
+          const uint64_t nbytes = rd.U64();
+          rd.I64();
+          if (rd.failed() || kind > static_cast<uint8_t>(ItemKind::kObject) ||
+              dtype > static_cast<uint8_t>(DType::kBool) ||
+              num_offsets != num_sizes) {
+            return Unsupported("a malformed local plan");
+          }
+          item.end = static_cast<uint32_t>(rd.position());
+          item.fqn = kNone;
+          if (kind == static_cast<uint8_t>(ItemKind::kObject)) continue;
+          LoadInts(m.data() + shape_at, shape);
+          LoadInts(m.data() + item.box, box.offsets);
+          LoadInts(m.data() + item.box + 8 + 8 * num_offsets, box.sizes);
+          if (!ValidateBox(box, shape).ok()) return Unsupported("a box");
+          const std::optional<uint64_t> bytes = internal_core::CheckedBytes(
+              box.sizes, static_cast<DType>(dtype));
+          if (!bytes || *bytes != nbytes) return Unsupported("item sizes");
+        }
+        s.tails[r] = static_cast<uint32_t>(rd.position());
+        // The final plan carries these bytes as they are, so they must be
+        // what EncodeSavePlan writes: names in map order, each once.
+        const uint64_t num_scalars = rd.Count(9);
+        std::string_view last;
+        for (uint64_t i = 0; i < num_scalars; ++i) {
+          const std::string_view name = rd.StrView();
+          if (rd.U8() > 3) return Unsupported("a malformed local plan");
+          if (i > 0 && !(last < name)) return Unsupported("unsorted scalars");
+          last = name;
+        }
+        s.structures[r] = AsAbsl(rd.StrView());
+        rd.StrView();  // planner_data
+        rd.StrView();  // storage_data
+        if (!rd.status().ok()) return Unsupported("a malformed local plan");
+        return absl::OkStatus();
+      }));
+
+  // 2. The FQNs, in order of first appearance (rank by rank): one kind,
+  // dtype and shape per FQN (objects too: other shapes would not change
+  // the result, but are nothing a planner makes), one size per object.
+  // The fields were checked above and are read again in place.
   absl::flat_hash_map<absl::string_view, uint32_t> ids;
   absl::flat_hash_set<absl::string_view> scalar_names;
-  Box box;  // the item being checked; reused, so no allocation per item
   for (size_t r = 0; r < world; ++r) {
     const std::string_view m = s.messages[r];
-    ByteReader rd(m, std::string());
-    // The final plans are encoded without values; a plan with them would
-    // re-encode to other bytes.
-    if (rd.U8() != 0) return Unsupported("a local plan with scalar values");
-    const uint64_t n = rd.Count(32);
     // Ranks of one pipeline stage list the same FQNs in the same order:
     // the previous rank's item at the same position is the first guess.
     const size_t prev = r > 0 ? s.base[r - 1] : 0;
     const size_t prev_n = r > 0 ? s.base[r] - s.base[r - 1] : 0;
-    for (uint64_t i = 0; i < n; ++i) {
-      Item item;
-      item.begin = static_cast<uint32_t>(rd.position());
-      const std::string_view name = rd.StrView();
-      const uint8_t kind = rd.U8();
-      const uint8_t dtype = rd.U8();
-      const size_t shape_at = rd.position();
-      rd.SkipInts();
-      item.box = static_cast<uint32_t>(rd.position());
-      const uint64_t num_offsets = rd.SkipInts();
-      const uint64_t num_sizes = rd.SkipInts();
-      const uint64_t nbytes = rd.U64();
-      rd.I64();
-      if (rd.failed() || kind > static_cast<uint8_t>(ItemKind::kObject) ||
-          dtype > static_cast<uint8_t>(DType::kBool) ||
-          num_offsets != num_sizes) {
-        return Unsupported("a malformed local plan");
-      }
-      item.end = static_cast<uint32_t>(rd.position());
+    for (size_t i = 0; i < s.base[r + 1] - s.base[r]; ++i) {
+      Item& item = s.items[s.base[r] + i];
+      const size_t name_length = LoadU64(m.data() + item.begin);
+      const size_t kind_at = item.begin + 8 + name_length;
+      const std::string_view name = m.substr(item.begin + 8, name_length);
+      const uint8_t kind = static_cast<uint8_t>(m[kind_at]);
+      const uint8_t dtype = static_cast<uint8_t>(m[kind_at + 1]);
       const std::string_view shape_bytes =
-          m.substr(shape_at, item.box - shape_at);
-
+          m.substr(kind_at + 2, item.box - (kind_at + 2));
+      const uint64_t nbytes = LoadU64(m.data() + item.end - 16);
       if (i < prev_n && s.fqns[s.items[prev + i].fqn].name == name) {
         item.fqn = s.items[prev + i].fqn;
       } else {
@@ -202,8 +248,6 @@ absl::StatusOr<ColumnarPlans> ColumnarPlans::Decode(
         }
       }
       Fqn& f = s.fqns[item.fqn];
-      // One kind, dtype and shape per FQN (objects too: other shapes would
-      // not change the result, but are nothing a planner makes).
       if (static_cast<uint8_t>(f.kind) != kind ||
           static_cast<uint8_t>(f.dtype) != dtype ||
           f.shape_bytes != shape_bytes) {
@@ -212,33 +256,15 @@ absl::StatusOr<ColumnarPlans> ColumnarPlans::Decode(
       if (f.kind == ItemKind::kObject) {
         if (nbytes != f.object_bytes) return Unsupported("object sizes");
       } else {
-        LoadInts(m.data() + item.box, box.offsets);
-        LoadInts(m.data() + item.box + 8 + 8 * num_offsets, box.sizes);
-        if (!ValidateBox(box, f.shape).ok()) return Unsupported("a box");
-        const std::optional<uint64_t> bytes =
-            internal_core::CheckedBytes(box.sizes, f.dtype);
-        if (!bytes || *bytes != nbytes) return Unsupported("item sizes");
         f.has_bytes |= nbytes > 0;
       }
-      s.items.push_back(item);
     }
-    s.base.push_back(s.items.size());
-    s.tails[r] = static_cast<uint32_t>(rd.position());
-    // The final plan carries these bytes as they are, so they must be what
-    // EncodeSavePlan writes: names in map order, each once.
+    ByteReader rd(m.substr(s.tails[r]), std::string());
     const uint64_t num_scalars = rd.Count(9);
-    std::string_view last;
     for (uint64_t i = 0; i < num_scalars; ++i) {
-      const std::string_view name = rd.StrView();
-      if (rd.U8() > 3) return Unsupported("a malformed local plan");
-      if (i > 0 && !(last < name)) return Unsupported("unsorted scalars");
-      scalar_names.insert(AsAbsl(name));
-      last = name;
+      scalar_names.insert(AsAbsl(rd.StrView()));
+      rd.U8();
     }
-    s.structures[r] = AsAbsl(rd.StrView());
-    rd.StrView();  // planner_data
-    rd.StrView();  // storage_data
-    if (!rd.status().ok()) return Unsupported("a malformed local plan");
   }
   for (const Fqn& f : s.fqns) {
     if (scalar_names.contains(AsAbsl(f.name))) {
