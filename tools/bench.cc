@@ -115,6 +115,8 @@ struct BenchOptions {
   uint64_t buffer_bytes = SaveOptions{}.write_buffer_bytes;  // parsed
   bool keep = false;
   bool quiet = false;
+  // LoadOptions::verify_checksums (--no-verify clears it).
+  bool verify_checksums = LoadOptions{}.verify_checksums;
 };
 
 // A load layout: `ranks` ranks, each holding part k of `split_dim`.
@@ -473,6 +475,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
   Span span(world);
   std::vector<uint64_t> read(static_cast<size_t>(world));
   std::vector<uint64_t> verified(static_cast<size_t>(world));
+  std::vector<uint64_t> checked(static_cast<size_t>(world));
   std::vector<LoadPhaseTimes> phases(static_cast<size_t>(world));
   absl::Status status = CombineRankStatuses(
       RunInProcess(world, [&](Communicator& comm) -> absl::Status {
@@ -489,6 +492,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         options.comm = &comm;
         options.io_threads = o.io_threads;
         options.bounce_buffer_bytes = o.buffer_bytes;
+        options.verify_checksums = o.verify_checksums;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
           PerfControl("load", "enable\n");
@@ -504,16 +508,18 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         }
         if (!loaded.ok()) return loaded.status();
         read[r] = loaded->bytes_read;
+        checked[r] = loaded->chunks_verified;
         phases[r] = loaded->phases;
         CAIRN_RETURN_IF_ERROR(VerifyPieces(pieces, threads));
         verified[r] = PieceBytes(pieces);
         return absl::OkStatus();
       }));
   if (!status.ok()) return status;
-  uint64_t bytes_read = 0, bytes_verified = 0;
+  uint64_t bytes_read = 0, bytes_verified = 0, chunks_checked = 0;
   for (int r = 0; r < world; ++r) {
     bytes_read += read[static_cast<size_t>(r)];
     bytes_verified += verified[static_cast<size_t>(r)];
+    chunks_checked += checked[static_cast<size_t>(r)];
   }
   // The slowest rank's time in each phase of the load.
   LoadPhaseTimes slowest;
@@ -533,7 +539,8 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
                 {"broadcast", slowest.broadcast},
                 {"copy", slowest.copy}}},
               {"storage_bytes_read", bytes_read},
-              {"verified_bytes", bytes_verified}};
+              {"verified_bytes", bytes_verified},
+              {"chunks_crc_checked", chunks_checked}};
   out.update(span.Cpu());
   return out;
 }
@@ -1041,6 +1048,8 @@ absl::Status Bench::RunLoads() {
         row.extra["device_bytes_read"] =
             static_cast<uint64_t>(Num(r.value, "device_bytes_read"));
         row.extra["phase_seconds"] = r.value["phase_seconds"];
+        row.extra["chunks_crc_checked"] =
+            static_cast<uint64_t>(Num(r.value, "chunks_crc_checked"));
         const json& ph = r.value["phase_seconds"];
         Log("%s %s %d/%d: %.3f s, %.3f GB/s (metadata %.3f, planning %.3f, "
             "read %.3f s), peak RSS %.1f MiB, verified",
@@ -1146,6 +1155,7 @@ json Bench::ToJson() const {
   j["dir"] = dir_;
   j["work_dir"] = work_.string();
   j["kept"] = o_.keep;
+  j["verify_checksums"] = o_.verify_checksums;
   j["cold_method"] = can_drop_ ? "drop_caches" : "unavailable";
   j["cpus"] = DefaultThreads();
   j["model"] = {{"layers", model_.config.layers},
@@ -1177,6 +1187,9 @@ void Bench::PrintTable() const {
   std::cout << absl::StrFormat("dir: %s (work folder %s%s)\n", dir_,
                                work_.filename().string(),
                                o_.keep ? ", kept" : ", removed");
+  if (!o_.verify_checksums) {
+    std::cout << "loads without the CRC32C check of each chunk (--no-verify)\n";
+  }
   const std::string header = absl::StrFormat(
       "%-20s %-5s %-5s %5s %9s %8s %8s %9s %9s", "phase", "kind", "cache",
       "ranks", "seconds", "GB/s", "memcpy", "RSS MiB", "held MiB");
@@ -1301,6 +1314,12 @@ int Bench::Run() {
           HumanBytes(std::min(bytes_, kMemcpyMaxBytes)), DefaultThreads()),
   };
   if (o_.keep) notes_.push_back(absl::StrCat("kept ", work_.string()));
+  if (!o_.verify_checksums) {
+    notes_.push_back(
+        "--no-verify: the loads did not check the chunks' CRC32C "
+        "(cairn checks them by default); elements were still compared "
+        "after each load.");
+  }
   if (o_.json) {
     std::cout << ToJson().dump() << std::endl;
   } else {
@@ -1379,6 +1398,10 @@ void RegisterBench(CLI::App& app) {
   cmd->add_flag("--keep", o->keep,
                 "keep the checkpoints (the sync one, and the last async one) "
                 "in the work folder");
+  cmd->add_flag("--no-verify{false}", o->verify_checksums,
+                "loads skip the CRC32C check of the chunks they read "
+                "(LoadOptions::verify_checksums = false), to see what the "
+                "check costs; the elements are still compared afterwards");
   cmd->add_flag("-q,--quiet", o->quiet, "no progress lines on stderr");
   cmd->footer(
       "Phases, each sample in a fresh child process (ranks as its threads,\n"

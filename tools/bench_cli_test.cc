@@ -223,6 +223,37 @@ TEST_F(BenchCliTest, PhasesAndIoSettingsChooseWhatRuns) {
   EXPECT_TRUE(j["memcpy_gb_per_s"].is_number());
 }
 
+// --no-verify turns the loads' CRC32C checks off, and the JSON says so: by
+// default every load row checked chunks, with it none did.
+TEST_F(BenchCliTest, NoVerifySkipsTheChecksumsAndSaysSo) {
+  for (const bool verify : {true, false}) {
+    SCOPED_TRACE(verify);
+    Result r = Run("bench --dir " + Dir() +
+                   " --size 1MiB --cold none -q --json --phases load" +
+                   (verify ? "" : " --no-verify"));
+    ASSERT_EQ(r.rc, 0) << r.all();
+    nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["verify_checksums"], verify);
+    int loads = 0;
+    for (const nlohmann::json& row : j["results"]) {
+      if (row["kind"] != "load") continue;
+      ++loads;
+      ASSERT_TRUE(row["chunks_crc_checked"].is_number()) << row.dump();
+      if (verify) {
+        EXPECT_GT(row["chunks_crc_checked"].get<int64_t>(), 0) << row.dump();
+      } else {
+        EXPECT_EQ(row["chunks_crc_checked"].get<int64_t>(), 0) << row.dump();
+      }
+    }
+    EXPECT_EQ(loads, 5);
+  }
+  Result table = Run("bench --dir " + Dir() +
+                     " --size 1MiB --cold none -q --phases load --no-verify");
+  ASSERT_EQ(table.rc, 0) << table.all();
+  EXPECT_THAT(table.out, HasSubstr("--no-verify"));
+}
+
 TEST_F(BenchCliTest, TableNamesEveryPhase) {
   Result r = Run("bench --dir " + Dir() + " --size 2MiB --cold none -q");
   ASSERT_EQ(r.rc, 0) << r.all();

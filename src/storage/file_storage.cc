@@ -346,6 +346,8 @@ class FileReadableFile final : public ReadableFile {
   // Smaller cached reads take one pread rather than three madvise/memcpy
   // steps.
   static constexpr uint64_t kMinMappedBytes = uint64_t{64} << 10;
+  // A view's mapping is released in blocks of this size (the PMD size).
+  static constexpr uint64_t kReleaseBlock = uint64_t{2} << 20;
 
   class MappedView final : public View {
    public:
@@ -357,7 +359,7 @@ class FileReadableFile final : public ReadableFile {
 
    private:
     const std::span<const std::byte> bytes_;
-    unsigned char* const pages_;  // page-aligned start of what was populated
+    unsigned char* const pages_;  // what is released when the view goes
     const uint64_t length_;
   };
 
@@ -370,14 +372,32 @@ class FileReadableFile final : public ReadableFile {
         end < offset || !Cached(offset, end)) {
       return nullptr;
     }
-    const uint64_t begin = offset / PageSize() * PageSize();
+    const uint64_t page = PageSize();
+    const uint64_t begin = offset / page * page;
     if (::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
       return nullptr;
     }
+    // Released in whole 2 MiB blocks of the address space, within the
+    // mapping: the page cache may hold the file in 2 MiB folios that the
+    // populate mapped whole, and unmapping part of one splits it first (a
+    // TLB flush, an interprocessor interrupt on every core, which costs a
+    // VM exit on a guest). A concurrent view of a neighbouring range may
+    // lose its mapping of the shared block that way: its reads then fault
+    // the same file pages in again, which is slower but reads the same
+    // bytes.
+    const auto at = reinterpret_cast<uintptr_t>(map_);
+    const uint64_t mapped = (size_ + page - 1) / page * page;
+    const uint64_t release_begin =
+        std::max<uint64_t>(at, (at + begin) / kReleaseBlock * kReleaseBlock) -
+        at;
+    const uint64_t release_end =
+        std::min<uint64_t>(at + mapped, (at + end + kReleaseBlock - 1) /
+                                            kReleaseBlock * kReleaseBlock) -
+        at;
     return std::make_unique<MappedView>(
         std::span<const std::byte>(
             reinterpret_cast<const std::byte*>(map_ + offset), size),
-        map_ + begin, end - begin);
+        map_ + release_begin, release_end - release_begin);
   }
 
   // True when every page of [begin, end) (inside the file) is in the page
