@@ -519,55 +519,72 @@ bool FallocateWorksIn(const std::string& dir) {
   return ok;
 }
 
-TEST(FileStorageTest, ReserveAllocatesTheFileBeforeItsWrites) {
+// A file "f" being written in a fresh directory where fallocate works;
+// `file` is null (and `why_not` says why) where it does not.
+struct NewFile {
+  NewFile() {
+    if (!FallocateWorksIn(dir.path())) {
+      why_not = "no fallocate in " + dir.path();
+      return;
+    }
+    auto s = Storage::Open(dir.path());
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return;
+    storage = *std::move(s);
+    auto f = storage->Create("f");
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (f.ok()) file = *std::move(f);
+  }
   TempDir dir;
-  if (!FallocateWorksIn(dir.path())) GTEST_SKIP() << "no fallocate here";
-  auto storage = Storage::Open(dir.path());
-  ASSERT_TRUE(storage.ok());
-  auto file = (*storage)->Create("f");
-  ASSERT_TRUE(file.ok());
+  std::unique_ptr<Storage> storage;
+  std::unique_ptr<WritableFile> file;
+  std::string why_not;
+};
+
+TEST(FileStorageTest, ReserveAllocatesTheFileBeforeItsWrites) {
+  NewFile f;
+  if (f.file == nullptr) GTEST_SKIP() << f.why_not;
+  const TempDir& dir = f.dir;
+  WritableFile* file = f.file.get();
   constexpr uint64_t kReserved = uint64_t{1} << 20;
-  ASSERT_TRUE((*file)->Reserve(kReserved).ok());
+  ASSERT_TRUE(file->Reserve(kReserved).ok());
   const std::string path = dir.path() + "/f";
   struct stat st;
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), kReserved);
   EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, kReserved);
   // Writes land inside the reservation; Finish cuts it back to the size.
-  const size_t align = std::max<size_t>(1, (*file)->alignment());
+  const size_t align = std::max<size_t>(1, file->alignment());
   absl::StatusOr<internal_core::UniqueAligned> buffer =
       internal_core::AllocateAlignedUnique(8192);
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::memset(buffer->get(), 'x', 8192);
   const uint64_t len = (5000 + align - 1) / align * align;
-  ASSERT_TRUE((*file)
-                  ->WriteAt(0, std::span<const std::byte>(buffer->get(), len))
-                  .ok());
-  ASSERT_TRUE((*file)->Finish(5000).ok());
+  ASSERT_TRUE(
+      file->WriteAt(0, std::span<const std::byte>(buffer->get(), len)).ok());
+  ASSERT_TRUE(file->Finish(5000).ok());
   EXPECT_EQ(ReadFileDirectly(path), std::string(5000, 'x'));
-  EXPECT_EQ((*file)->Reserve(4096).code(),
+  EXPECT_EQ(file->Reserve(4096).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
 // A reservation the filesystem cannot give is an error naming the file,
 // before any byte is written.
 TEST(FileStorageTest, ReserveBeyondTheFilesystemNamesTheFile) {
-  TempDir dir;
-  if (!FallocateWorksIn(dir.path())) GTEST_SKIP() << "no fallocate here";
-  auto storage = Storage::Open(dir.path());
-  ASSERT_TRUE(storage.ok());
-  auto file = (*storage)->Create("f");
-  ASSERT_TRUE(file.ok());
+  NewFile f;
+  if (f.file == nullptr) GTEST_SKIP() << f.why_not;
+  const TempDir& dir = f.dir;
+  WritableFile* file = f.file.get();
   // 2^60 bytes: more than any test machine's disk (ENOSPC) and than ext4's
   // largest file (EFBIG).
-  absl::Status huge = (*file)->Reserve(uint64_t{1} << 60);
+  absl::Status huge = file->Reserve(uint64_t{1} << 60);
   EXPECT_FALSE(huge.ok());
   EXPECT_THAT(huge.message(), HasSubstr(dir.path() + "/f"));
   EXPECT_THAT(huge.message(), HasSubstr("fallocate"));
-  absl::Status too_large = (*file)->Reserve(~uint64_t{0});
+  absl::Status too_large = file->Reserve(~uint64_t{0});
   EXPECT_EQ(too_large.code(), absl::StatusCode::kInvalidArgument) << too_large;
   EXPECT_THAT(too_large.message(), HasSubstr(dir.path() + "/f"));
-  EXPECT_TRUE((*file)->Finish(0).ok());
+  EXPECT_TRUE(file->Finish(0).ok());
 }
 
 TEST(FileStorageTest, FinishTwiceIsFailedPrecondition) {
