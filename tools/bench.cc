@@ -473,10 +473,8 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
                                 const BenchOptions& o) {
   const int world = target.ranks;
   Span span(world);
-  std::vector<uint64_t> read(static_cast<size_t>(world));
+  std::vector<LoadResult> results(static_cast<size_t>(world));
   std::vector<uint64_t> verified(static_cast<size_t>(world));
-  std::vector<uint64_t> checked(static_cast<size_t>(world));
-  std::vector<LoadPhaseTimes> phases(static_cast<size_t>(world));
   absl::Status status = CombineRankStatuses(
       RunInProcess(world, [&](Communicator& comm) -> absl::Status {
         const int rank = comm.rank();
@@ -507,23 +505,20 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
           PerfControl("load", "disable\n");
         }
         if (!loaded.ok()) return loaded.status();
-        read[r] = loaded->bytes_read;
-        checked[r] = loaded->chunks_verified;
-        phases[r] = loaded->phases;
+        results[r] = *std::move(loaded);
         CAIRN_RETURN_IF_ERROR(VerifyPieces(pieces, threads));
         verified[r] = PieceBytes(pieces);
         return absl::OkStatus();
       }));
   if (!status.ok()) return status;
   uint64_t bytes_read = 0, bytes_verified = 0, chunks_checked = 0;
-  for (int r = 0; r < world; ++r) {
-    bytes_read += read[static_cast<size_t>(r)];
-    bytes_verified += verified[static_cast<size_t>(r)];
-    chunks_checked += checked[static_cast<size_t>(r)];
-  }
-  // The slowest rank's time in each phase of the load.
+  for (uint64_t v : verified) bytes_verified += v;
+  // Bytes and chunks over the ranks; the slowest rank's time in each phase.
   LoadPhaseTimes slowest;
-  for (const LoadPhaseTimes& p : phases) {
+  for (const LoadResult& result : results) {
+    bytes_read += result.bytes_read;
+    chunks_checked += result.chunks_verified;
+    const LoadPhaseTimes& p = result.phases;
     slowest.metadata = std::max(slowest.metadata, p.metadata);
     slowest.planning = std::max(slowest.planning, p.planning);
     slowest.read = std::max(slowest.read, p.read);
