@@ -336,13 +336,18 @@ absl::Status Prewarm(const fs::path& dir) {
 // Profiling only the timed operations: with CAIRN_BENCH_PERF_CTL naming
 // the control FIFO of `perf record --control fifo:CTL -D -1`, rank 0 turns
 // perf's sampling on at the start of each timed operation and off after
-// it; CAIRN_BENCH_PERF_KIND=save|async|load limits that to one kind of
-// phase. Unset (the normal case), this does nothing.
-void PerfControl(const char* kind, const char* command) {
+// it; CAIRN_BENCH_PERF_KIND=save|async|load, or a row's name (load_same,
+// load_4to2_cols, ...), limits that to one kind of phase or one row.
+// Unset (the normal case), this does nothing.
+void PerfControl(const char* kind, const std::string& row,
+                 const char* command) {
   static const char* path = std::getenv("CAIRN_BENCH_PERF_CTL");
   static const char* only = std::getenv("CAIRN_BENCH_PERF_KIND");
   if (path == nullptr || *path == '\0') return;
-  if (only != nullptr && *only != '\0' && strcmp(only, kind) != 0) return;
+  if (only != nullptr && *only != '\0' && only != std::string_view(kind) &&
+      only != row) {
+    return;
+  }
   const int fd = open(path, O_WRONLY | O_CLOEXEC);
   if (fd < 0) return;
   (void)!write(fd, command, strlen(command));
@@ -370,7 +375,7 @@ absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
         options.write_buffer_bytes = o.buffer_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
-          PerfControl("save", "enable\n");
+          PerfControl("save", "save_sync", "enable\n");
           span.MarkCpuStart();
         }
         span.start[static_cast<size_t>(rank)] = MonotonicSeconds();
@@ -379,7 +384,7 @@ absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
           span.MarkCpuEnd();
-          PerfControl("save", "disable\n");
+          PerfControl("save", "save_sync", "disable\n");
         }
         return saved.status();  // Save agreed on it across the ranks
       }));
@@ -425,11 +430,15 @@ absl::StatusOr<json> AsyncSample(const std::vector<SyntheticTensor>& tensors,
           CAIRN_RETURN_IF_ERROR(comm.Barrier());
           const double start = MonotonicSeconds();
           blocked[i].start[r] = total[i].start[r] = start;
-          if (rank == 0 && i == 1) PerfControl("async", "enable\n");
+          if (rank == 0 && i == 1) {
+            PerfControl("async", "async_save", "enable\n");
+          }
           absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> handle =
               (*saver)->Save(sd, urls[i], save_options);
           blocked[i].end[r] = MonotonicSeconds();
-          if (rank == 0 && i == 1) PerfControl("async", "disable\n");
+          if (rank == 0 && i == 1) {
+            PerfControl("async", "async_save", "disable\n");
+          }
           // A staging failure is this rank's alone; agree before waiting.
           CAIRN_RETURN_IF_ERROR(AgreeOnStatus(comm, handle.status()));
           absl::StatusOr<SaveResult> saved = (*handle)->Wait();
@@ -493,7 +502,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         options.verify_checksums = o.verify_checksums;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
-          PerfControl("load", "enable\n");
+          PerfControl("load", target.name, "enable\n");
           span.MarkCpuStart();
         }
         span.start[r] = MonotonicSeconds();
@@ -502,7 +511,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
           span.MarkCpuEnd();
-          PerfControl("load", "disable\n");
+          PerfControl("load", target.name, "disable\n");
         }
         if (!loaded.ok()) return loaded.status();
         results[r] = *std::move(loaded);

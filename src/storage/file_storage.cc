@@ -40,6 +40,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -78,6 +79,24 @@ constexpr int kMadvPopulateRead = MADV_POPULATE_READ;
 #else
 constexpr int kMadvPopulateRead = 22;
 #endif
+
+// cachestat(2), Linux 6.5: how many pages of a file range are in the page
+// cache, counted over its folios, without mapping anything. Debian 12's
+// headers predate it, so the number and structs are declared here (the
+// syscall number is the same on every architecture since 4.x's unified
+// table).
+constexpr long kCachestatSyscall = 451;
+struct CachestatRange {
+  uint64_t off;
+  uint64_t len;
+};
+struct Cachestat {
+  uint64_t nr_cache;
+  uint64_t nr_dirty;
+  uint64_t nr_writeback;
+  uint64_t nr_evicted;
+  uint64_t nr_recently_evicted;
+};
 
 uint64_t PageSize() {
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -261,12 +280,15 @@ class FileWritableFile final : public WritableFile {
 class FileReadableFile final : public ReadableFile {
  public:
   // `direct_fd`: the same file opened with O_DIRECT, or -1. `copy_mapped`:
-  // copy cached ranges out of the mapping.
-  FileReadableFile(int fd, int direct_fd, bool copy_mapped, std::string path,
-                   uint64_t size)
+  // copy cached ranges out of the mapping. `cachestat`: ask the page cache
+  // with cachestat(2) (falling back to mincore() where the kernel lacks
+  // it); false: mincore() only.
+  FileReadableFile(int fd, int direct_fd, bool copy_mapped, bool cachestat,
+                   std::string path, uint64_t size)
       : fd_(fd),
         direct_fd_(direct_fd),
         copy_mapped_(copy_mapped),
+        cachestat_(cachestat),
         path_(std::move(path)),
         size_(size) {
     if ((direct_fd_ >= 0 || copy_mapped_) && size_ > 0) {
@@ -401,9 +423,25 @@ class FileReadableFile final : public ReadableFile {
   }
 
   // True when every page of [begin, end) (inside the file) is in the page
-  // cache. A failing mincore() says no: the read then goes direct, which is
-  // always correct.
+  // cache. cachestat(2) counts them over the cache's folios in one call;
+  // mincore() on the (unpopulated) mapping looks up every 4 KiB page, which
+  // cost 4.4 ms per cached 256 MiB here against 0.04 ms. A kernel without
+  // cachestat (before 6.5, or a seccomp filter refusing it) is asked with
+  // mincore() from then on. Either failing says no: the read then goes
+  // direct, which is always correct.
   bool Cached(uint64_t begin, uint64_t end) const {
+    if (end <= begin) return true;
+    static std::atomic<bool> cachestat_works{true};
+    if (cachestat_ && cachestat_works.load(std::memory_order_relaxed)) {
+      CachestatRange range{begin, end - begin};
+      Cachestat stat{};
+      if (::syscall(kCachestatSyscall, fd_, &range, &stat, 0) == 0) {
+        const uint64_t page = PageSize();
+        return stat.nr_cache == (end - 1) / page - begin / page + 1;
+      }
+      if (errno != ENOSYS && errno != EPERM) return false;
+      cachestat_works.store(false, std::memory_order_relaxed);
+    }
     return Resident(map_ + begin, end - begin);
   }
 
@@ -461,6 +499,7 @@ class FileReadableFile final : public ReadableFile {
   const int fd_;
   const int direct_fd_;
   const bool copy_mapped_;
+  const bool cachestat_;
   const std::string path_;
   const uint64_t size_;
   // The whole file, mapped read-only: asked by mincore(), and its pages
@@ -618,7 +657,8 @@ class FileStorage final : public Storage {
       } while (direct_fd < 0 && errno == EINTR);
     }
     return std::make_unique<FileReadableFile>(
-        fd, direct_fd, options_.map_cached_reads, path,
+        fd, direct_fd, options_.map_cached_reads,
+        !test_options_.probe_cache_with_mincore, path,
         static_cast<uint64_t>(st.st_size));
   }
 

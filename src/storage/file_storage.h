@@ -26,6 +26,9 @@ struct FileStorageTestOptions {
   // filesystem that refuses O_DIRECT (tmpfs before Linux 6.6; since 6.6
   // tmpfs accepts it, so /dev/shm no longer exercises the fallback).
   bool refuse_direct_io = false;
+  // Whether file pages are cached is asked of mincore() only, as on a
+  // kernel without cachestat(2) (before 6.5).
+  bool probe_cache_with_mincore = false;
 };
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorageForTesting(
     std::string path, const StorageOptions& options,

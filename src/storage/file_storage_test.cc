@@ -245,11 +245,11 @@ bool WriteColdFile(const std::string& path, const std::string& bytes) {
 
 // A 3 MiB file "data" of patterned bytes (the pattern shifted by `shift`),
 // durable and out of the page cache, opened through a storage that reads
-// O_DIRECT; `file` stays null (the test skips) where O_DIRECT or evicting
-// is not possible here.
+// O_DIRECT (with `test_options`); `file` stays null (the test skips) where
+// O_DIRECT or evicting is not possible here.
 struct ColdFile {
-  explicit ColdFile(int shift) : path(dir.path() + "/data"),
-                                 bytes(size_t{3} << 20, '\0') {
+  explicit ColdFile(int shift, const FileStorageTestOptions& test_options = {})
+      : path(dir.path() + "/data"), bytes(size_t{3} << 20, '\0') {
     for (size_t i = 0; i < bytes.size(); ++i) {
       bytes[i] = static_cast<char>((i * 2654435761u) >> shift);
     }
@@ -258,7 +258,8 @@ struct ColdFile {
                 ": no O_DIRECT, or the page cache cannot be dropped here";
       return;
     }
-    auto s = Storage::Open(dir.path(), StorageOptions{.direct_io = true});
+    auto s = OpenFileStorageForTesting(
+        dir.path(), StorageOptions{.direct_io = true}, test_options);
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return;
     storage = *std::move(s);
@@ -313,9 +314,11 @@ TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
 // Reads of every alignment return the file's bytes whether they come from
 // the page cache or from the device: an uncached aligned middle is read with
 // O_DIRECT (so it stays out of the cache), its head and tail and anything
-// cached through the cache, an unaligned destination buffered.
-TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
-  ColdFile cold(13);
+// cached through the cache, an unaligned destination buffered. Whether a
+// range is cached is asked of cachestat(2), or of mincore() where the kernel
+// lacks cachestat (`test_options` can force that).
+void ExpectReadsExactCachedOrNot(const FileStorageTestOptions& test_options) {
+  ColdFile cold(13, test_options);
   if (cold.file == nullptr) GTEST_SKIP() << cold.why_not;
   const std::string& path = cold.path;
   const std::string& bytes = cold.bytes;
@@ -422,11 +425,36 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
     ::munmap(fresh, bytes.size());
   }
   EXPECT_LT(RssFileKiB() - rss_before, 1024) << "KiB of file pages left mapped";
+  // One page evicted: a range that has its first byte, or only its last,
+  // is not wholly cached (where the kernel can evict a lone page of a large
+  // folio at all).
+  {
+    const uint64_t hole = (1 << 20) + 65536;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ::posix_fadvise(fd, static_cast<off_t>(hole), 4096, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    if (CachedPages(path, hole, hole + 4096) == 0 &&
+        CachedPages(path, 1 << 20, hole) == 16) {
+      EXPECT_EQ(file.ViewIfInMemory(1 << 20, 65537), nullptr);
+      EXPECT_EQ(file.ViewIfInMemory(hole + 4095, 65536), nullptr);
+      EXPECT_NE(file.ViewIfInMemory(1 << 20, 65536), nullptr);
+      EXPECT_NE(file.ViewIfInMemory(hole + 4096, 65536), nullptr);
+    }
+  }
   // Past the end: kDataLoss naming the file, also on the direct path.
   std::vector<std::byte> big(size_t{2} << 20);
   absl::Status past = file.ReadAt((2 << 20) - 4096, std::span(big));
   EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
   EXPECT_THAT(past.message(), HasSubstr(path));
+}
+
+TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
+  ExpectReadsExactCachedOrNot({});
+}
+
+TEST(FileStorageTest, ReadsAreExactCachedOrNotAskingMincore) {
+  ExpectReadsExactCachedOrNot({.probe_cache_with_mincore = true});
 }
 
 // With both read paths off, every read is a buffered pread; still exact.
