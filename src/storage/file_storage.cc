@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -263,8 +264,9 @@ class FileWritableFile final : public WritableFile {
 // buffered pread when the destination is already faulted in (the common
 // case: a model's parameters exist before they are loaded into), else from
 // a read-only mapping of the file (MADV_POPULATE_READ maps the range in one
-// call, memcpy copies it, MADV_DONTNEED unmaps it again so the pages never
-// count against this process's memory). The kernel's own copy (pread)
+// call, memcpy copies it, MADV_DONTNEED unmaps it again, in batches of 8 MiB
+// per file, so the pages count against this process's memory only
+// briefly). The kernel's own copy (pread)
 // writes each destination page from kernel mode, which on the PVM guests we
 // benchmark on costs a hypervisor exit per 4 KiB page the first time; the
 // user-space copy does not. Into resident pages the kernel's copy is the
@@ -275,20 +277,30 @@ class FileWritableFile final : public WritableFile {
 // fills it, with as many requests in flight as there are reader threads:
 // its 4096-aligned middle, when the destination address has the same
 // alignment, with the unaligned head and tail buffered.
-// Whether file pages are cached, and whether destination pages are
-// resident, is asked of mincore(), which touches neither.
+// Whether file pages are cached is asked of cachestat(2) (mincore() before
+// Linux 6.5), whether destination pages are resident of mincore(); neither
+// touches the pages.
 class FileReadableFile final : public ReadableFile {
  public:
-  // `direct_fd`: the same file opened with O_DIRECT, or -1. `copy_mapped`:
-  // copy cached ranges out of the mapping. `cachestat`: ask the page cache
-  // with cachestat(2) (falling back to mincore() where the kernel lacks
-  // it); false: mincore() only.
-  FileReadableFile(int fd, int direct_fd, bool copy_mapped, bool cachestat,
+  struct Options {
+    // Copy cached ranges out of the mapping, and give views of them.
+    bool copy_mapped = true;
+    // Ask the page cache with cachestat(2), falling back to mincore() where
+    // the kernel lacks it; false: mincore() only.
+    bool cachestat = true;
+    // Ended views' pages are unmapped once this many bytes of them (or of
+    // the blocks between them) are waiting.
+    uint64_t release_batch = uint64_t{8} << 20;
+  };
+
+  // `direct_fd`: the same file opened with O_DIRECT, or -1.
+  FileReadableFile(int fd, int direct_fd, const Options& options,
                    std::string path, uint64_t size)
       : fd_(fd),
         direct_fd_(direct_fd),
-        copy_mapped_(copy_mapped),
-        cachestat_(cachestat),
+        copy_mapped_(options.copy_mapped),
+        cachestat_(options.cachestat),
+        release_batch_(std::max<uint64_t>(options.release_batch, 1)),
         path_(std::move(path)),
         size_(size) {
     if ((direct_fd_ >= 0 || copy_mapped_) && size_ > 0) {
@@ -326,8 +338,9 @@ class FileReadableFile final : public ReadableFile {
   }
 
   // The mapping's pages of a wholly cached range, populated in one call and
-  // unmapped again (MADV_DONTNEED; the page cache keeps them) when the view
-  // goes, so they count against this process's memory only meanwhile.
+  // unmapped again (MADV_DONTNEED; the page cache keeps them) in a batch
+  // after the view goes (see ViewEnded), so they count against this
+  // process's memory only meanwhile.
   std::unique_ptr<View> ViewIfInMemory(uint64_t offset,
                                        uint64_t size) const override {
     return copy_mapped_ ? MapCached(offset, size) : nullptr;
@@ -373,16 +386,19 @@ class FileReadableFile final : public ReadableFile {
 
   class MappedView final : public View {
    public:
-    MappedView(std::span<const std::byte> bytes, unsigned char* pages,
-               uint64_t length)
-        : bytes_(bytes), pages_(pages), length_(length) {}
-    ~MappedView() override { (void)::madvise(pages_, length_, MADV_DONTNEED); }
+    // `block`: where its blocks begin in the mapping, `block_end`: where
+    // they end.
+    MappedView(std::span<const std::byte> bytes, const FileReadableFile* file,
+               uint64_t block, uint64_t block_end)
+        : bytes_(bytes), file_(file), block_(block), block_end_(block_end) {}
+    ~MappedView() override { file_->ViewEnded(block_, block_end_); }
     std::span<const std::byte> bytes() const override { return bytes_; }
 
    private:
     const std::span<const std::byte> bytes_;
-    unsigned char* const pages_;  // what is released when the view goes
-    const uint64_t length_;
+    const FileReadableFile* const file_;
+    const uint64_t block_;
+    const uint64_t block_end_;
   };
 
   // [offset, offset + size) of the mapping, populated in one call, when it
@@ -396,30 +412,68 @@ class FileReadableFile final : public ReadableFile {
     }
     const uint64_t page = PageSize();
     const uint64_t begin = offset / page * page;
-    if (::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
-      return nullptr;
-    }
-    // Released in whole 2 MiB blocks of the address space, within the
-    // mapping: the page cache may hold the file in 2 MiB folios that the
-    // populate mapped whole, and unmapping part of one splits it first (a
-    // TLB flush, an interprocessor interrupt on every core, which costs a
-    // VM exit on a guest). A concurrent view of a neighbouring range may
-    // lose its mapping of the shared block that way: its reads then fault
-    // the same file pages in again, which is slower but reads the same
-    // bytes.
+    // The view's blocks: whole 2 MiB blocks of the address space, within
+    // the mapping. The page cache may hold the file in 2 MiB folios that
+    // the populate mapped whole, and unmapping part of one splits it first
+    // (a TLB flush, an interprocessor interrupt on every core, which costs
+    // a VM exit on a guest).
     const auto at = reinterpret_cast<uintptr_t>(map_);
     const uint64_t mapped = (size_ + page - 1) / page * page;
-    const uint64_t release_begin =
+    const uint64_t block =
         std::max<uint64_t>(at, (at + begin) / kReleaseBlock * kReleaseBlock) -
         at;
-    const uint64_t release_end =
+    const uint64_t block_end =
         std::min<uint64_t>(at + mapped, (at + end + kReleaseBlock - 1) /
                                             kReleaseBlock * kReleaseBlock) -
         at;
+    {
+      // In use before it is populated, so that no release takes it back.
+      absl::MutexLock lock(&release_mu_);
+      live_blocks_.emplace(block, block_end);
+    }
+    if (::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
+      ViewEnded(block, block_end);
+      return nullptr;
+    }
     return std::make_unique<MappedView>(
         std::span<const std::byte>(
             reinterpret_cast<const std::byte*>(map_ + offset), size),
-        map_ + release_begin, release_end - release_begin);
+        this, block, block_end);
+  }
+
+  // A view of blocks [block, block_end) has ended. Its pages stay mapped
+  // (they count in this process's RSS) until release_batch_ bytes of
+  // ended views' blocks wait, then go together (the page cache keeps
+  // them): every unmapping is a TLB flush on every core, which on a guest
+  // cost 15% of a column-resharding load when each view did its own. The
+  // blocks of views still in use are skipped, so those keep their mapping;
+  // their own end puts them back in the waiting range.
+  void ViewEnded(uint64_t block, uint64_t block_end) const {
+    absl::MutexLock lock(&release_mu_);
+    auto [first, last] = live_blocks_.equal_range(block);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == block_end) {
+        live_blocks_.erase(it);
+        break;
+      }
+    }
+    waiting_begin_ = std::min(waiting_begin_, block);
+    waiting_end_ = std::max(waiting_end_, block_end);
+    if (waiting_end_ - waiting_begin_ < release_batch_) return;
+    uint64_t from = waiting_begin_;
+    auto release_until = [&](uint64_t until) {
+      if (until > from) {
+        (void)::madvise(map_ + from, until - from, MADV_DONTNEED);
+      }
+    };
+    for (const auto& [begin, end] : live_blocks_) {
+      if (begin >= waiting_end_) break;
+      release_until(begin);
+      from = std::max(from, end);
+    }
+    release_until(waiting_end_);
+    waiting_begin_ = std::numeric_limits<uint64_t>::max();
+    waiting_end_ = 0;
   }
 
   // True when every page of [begin, end) (inside the file) is in the page
@@ -500,11 +554,21 @@ class FileReadableFile final : public ReadableFile {
   const int direct_fd_;
   const bool copy_mapped_;
   const bool cachestat_;
+  const uint64_t release_batch_;
   const std::string path_;
   const uint64_t size_;
   // The whole file, mapped read-only: asked by mincore(), and its pages
   // populated only for the range being copied or viewed.
   unsigned char* map_ = nullptr;
+  // Views' blocks (offsets in the mapping), for ViewEnded.
+  mutable absl::Mutex release_mu_;
+  // The blocks of every view in use: first -> end.
+  mutable std::multimap<uint64_t, uint64_t> live_blocks_
+      ABSL_GUARDED_BY(release_mu_);
+  // Ended views' blocks still mapped lie in [waiting_begin_, waiting_end_).
+  mutable uint64_t waiting_begin_ ABSL_GUARDED_BY(release_mu_) =
+      std::numeric_limits<uint64_t>::max();
+  mutable uint64_t waiting_end_ ABSL_GUARDED_BY(release_mu_) = 0;
 };
 
 class FileStorage final : public Storage {
@@ -656,9 +720,14 @@ class FileStorage final : public Storage {
         direct_fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
       } while (direct_fd < 0 && errno == EINTR);
     }
+    FileReadableFile::Options read_options;
+    read_options.copy_mapped = options_.map_cached_reads;
+    read_options.cachestat = !test_options_.probe_cache_with_mincore;
+    if (test_options_.view_release_batch > 0) {
+      read_options.release_batch = test_options_.view_release_batch;
+    }
     return std::make_unique<FileReadableFile>(
-        fd, direct_fd, options_.map_cached_reads,
-        !test_options_.probe_cache_with_mincore, path,
+        fd, direct_fd, read_options, path,
         static_cast<uint64_t>(st.st_size));
   }
 

@@ -29,6 +29,9 @@ struct FileStorageTestOptions {
   // Whether file pages are cached is asked of mincore() only, as on a
   // kernel without cachestat(2) (before 6.5).
   bool probe_cache_with_mincore = false;
+  // Ended views' pages are unmapped once this many bytes of them wait
+  // (0: the default, 8 MiB).
+  uint64_t view_release_batch = 0;
 };
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorageForTesting(
     std::string path, const StorageOptions& options,

@@ -316,8 +316,11 @@ TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
 // O_DIRECT (so it stays out of the cache), its head and tail and anything
 // cached through the cache, an unaligned destination buffered. Whether a
 // range is cached is asked of cachestat(2), or of mincore() where the kernel
-// lacks cachestat (`test_options` can force that).
-void ExpectReadsExactCachedOrNot(const FileStorageTestOptions& test_options) {
+// lacks cachestat (`test_options` can force that). Ended views are
+// released as soon as 1 MiB of them waits (every one here), so that each
+// step starts with nothing mapped.
+void ExpectReadsExactCachedOrNot(FileStorageTestOptions test_options) {
+  test_options.view_release_batch = 1 << 20;
   ColdFile cold(13, test_options);
   if (cold.file == nullptr) GTEST_SKIP() << cold.why_not;
   const std::string& path = cold.path;
@@ -390,9 +393,10 @@ void ExpectReadsExactCachedOrNot(const FileStorageTestOptions& test_options) {
     EXPECT_GE(RssFileKiB() - rss_before, 1024) << "the view is mapped";
     view.reset();
     EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
-    // Views are released in whole 2 MiB blocks, which may unmap part of a
-    // neighbouring view still in use: its bytes read the same afterwards
-    // (faulted in again from the page cache).
+    // Views are released in whole 2 MiB blocks. Ended ones wait for a view
+    // still in use that shares their first block, until 4 batches wait:
+    // then they go anyway, unmapping part of the view in use, whose bytes
+    // read the same afterwards (faulted in again from the page cache).
     std::unique_ptr<ReadableFile::View> a =
         file.ViewIfInMemory(100000, 1 << 20);
     std::unique_ptr<ReadableFile::View> b =
@@ -455,6 +459,48 @@ TEST(FileStorageTest, ReadsAreExactCachedOrNot) {
 
 TEST(FileStorageTest, ReadsAreExactCachedOrNotAskingMincore) {
   ExpectReadsExactCachedOrNot({.probe_cache_with_mincore = true});
+}
+
+// Ended views stay mapped until a batch of them waits, then go in one
+// unmapping, which stops below the first block of a view still in use.
+TEST(FileStorageTest, EndedViewsAreReleasedInBatches) {
+  ColdFile cold(5, {.view_release_batch = 3 << 20});  // the whole file
+  if (cold.file == nullptr) GTEST_SKIP() << cold.why_not;
+  ASSERT_EQ(ReadFileDirectly(cold.path), cold.bytes);  // cached now
+  ReadableFile& file = *cold.file;
+  auto view = [&](uint64_t offset, uint64_t size) {
+    std::unique_ptr<ReadableFile::View> v = file.ViewIfInMemory(offset, size);
+    EXPECT_NE(v, nullptr);
+    if (v != nullptr) {
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(v->bytes().data()),
+                            v->bytes().size()),
+                cold.bytes.substr(offset, size));
+    }
+    return v;
+  };
+  const int64_t rss_before = RssFileKiB();
+  // Blocks [0, 2 MiB) wait, less than a batch: still mapped.
+  view(0, 1 << 20).reset();
+  EXPECT_GE(RssFileKiB() - rss_before, 1024) << "KiB mapped after one view";
+  // Blocks [2 MiB, 3 MiB) too: a batch, released.
+  view(2 << 20, 512 << 10).reset();
+  EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
+  // A view in use from block [2 MiB, 3 MiB) holds that block back.
+  std::unique_ptr<ReadableFile::View> in_use = view((2 << 20) + 4096, 65536);
+  view(0, 1 << 20).reset();
+  view((3 << 19), 1 << 20).reset();  // [1.5, 2.5) MiB: blocks [0, 3 MiB)
+  // Block [2 MiB, 3 MiB) stays as populated: the view in use, and the half
+  // MiB of it the ended view mapped.
+  const int64_t kept = RssFileKiB() - rss_before;
+  EXPECT_GE(kept, 512) << "KiB of the view in use's block kept mapped";
+  EXPECT_LE(kept, 1024 + 64) << "KiB mapped, more than that block";
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(in_use->bytes().data()),
+                        in_use->bytes().size()),
+            cold.bytes.substr((2 << 20) + 4096, 65536));
+  in_use.reset();
+  // Closing the file unmaps whatever still waits.
+  cold.file.reset();
+  EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
 }
 
 // With both read paths off, every read is a buffered pread; still exact.
