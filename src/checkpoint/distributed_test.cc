@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "storage/fault_injection.h"
 
 namespace cairn {
@@ -382,6 +383,51 @@ TEST(DistributedTest, FailureInAnyLoadPhaseReachesEveryRank) {
       EXPECT_THAT(Msg(st[0]), HasSubstr("on 1 of 3 ranks"));
     }
   }
+}
+
+// The coordinator reads metadata.json and sends its bytes; every rank
+// decodes them, the coordinator alone checks chunk coverage. Damaged
+// metadata fails every rank alike either way, naming the file.
+TEST(DistributedTest, DamagedMetadataFailsEveryRank) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("ckpt");
+  ASSERT_TRUE(SaveRanks(dir, Pattern::kRows, 4, 5).ok());
+  const std::string path = dir + "/metadata.json";
+  const std::string good = testing_util::ReadFile(path);
+  auto load = [&] {
+    return OnRanks(3, [&](Communicator& comm) {
+      RankState s = MakeRankState(Pattern::kCols, 3, comm.rank(), 5, true,
+                                  comm.rank());
+      LoadOptions o;
+      o.comm = &comm;
+      return Load(s.sd, dir, o).status();
+    });
+  };
+  // Cut short: no rank can decode it.
+  testing_util::WriteFile(path, good.substr(0, good.size() / 2));
+  std::vector<absl::Status> st = load();
+  ExpectSameError(st, path);
+  EXPECT_THAT(Msg(st[0]), HasSubstr("on 3 of 3 ranks"));
+  // One chunk gone: it decodes everywhere, and the coordinator's coverage
+  // check fails the load on every rank.
+  nlohmann::json j = nlohmann::json::parse(good);
+  std::string fqn;
+  for (auto& [name, tensor] : j["tensors"].items()) {
+    if (tensor["chunks"].size() > 1) {
+      tensor["chunks"].erase(tensor["chunks"].begin());
+      fqn = name;
+      break;
+    }
+  }
+  ASSERT_FALSE(fqn.empty());
+  testing_util::WriteFile(path, j.dump());
+  st = load();
+  ExpectSameError(st, "elements are in no chunk");
+  EXPECT_THAT(Msg(st[0]), HasSubstr(fqn));
+  EXPECT_THAT(Msg(st[0]), HasSubstr(path));
+  EXPECT_THAT(Msg(st[0]), HasSubstr("on 1 of 3 ranks: rank 0:"));
+  testing_util::WriteFile(path, good);
+  ExpectAllOk(load());
 }
 
 // The plan cache: an unchanged structure reuses the plan (values still
