@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -246,6 +247,32 @@ TEST(InProcessTest, RankThatLeavesEarlyAbortsTheOthersInsteadOfHanging) {
       EXPECT_NE(statuses[r].message().find("rank 2"), absl::string_view::npos)
           << statuses[r];
     }
+  }
+}
+
+// A rank waits for the others by polling for a while, then by sleeping:
+// collectives complete and agree both when the others arrive within the
+// poll and when they arrive long after it.
+TEST(InProcessTest, CollectivesCompleteWhetherTheOthersArriveSoonOrLate) {
+  for (int late_ms : {0, 5}) {
+    ExpectAllOk(4, [late_ms](Communicator& comm) -> absl::Status {
+      for (int round = 0; round < 5; ++round) {
+        // A different rank is the late one each round.
+        if (comm.rank() == round % 4) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+        }
+        int64_t value = comm.rank() + round;
+        absl::Status s =
+            comm.AllReduce(std::span<int64_t>(&value, 1), ReduceOp::kSum);
+        if (!s.ok()) return s;
+        if (value != 0 + 1 + 2 + 3 + 4 * round) {
+          return absl::InternalError("wrong sum");
+        }
+        s = comm.Barrier();
+        if (!s.ok()) return s;
+      }
+      return absl::OkStatus();
+    });
   }
 }
 
