@@ -176,6 +176,10 @@ struct LoadResult {
   int world_size = 1;
   // Ranks in this rank's replica group (1: it read everything itself).
   int replica_group_size = 1;
+  // Threads this rank's reads ran on: LoadOptions::io_threads, or one per
+  // core (when fewer) if everything it read was in memory already (the
+  // page cache), where more threads than cores only take turns.
+  int io_threads = 0;
   LoadPhaseTimes phases;
   double seconds = 0;            // wall time of the whole load
 };

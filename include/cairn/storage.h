@@ -129,6 +129,13 @@ class ReadableFile {
                                                uint64_t size) const {
     return nullptr;
   }
+
+  // True when the backend holds all of [offset, offset + size) in memory
+  // already (the file backend: in the page cache), so reading it is a copy,
+  // with no device to keep busy: the loader then reads on one thread per
+  // core rather than LoadOptions::io_threads. A hint, and may be stale by
+  // the time of the read. Default: false.
+  virtual bool InMemory(uint64_t offset, uint64_t size) const { return false; }
 };
 
 class Storage {

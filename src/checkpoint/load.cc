@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -484,6 +485,32 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // LoadOptions::io_threads, or one per core (when fewer) when every byte
+  // the tasks read is in memory already: such reads are copies, and threads
+  // beyond the cores only take turns (4 in-process ranks of 8 threads each
+  // loaded a cached 256 MiB checkpoint 10-20% slower than of 2 each on a
+  // 2-core VM). Asked per file, of the span from its first task to its
+  // last.
+  int ReadThreads() const {
+    const int threads = std::max(1, options_.io_threads);
+    const int cores = internal_core::CpuThreads(threads);
+    if (cores >= threads || tasks_.empty()) return threads;
+    std::vector<std::pair<uint64_t, uint64_t>> span(
+        files_.size(), {std::numeric_limits<uint64_t>::max(), 0});
+    for (const ReadTask& t : tasks_) {
+      auto& [begin, end] = span[t.file];
+      begin = std::min(begin, t.file_offset);
+      end = std::max(end, t.file_offset + t.span);
+    }
+    for (size_t f = 0; f < span.size(); ++f) {
+      const auto& [begin, end] = span[f];
+      if (end > begin && !files_[f].file->InMemory(begin, end - begin)) {
+        return threads;
+      }
+    }
+    return cores;
+  }
+
   // Runs one read task; sets *crc to the CRC32C of the bytes read when the
   // task is a piece of a checked chunk.
   absl::Status RunTask(const ReadTask& t, BufferPool& pool, uint32_t* crc) {
@@ -579,7 +606,8 @@ class Loader {
       return std::pair(tasks_[a].file, tasks_[a].file_offset) <
              std::pair(tasks_[b].file, tasks_[b].file_offset);
     });
-    const int threads = std::max(1, options_.io_threads);
+    const int threads = ReadThreads();
+    result_.io_threads = threads;
     BufferPool pool(std::max<uint64_t>(options_.bounce_buffer_bytes,
                                        internal_core::kIoAlignment),
                     threads);

@@ -2,12 +2,17 @@
 // every byte. Shapes, cuts, dtypes, strides and IO buffer sizes are random
 // (fixed seed), so every read mode (direct, coalesced span, per-run) and
 // both contiguous and strided sources and destinations are exercised.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -427,6 +432,57 @@ TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
   EXPECT_NE(r.status().message().find("crc32c mismatch"), std::string::npos)
       << r.status();
   EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status();
+}
+
+// A load whose bytes are all in the page cache reads on one thread per core
+// (copies gain nothing from more); one that needs the device reads on
+// LoadOptions::io_threads, its queue depth. Both bit-exact.
+TEST(ReshardTest, CachedLoadsReadOnOneThreadPerCore) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 1024;
+  std::vector<float> full(kRows * kCols);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  const std::string file = md->tensors.at("w").chunks.at(0).location.file;
+  absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(tmp.path());
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  absl::StatusOr<std::unique_ptr<ReadableFile>> f = (*storage)->OpenForRead(file);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const uint64_t size = (*f)->size();
+  constexpr int kThreads = 64;
+  const int cores =
+      std::max(1, std::min<int>(kThreads, std::thread::hardware_concurrency()));
+  auto load = [&]() -> absl::StatusOr<LoadResult> {
+    std::vector<float> out(full.size(), -1.0f);
+    StateDict sd;
+    sd["w"] = TensorView(out.data(), DType::kF32, {kRows, kCols});
+    LoadOptions options;
+    options.io_threads = kThreads;
+    absl::StatusOr<LoadResult> r = Load(sd, tmp.path(), options);
+    if (r.ok() && out != full) return absl::InternalError("wrong bytes");
+    return r;
+  };
+  // Out of the cache, where the filesystem lets it go (not tmpfs).
+  const std::string path = tmp.path() + "/" + file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (!(*f)->InMemory(0, size)) {
+    absl::StatusOr<LoadResult> cold = load();
+    ASSERT_TRUE(cold.ok()) << cold.status();
+    EXPECT_EQ(cold->io_threads, kThreads);
+  }
+  // Cached.
+  std::vector<std::byte> all(size);
+  ASSERT_TRUE((*f)->ReadAtShared(0, std::span(all)).ok());
+  ASSERT_TRUE((*f)->InMemory(0, size)) << "the data file is not cached";
+  absl::StatusOr<LoadResult> warm = load();
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  EXPECT_EQ(warm->io_threads, cores);
 }
 
 }  // namespace

@@ -346,6 +346,12 @@ class FileReadableFile final : public ReadableFile {
     return copy_mapped_ ? MapCached(offset, size) : nullptr;
   }
 
+  bool InMemory(uint64_t offset, uint64_t size) const override {
+    const uint64_t end = offset + size;
+    return map_ != nullptr && end >= offset && end <= size_ &&
+           Cached(offset, end);
+  }
+
 
  private:
   absl::Status Read(uint64_t offset, std::span<std::byte> data,
