@@ -48,6 +48,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "comm/collective.h"
 #include "core/byte_codec.h"
+#include "core/checked.h"
 #include "core/buffer_pool.h"
 #include "core/flatten.h"
 #include "core/parallel.h"
@@ -487,10 +488,10 @@ class Loader {
 
   // LoadOptions::io_threads, or one per core (when fewer) when every byte
   // the tasks read is in memory already: such reads are copies, and threads
-  // beyond the cores only take turns (4 in-process ranks of 8 threads each
-  // loaded a cached 256 MiB checkpoint 10-20% slower than of 2 each on a
-  // 2-core VM). Asked per file, of the span from its first task to its
-  // last.
+  // beyond the cores only take turns (on a 2-core VM, 4 in-process ranks of
+  // 8 threads each loaded a cached 256 MiB checkpoint's same-split rows
+  // 10-20% slower than of 2 each). Asked per file, of the span from its
+  // first task to its last.
   int ReadThreads() const {
     const int threads = std::max(1, options_.io_threads);
     const int cores = internal_core::CpuThreads(threads);
@@ -701,14 +702,12 @@ absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
   return bytes;
 }
 
-// Decodes metadata file `name`'s `text`, read from `storage`. Chunk
-// coverage is checked when `coverage` is set, for global metadata only:
-// rank-local metadata lists one rank's part.
-absl::StatusOr<Metadata> DecodeAndValidate(Storage& storage,
-                                           std::string_view text,
-                                           const std::string& name,
+// Decodes metadata `text`, which came from `source` (named in errors).
+// Chunk coverage is checked when `coverage` is set, for global metadata
+// only: rank-local metadata lists one rank's part.
+absl::StatusOr<Metadata> DecodeAndValidate(std::string_view text,
+                                           const std::string& source,
                                            bool coverage) {
-  const std::string source = absl::StrCat(storage.url(), "/", name);
   CAIRN_ASSIGN_OR_RETURN(Metadata metadata,
                          internal_format::DecodeMetadata(text, source));
   if (coverage && metadata.rank < 0) {
@@ -725,7 +724,8 @@ absl::StatusOr<Metadata> ReadAndValidate(Storage& storage,
                                          const std::string& name =
                                              kMetadataFileName) {
   CAIRN_ASSIGN_OR_RETURN(std::string text, ReadMetadataText(storage, name));
-  return DecodeAndValidate(storage, text, name, /*coverage=*/true);
+  return DecodeAndValidate(text, absl::StrCat(storage.url(), "/", name),
+                           /*coverage=*/true);
 }
 
 // Rank-local load: this rank's folder when it has one, else the global
@@ -893,7 +893,7 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
   }
   constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
   const uint64_t batch_limit = std::max<uint64_t>(options.broadcast_batch_bytes, kSlot);
-  auto slot_of = [&](size_t i) { return (bytes[i] + kSlot - 1) / kSlot * kSlot; };
+  auto slot_of = [&](size_t i) { return internal_core::RoundUp(bytes[i], kSlot); };
   Tensor staging;
   std::vector<uint64_t> offset(items.size(), 0);
   for (size_t begin = 0; begin < items.size();) {
@@ -1142,17 +1142,13 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   }
   CAIRN_ASSIGN_OR_RETURN(std::string shared,
                          BroadcastOutcome(comm, read, text));
-  text.clear();
-  absl::StatusOr<Metadata> metadata = absl::UnknownError("not decoded");
-  if (storage.ok()) {
-    metadata = DecodeAndValidate(**storage, shared, kMetadataFileName,
-                                 /*coverage=*/comm.rank() == kCoordinator);
-  } else {
-    metadata = internal_format::DecodeMetadata(
-        shared, absl::StrCat(kMetadataFileName, " from the coordinator"));
-  }
-  shared.clear();
-  shared.shrink_to_fit();
+  text = std::string();  // the coordinator's copy: `shared` has the bytes
+  absl::StatusOr<Metadata> metadata = DecodeAndValidate(
+      shared,
+      storage.ok() ? absl::StrCat((*storage)->url(), "/", kMetadataFileName)
+                   : absl::StrCat(kMetadataFileName, " from the coordinator"),
+      /*coverage=*/comm.rank() == kCoordinator);
+  shared = std::string();
   absl::Status decoded = metadata.status();
   CAIRN_RETURN_IF_ERROR(
       AgreeOnStatus(comm, decoded, kOperation, "reading metadata"));

@@ -246,13 +246,19 @@ TEST(ReshardTest, RankZeroAndEmptyDimensions) {
   }
 }
 
+// 0, 1, ..., n - 1 as floats: every element tells where it belongs.
+std::vector<float> Arange(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  return v;
+}
+
 // A destination that needs a few rows of a big stored chunk reads those rows,
 // not the chunk; a narrow column reads its runs, not whole rows.
 TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   TempDir tmp;
   constexpr int64_t kRows = 1024, kCols = 1024;
-  std::vector<float> full(kRows * kCols);
-  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  std::vector<float> full = Arange(kRows * kCols);
   StateDict sd;
   sd["w"] = TensorView(full.data(), DType::kF32, {kRows, kCols});
   ASSERT_TRUE(Save(sd, tmp.path()).ok());
@@ -324,8 +330,7 @@ StateDict RowChunked(std::vector<float>& full, int64_t rows, int64_t cols,
 TEST(ReshardTest, SeveralDestinationsInOneChunkReadItOnce) {
   TempDir tmp;
   constexpr int64_t kRows = 256, kCols = 384;
-  std::vector<float> full(kRows * kCols);
-  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  std::vector<float> full = Arange(kRows * kCols);
   ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
 
   std::vector<std::vector<float>> cols(3, std::vector<float>(kRows * 128));
@@ -361,8 +366,7 @@ TEST(ReshardTest, SeveralDestinationsInOneChunkReadItOnce) {
 TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
   TempDir tmp;
   constexpr int64_t kRows = 512, kCols = 1024;
-  std::vector<float> full(kRows * kCols);
-  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  std::vector<float> full = Arange(kRows * kCols);
   SaveOptions buffered;
   buffered.direct_io = false;  // the data file stays in the page cache
   ASSERT_TRUE(
@@ -440,8 +444,7 @@ TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
 TEST(ReshardTest, CachedLoadsReadOnOneThreadPerCore) {
   TempDir tmp;
   constexpr int64_t kRows = 256, kCols = 1024;
-  std::vector<float> full(kRows * kCols);
-  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  std::vector<float> full = Arange(kRows * kCols);
   ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
   absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
   ASSERT_TRUE(md.ok()) << md.status();

@@ -275,7 +275,7 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
         kAlignment));
   }
   uint64_t block = std::max<uint64_t>(options.write_buffer_bytes, kAlignment);
-  block = (block + kAlignment - 1) / kAlignment * kAlignment;
+  block = internal_core::RoundUp(block, kAlignment);
   const int64_t num_blocks =
       static_cast<int64_t>((layout.file_size + block - 1) / block);
   // How many blocks each entry spans, so the last one releases its data.
@@ -288,7 +288,7 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
   // Whole aligned blocks are written, so the file reaches file_size
   // rounded up to the alignment before Finish cuts it back.
   CAIRN_RETURN_IF_ERROR(
-      file->Reserve((layout.file_size + align - 1) / align * align));
+      file->Reserve(internal_core::RoundUp(layout.file_size, align)));
   const int threads = std::max(1, options.io_threads);
   internal_core::BufferPool pool(block, threads);
   std::vector<std::vector<CrcPiece>> pieces(num_blocks);
@@ -303,7 +303,7 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
             FillBlock(layout, planner, begin, end, buf.data(), pieces[i]));
         // O_DIRECT needs whole aligned blocks: zero-pad the tail; Finish
         // cuts the file back to its size.
-        const uint64_t len = (end - begin + align - 1) / align * align;
+        const uint64_t len = internal_core::RoundUp(end - begin, align);
         std::memset(buf.data() + (end - begin), 0, len - (end - begin));
         return Annotate(
             file->WriteAt(begin, std::span<const std::byte>(buf.data(), len)),

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_format.h"
+#include "core/checked.h"
 
 namespace cairn::internal_core {
 namespace {
@@ -20,7 +21,7 @@ void* Allocate(size_t size, size_t alignment) {
   const size_t start = size >= kHugePageBytes && alignment < kHugePageBytes
                            ? kHugePageBytes
                            : alignment;
-  size_t rounded = (size + alignment - 1) / alignment * alignment;
+  size_t rounded = RoundUp(size, alignment);
   if (rounded == 0) rounded = alignment;
   void* p = nullptr;
   if (posix_memalign(&p, start, rounded) != 0) return nullptr;

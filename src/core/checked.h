@@ -1,4 +1,5 @@
-// Small helpers every area needs: overflow-checked sizes, and the bridge
+// Small helpers every area needs: overflow-checked sizes, rounding to a
+// multiple, and the bridge
 // between std::string_view and Debian 12's absl::string_view (a distinct
 // type there, since that absl is built with ABSL_OPTION_USE_STD_STRING_VIEW
 // = 0: absl::StrCat and friends do not take std::string_view).
@@ -9,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "absl/strings/string_view.h"
 #include "cairn/box.h"
@@ -21,6 +23,17 @@ inline absl::string_view AsAbsl(std::string_view s) {
 }
 inline std::string_view AsStd(absl::string_view s) {
   return std::string_view(s.data(), s.size());
+}
+
+// `x` rounded down, or up, to a multiple of `m` (> 0). RoundUp needs
+// x + m - 1 to fit in T, which holds for the sizes and offsets it rounds.
+template <typename T>
+constexpr T RoundDown(T x, std::type_identity_t<T> m) {
+  return x / m * m;
+}
+template <typename T>
+constexpr T RoundUp(T x, std::type_identity_t<T> m) {
+  return (x + m - 1) / m * m;
 }
 
 // The largest element or byte count cairn accepts anywhere.

@@ -133,7 +133,7 @@ std::string EncodeSafetensorsHeader(
       -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   if (alignment == 0) alignment = 1;
   const uint64_t unpadded = 8 + text.size();
-  const uint64_t padded = (unpadded + alignment - 1) / alignment * alignment;
+  const uint64_t padded = internal_core::RoundUp(unpadded, alignment);
   text.append(padded - unpadded, ' ');
 
   std::string out(8, '\0');

@@ -66,12 +66,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "format/names.h"
 
 namespace cairn::internal_storage {
 namespace {
 
+using internal_core::RoundDown;
+using internal_core::RoundUp;
 using internal_core::StatusFromErrno;
 
 // madvise(MADV_POPULATE_READ), Linux 5.14; older headers lack the name.
@@ -346,12 +349,12 @@ class FileReadableFile final : public ReadableFile {
     return copy_mapped_ ? MapCached(offset, size) : nullptr;
   }
 
+  // Inside the file, mapped, and wholly in the page cache.
   bool InMemory(uint64_t offset, uint64_t size) const override {
     const uint64_t end = offset + size;
     return map_ != nullptr && end >= offset && end <= size_ &&
            Cached(offset, end);
   }
-
 
  private:
   absl::Status Read(uint64_t offset, std::span<std::byte> data,
@@ -364,9 +367,8 @@ class FileReadableFile final : public ReadableFile {
       }
     }
     if (direct_fd_ < 0) return ReadAll(fd_, offset, data, offset, data.size());
-    const uint64_t a = (offset + kDirectIoAlignment - 1) /
-                       kDirectIoAlignment * kDirectIoAlignment;
-    const uint64_t b = end / kDirectIoAlignment * kDirectIoAlignment;
+    const uint64_t a = RoundUp(offset, kDirectIoAlignment);
+    const uint64_t b = RoundDown(end, kDirectIoAlignment);
     const auto address = reinterpret_cast<uintptr_t>(data.data()) + (a - offset);
     if (map_ == nullptr || b <= a || b - a < kMinDirectReadBytes ||
         b > size_ || address % kDirectIoAlignment != 0 || Cached(a, b)) {
@@ -411,26 +413,20 @@ class FileReadableFile final : public ReadableFile {
   // lies inside the file, is worth a mapping and is wholly cached; null
   // otherwise, or when the kernel would not populate it (before 5.14).
   std::unique_ptr<View> MapCached(uint64_t offset, uint64_t size) const {
+    if (size < kMinMappedBytes || !InMemory(offset, size)) return nullptr;
     const uint64_t end = offset + size;
-    if (map_ == nullptr || size < kMinMappedBytes || end > size_ ||
-        end < offset || !Cached(offset, end)) {
-      return nullptr;
-    }
     const uint64_t page = PageSize();
-    const uint64_t begin = offset / page * page;
+    const uint64_t begin = RoundDown(offset, page);
     // The view's blocks: whole 2 MiB blocks of the address space, within
     // the mapping. The page cache may hold the file in 2 MiB folios that
     // the populate mapped whole, and unmapping part of one splits it first
     // (a TLB flush, an interprocessor interrupt on every core, which costs
     // a VM exit on a guest).
-    const auto at = reinterpret_cast<uintptr_t>(map_);
-    const uint64_t mapped = (size_ + page - 1) / page * page;
+    const uint64_t at = reinterpret_cast<uintptr_t>(map_);
     const uint64_t block =
-        std::max<uint64_t>(at, (at + begin) / kReleaseBlock * kReleaseBlock) -
-        at;
+        std::max(at, RoundDown(at + begin, kReleaseBlock)) - at;
     const uint64_t block_end =
-        std::min<uint64_t>(at + mapped, (at + end + kReleaseBlock - 1) /
-                                            kReleaseBlock * kReleaseBlock) -
+        std::min(at + RoundUp(size_, page), RoundUp(at + end, kReleaseBlock)) -
         at;
     {
       // In use before it is populated, so that no release takes it back.
@@ -563,8 +559,9 @@ class FileReadableFile final : public ReadableFile {
   const uint64_t release_batch_;
   const std::string path_;
   const uint64_t size_;
-  // The whole file, mapped read-only: asked by mincore(), and its pages
-  // populated only for the range being copied or viewed.
+  // The whole file, mapped read-only: asked by mincore() where cachestat
+  // is missing, and its pages populated only for the range being copied or
+  // viewed.
   unsigned char* map_ = nullptr;
   // Views' blocks (offsets in the mapping), for ViewEnded.
   mutable absl::Mutex release_mu_;
