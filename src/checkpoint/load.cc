@@ -47,6 +47,7 @@
 #include "cairn/checkpoint.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "comm/collective.h"
+#include "core/big_vector.h"
 #include "core/byte_codec.h"
 #include "core/checked.h"
 #include "core/buffer_pool.h"
@@ -1069,7 +1070,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     }
   }
   CAIRN_ASSIGN_OR_RETURN(std::string mine,
-                         ScatterOutcome(*comm, global, finals));
+                         ScatterOutcome(*comm, global, std::move(finals)));
   internal_core::ByteReader header(mine, "load plan from the coordinator");
   const bool any_group = header.U8() != 0;
   const int64_t group = header.I64();
@@ -1131,7 +1132,9 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   // decodes at the same time (decoding first and sending the verdict would
   // make the others wait for a decode of their own after it: 4.6 s each
   // for a 943 MiB metadata.json of 16k ranks). The coordinator also checks
-  // chunk coverage, and the ranks agree on the outcome.
+  // chunk coverage, and the ranks agree on the outcome. The text is moved
+  // into the broadcast and out again, never copied whole (one brief
+  // second copy on the coordinator, to put the message header in front).
   std::string text;
   absl::Status read = storage.status();
   if (comm.rank() == kCoordinator && read.ok()) {
@@ -1141,14 +1144,13 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
     if (bytes.ok()) text = *std::move(bytes);
   }
   CAIRN_ASSIGN_OR_RETURN(std::string shared,
-                         BroadcastOutcome(comm, read, text));
-  text = std::string();  // the coordinator's copy: `shared` has the bytes
+                         BroadcastOutcome(comm, read, std::move(text)));
   absl::StatusOr<Metadata> metadata = DecodeAndValidate(
       shared,
       storage.ok() ? absl::StrCat((*storage)->url(), "/", kMetadataFileName)
                    : absl::StrCat(kMetadataFileName, " from the coordinator"),
       /*coverage=*/comm.rank() == kCoordinator);
-  shared = std::string();
+  internal_core::ReleaseStorage(shared);
   absl::Status decoded = metadata.status();
   CAIRN_RETURN_IF_ERROR(
       AgreeOnStatus(comm, decoded, kOperation, "reading metadata"));

@@ -497,7 +497,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       }
     }
     CAIRN_ASSIGN_OR_RETURN(std::string mine,
-                           ScatterOutcome(*comm, global, payloads));
+                           ScatterOutcome(*comm, global, std::move(payloads)));
     ByteReader r(mine, "final plan from the coordinator");
     const int64_t id = r.I64();
     const std::string_view plan_bytes = r.Rest();

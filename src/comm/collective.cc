@@ -42,20 +42,35 @@ std::string Seal(const absl::Status& status, std::string_view payload) {
   return w.Take();
 }
 
-absl::StatusOr<std::string> Unseal(std::string_view message,
+std::string SealInPlace(const absl::Status& status, std::string payload) {
+  if (!status.ok()) return Seal(status);
+  ByteWriter header;  // Seal's, without the payload's bytes
+  header.U32(0);
+  header.U64(payload.size());
+  payload.insert(0, header.data());
+  return payload;
+}
+
+absl::StatusOr<std::string> Unseal(std::string message,
                                    std::string_view what) {
-  ByteReader r(message, std::string(what));
-  const uint32_t code = r.U32();
-  std::string body = r.Str();
-  CAIRN_RETURN_IF_ERROR(r.status());
-  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
-    return absl::DataLossError(
-        absl::StrCat(std::string(what), ": unknown status code ", code));
+  size_t body_at = 0;
+  {
+    ByteReader r(message, std::string(what));
+    const uint32_t code = r.U32();
+    const std::string_view body = r.StrView();
+    CAIRN_RETURN_IF_ERROR(r.status());
+    if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::DataLossError(
+          absl::StrCat(std::string(what), ": unknown status code ", code));
+    }
+    if (code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          internal_core::AsAbsl(body));
+    }
+    body_at = static_cast<size_t>(body.data() - message.data());
   }
-  if (code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(code), body);
-  }
-  return body;
+  message.erase(0, body_at);
+  return message;
 }
 
 absl::Status CombineStatuses(const std::vector<absl::Status>& statuses,
@@ -106,7 +121,7 @@ absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local,
   std::vector<absl::Status> statuses;
   for (size_t r = 0; r < all->size(); ++r) {
     absl::StatusOr<std::string> s =
-        Unseal((*all)[r], absl::StrCat("status from rank ", r));
+        Unseal(std::move((*all)[r]), absl::StrCat("status from rank ", r));
     statuses.push_back(s.status());
   }
   return CombineStatuses(statuses, operation, phase);
@@ -124,7 +139,7 @@ absl::StatusOr<std::vector<std::string>> GatherOrError(
   bool any_failed = false;
   for (size_t r = 0; r < all->size(); ++r) {
     absl::StatusOr<std::string> p =
-        Unseal((*all)[r], absl::StrCat("message from rank ", r));
+        Unseal(std::move((*all)[r]), absl::StrCat("message from rank ", r));
     any_failed |= !p.ok();
     statuses.push_back(p.status());
     payloads.push_back(p.ok() ? *std::move(p) : std::string());
@@ -133,34 +148,36 @@ absl::StatusOr<std::vector<std::string>> GatherOrError(
   return payloads;
 }
 
-absl::StatusOr<std::string> ScatterOutcome(
-    Communicator& comm, const absl::Status& status,
-    const std::vector<std::string>& payloads) {
+absl::StatusOr<std::string> ScatterOutcome(Communicator& comm,
+                                           const absl::Status& status,
+                                           std::vector<std::string> payloads) {
   std::vector<std::string> sealed;
   if (comm.rank() == kCoordinator) {
     sealed.reserve(comm.size());
     for (int r = 0; r < comm.size(); ++r) {
-      sealed.push_back(status.ok() && static_cast<size_t>(r) < payloads.size()
-                           ? Seal(status, payloads[r])
-                           : Seal(status.ok() ? absl::InternalError(
-                                                    "no plan for this rank")
-                                              : status));
+      sealed.push_back(
+          status.ok() && static_cast<size_t>(r) < payloads.size()
+              ? SealInPlace(status, std::move(payloads[r]))
+              : Seal(status.ok() ? absl::InternalError("no plan for this rank")
+                                 : status));
     }
   }
   absl::StatusOr<std::string> mine = comm.Scatter(sealed, kCoordinator);
   if (!mine.ok()) return CommError(mine.status(), "scatter");
-  return Unseal(*mine, "message from the coordinator");
+  return Unseal(*std::move(mine), "message from the coordinator");
 }
 
 absl::StatusOr<std::string> BroadcastOutcome(Communicator& comm,
                                              const absl::Status& status,
-                                             std::string_view payload) {
+                                             std::string payload) {
   std::string message;
-  if (comm.rank() == kCoordinator) message = Seal(status, payload);
+  if (comm.rank() == kCoordinator) {
+    message = SealInPlace(status, std::move(payload));
+  }
   if (absl::Status s = comm.Broadcast(message, kCoordinator); !s.ok()) {
     return CommError(s, "broadcast");
   }
-  return Unseal(message, "message from the coordinator");
+  return Unseal(std::move(message), "message from the coordinator");
 }
 
 }  // namespace cairn::internal_comm

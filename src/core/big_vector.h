@@ -60,6 +60,14 @@ struct BigAllocator {
 template <typename T>
 using BigVector = std::vector<T, BigAllocator<T>>;
 
+// Frees a container's memory now. `v = {}` does not: it assigns an empty
+// list and keeps a vector's capacity, and `s = std::string()` keeps a
+// string's (libstdc++ copies a short string into the buffer it has).
+template <typename Container>
+void ReleaseStorage(Container& c) {
+  Container().swap(c);
+}
+
 }  // namespace cairn::internal_core
 
 #endif  // CAIRN_CORE_BIG_VECTOR_H_

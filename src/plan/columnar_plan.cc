@@ -403,8 +403,8 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
         p.more.swap(grouped);
         return absl::OkStatus();
       });
-  hash = {};
-  by_fqn = {};
+  internal_core::ReleaseStorage(hash);
+  internal_core::ReleaseStorage(by_fqn);
 
   auto nbytes = [&](const Holder& h) {
     return LoadU64(s.messages[h.rank].data() + s.items[h.item].end - 16);
@@ -451,8 +451,8 @@ void ColumnarPlans::Dedup(DedupPolicy policy) {
     keep[best->item] = 1;
     load[best->rank] += rp.bytes;
   }
-  replicated = {};
-  pieces = {};
+  internal_core::ReleaseStorage(replicated);
+  internal_core::ReleaseStorage(pieces);
 
   // Zero-byte tensor items only declare a tensor: kept only for a tensor no
   // rank writes bytes of.

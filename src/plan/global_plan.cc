@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/big_vector.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/metadata_codec.h"
@@ -127,8 +128,8 @@ std::vector<SavePlan> DedupImpl(std::vector<SavePlan> local_plans,
       piece_of[base[r] + i] = id;
     }
   }
-  ids = {};
-  last_rank = {};
+  internal_core::ReleaseStorage(ids);
+  internal_core::ReleaseStorage(last_rank);
   // Each piece's holders, in rank order, at [first[id], first[id + 1]).
   const size_t num_pieces = num_holders.size();
   std::vector<size_t> first(num_pieces + 1, 0);
@@ -145,7 +146,7 @@ std::vector<SavePlan> DedupImpl(std::vector<SavePlan> local_plans,
       }
     }
   }
-  piece_of = {};
+  internal_core::ReleaseStorage(piece_of);
 
   std::vector<bool> keep(base[world], false);
   std::vector<uint64_t> load(world, 0);

@@ -18,6 +18,7 @@
 #include "cairn/communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/big_vector.h"
 #include "core/byte_codec.h"
 #include "comm/collective.h"
 #include "utils/internal.h"
@@ -153,6 +154,43 @@ TEST(CodecTest, MalformedMessagesAreDataLoss) {
   internal_core::ByteReader r(huge, "ints");
   EXPECT_TRUE(r.Ints().empty());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// metadata.json and the ranks' plans pass through Seal/Unseal whole: at
+// thousands of ranks, hundreds of MB each, so neither may copy them.
+TEST(CodecTest, SealInPlaceAndUnsealKeepThePayloadsBuffer) {
+  std::string payload(1 << 20, 'p');
+  payload[12345] = 'q';
+  const std::string expected = payload;
+  payload.reserve(payload.size() + 64);  // room for the header
+  const char* buffer = payload.data();
+  std::string sealed =
+      internal_comm::SealInPlace(absl::OkStatus(), std::move(payload));
+  EXPECT_EQ(sealed, internal_comm::Seal(absl::OkStatus(), expected));
+  EXPECT_EQ(sealed.data(), buffer);
+  absl::StatusOr<std::string> got =
+      internal_comm::Unseal(std::move(sealed), "message m");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, expected);
+  EXPECT_EQ(got->data(), buffer);
+  // An error replaces the payload.
+  EXPECT_EQ(internal_comm::Unseal(internal_comm::SealInPlace(
+                                      absl::AbortedError("no"), expected),
+                                  "m")
+                .status(),
+            absl::AbortedError("no"));
+}
+
+TEST(ReleaseStorageTest, FreesWhatAssigningEmptyKeeps) {
+  std::vector<int> v(1 << 16);
+  internal_core::ReleaseStorage(v);
+  EXPECT_EQ(v.capacity(), 0u);
+  std::string s(1 << 16, 'x');
+  internal_core::ReleaseStorage(s);
+  EXPECT_LT(s.capacity(), 64u);
+  internal_core::BigVector<uint32_t> big(1 << 20);
+  internal_core::ReleaseStorage(big);
+  EXPECT_EQ(big.capacity(), 0u);
 }
 
 // ===========================================================================
