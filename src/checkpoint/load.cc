@@ -48,9 +48,9 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "comm/collective.h"
 #include "core/big_vector.h"
+#include "core/buffer_pool.h"
 #include "core/byte_codec.h"
 #include "core/checked.h"
-#include "core/buffer_pool.h"
 #include "core/flatten.h"
 #include "core/parallel.h"
 #include "core/status.h"
@@ -1133,8 +1133,8 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   // make the others wait for a decode of their own after it: 4.6 s each
   // for a 943 MiB metadata.json of 16k ranks). The coordinator also checks
   // chunk coverage, and the ranks agree on the outcome. The text is moved
-  // into the broadcast and out again, never copied whole (one brief
-  // second copy on the coordinator, to put the message header in front).
+  // into the broadcast and out again; only the coordinator holds a second
+  // copy, briefly, while the message header is put in front.
   std::string text;
   absl::Status read = storage.status();
   if (comm.rank() == kCoordinator && read.ok()) {

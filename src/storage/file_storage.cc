@@ -269,10 +269,10 @@ class FileWritableFile final : public WritableFile {
 // a read-only mapping of the file (MADV_POPULATE_READ maps the range in one
 // call, memcpy copies it, MADV_DONTNEED unmaps it again, in batches of 8 MiB
 // per file, so the pages count against this process's memory only
-// briefly). The kernel's own copy (pread)
-// writes each destination page from kernel mode, which on the PVM guests we
-// benchmark on costs a hypervisor exit per 4 KiB page the first time; the
-// user-space copy does not. Into resident pages the kernel's copy is the
+// briefly). The kernel's own copy (pread) writes each destination page
+// from kernel mode, which on the PVM guests we benchmark on costs a
+// hypervisor exit per 4 KiB page the first time; the user-space copy does
+// not. Into resident pages the kernel's copy is the
 // faster one (no mapping to build and tear down: 12 against 9.4 GB/s for a
 // cached 1 GiB file on two threads on such a guest).
 // A range not (wholly) cached is read with O_DIRECT straight into the

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "cairn/storage.h"
 #include "core/aligned_buffer.h"
+#include "core/checked.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -393,10 +394,9 @@ void ExpectReadsExactCachedOrNot(FileStorageTestOptions test_options) {
     EXPECT_GE(RssFileKiB() - rss_before, 1024) << "the view is mapped";
     view.reset();
     EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
-    // Views are released in whole 2 MiB blocks. Ended ones wait for a view
-    // still in use that shares their first block, until 4 batches wait:
-    // then they go anyway, unmapping part of the view in use, whose bytes
-    // read the same afterwards (faulted in again from the page cache).
+    // Views are released in whole 2 MiB blocks; a view still in use keeps
+    // the blocks it shares with one that ended, and reads the same after
+    // the other's release.
     std::unique_ptr<ReadableFile::View> a =
         file.ViewIfInMemory(100000, 1 << 20);
     std::unique_ptr<ReadableFile::View> b =
@@ -633,7 +633,7 @@ TEST(FileStorageTest, ReserveAllocatesTheFileBeforeItsWrites) {
       internal_core::AllocateAlignedUnique(8192);
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::memset(buffer->get(), 'x', 8192);
-  const uint64_t len = (5000 + align - 1) / align * align;
+  const uint64_t len = internal_core::RoundUp(uint64_t{5000}, align);
   ASSERT_TRUE(
       file->WriteAt(0, std::span<const std::byte>(buffer->get(), len)).ok());
   ASSERT_TRUE(file->Finish(5000).ok());
