@@ -60,6 +60,7 @@
 #include "format/names.h"
 #include "format/safetensors.h"
 #include "plan/plan_codec.h"
+#include "storage/read_all.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -691,11 +692,13 @@ double Since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-// The bytes of the metadata file `name` (metadata.json, or a rank folder's).
+// The bytes of the metadata file `name` (metadata.json, or a rank folder's),
+// with room for the header the broadcast puts in front.
 absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
                                              const std::string& name) {
-  absl::StatusOr<std::string> bytes =
-      storage.ReadAll(name, internal_format::kMaxMetadataBytes);
+  absl::StatusOr<std::string> bytes = internal_storage::ReadAllWithRoom(
+      storage, name, internal_format::kMaxMetadataBytes,
+      internal_comm::kSealHeaderBytes);
   if (absl::IsNotFound(bytes.status())) {
     return absl::NotFoundError(absl::StrFormat(
         "no committed checkpoint at %s (%s is missing)", storage.url(), name));
@@ -1133,8 +1136,8 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   // make the others wait for a decode of their own after it: 4.6 s each
   // for a 943 MiB metadata.json of 16k ranks). The coordinator also checks
   // chunk coverage, and the ranks agree on the outcome. The text is moved
-  // into the broadcast and out again; only the coordinator holds a second
-  // copy, briefly, while the message header is put in front.
+  // into the broadcast and out again, and read with room for the message
+  // header in front, so the coordinator never holds a second copy.
   std::string text;
   absl::Status read = storage.status();
   if (comm.rank() == kCoordinator && read.ok()) {

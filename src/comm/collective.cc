@@ -47,6 +47,7 @@ std::string SealInPlace(const absl::Status& status, std::string payload) {
   ByteWriter header;  // Seal's, without the payload's bytes
   header.U32(0);
   header.U64(payload.size());
+  static_assert(sizeof(uint32_t) + sizeof(uint64_t) == kSealHeaderBytes);
   payload.insert(0, header.data());
   return payload;
 }

@@ -6,6 +6,7 @@
 #ifndef CAIRN_COMM_COLLECTIVE_H_
 #define CAIRN_COMM_COLLECTIVE_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,10 +33,13 @@ class Ranks {
   Communicator* comm_;
 };
 
-// A status and, when OK, a payload, as one message.
+// A status and, when OK, a payload, as one message: a header of this many
+// bytes (the status code, the payload's length), then the payload.
+inline constexpr size_t kSealHeaderBytes = 12;
 std::string Seal(const absl::Status& status, std::string_view payload = {});
 // The same message, built in `payload`'s own buffer (its bytes moved up
-// behind the header) instead of a copy of it.
+// behind the header) instead of a copy of it. That buffer is reallocated
+// unless its capacity has room for the header (kSealHeaderBytes more).
 std::string SealInPlace(const absl::Status& status, std::string payload);
 // The payload, or the status the sender sealed; kDataLoss naming `what` for
 // a malformed message. The payload is returned in `message`'s own buffer

@@ -1,7 +1,11 @@
 // Storage::Open's scheme registry and the helpers every backend shares.
 #include "cairn/storage.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
+#include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -15,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "storage/file_storage.h"
+#include "storage/read_all.h"
 
 namespace cairn {
 namespace {
@@ -93,17 +98,29 @@ void Storage::RegisterScheme(std::string scheme, Factory factory) {
 
 absl::StatusOr<std::string> Storage::ReadAll(std::string_view name,
                                              uint64_t max_bytes) {
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, OpenForRead(name));
+  return internal_storage::ReadAllWithRoom(*this, name, max_bytes, 0);
+}
+
+namespace internal_storage {
+
+absl::StatusOr<std::string> ReadAllWithRoom(Storage& storage,
+                                            std::string_view name,
+                                            uint64_t max_bytes, size_t room) {
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file,
+                         storage.OpenForRead(name));
   const uint64_t size = file->size();
   if (size > max_bytes) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is %d bytes, more than the %d allowed", name, size, max_bytes));
   }
-  std::string contents(static_cast<size_t>(size), '\0');
+  std::string contents;
+  contents.reserve(static_cast<size_t>(size) + room);
+  contents.resize(static_cast<size_t>(size));
   CAIRN_RETURN_IF_ERROR(file->ReadAt(
       0, std::span<std::byte>(reinterpret_cast<std::byte*>(contents.data()),
                               contents.size())));
   return contents;
 }
 
+}  // namespace internal_storage
 }  // namespace cairn
