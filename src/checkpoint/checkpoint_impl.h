@@ -37,6 +37,14 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
                                              const LoadOptions& options);
 
+// The bytes of the metadata file `name` (metadata.json, or a rank folder's),
+// with capacity to spare for the message header that the load's broadcast
+// puts in front (internal_comm::kSealHeaderBytes), so that it does not copy
+// them: about 1 GB at 16k ranks. kNotFound "no committed checkpoint at ..."
+// when the file is missing.
+absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
+                                             const std::string& name);
+
 // Reads, decodes and validates metadata.json (including chunk coverage).
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);
 

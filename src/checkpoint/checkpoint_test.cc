@@ -11,6 +11,7 @@
 #include "cairn/storage.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/test_util.h"
+#include "comm/collective.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection.h"
@@ -380,6 +381,30 @@ TEST(CheckpointTest, LoadOfMissingCheckpointIsNotFound) {
   absl::Status s = Load(dst, tmp.Sub("nothing")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Msg(s), HasSubstr("metadata.json"));
+}
+
+// The load coordinator sends metadata.json to every rank behind a message
+// header; read with room for it, the text is never copied (about 1 GB at
+// 16k ranks).
+TEST(CheckpointTest, MetadataTextHasRoomForTheBroadcastHeader) {
+  TempDir tmp;
+  StateDict sd;
+  sd["a"] = Filled(DType::kF32, {16, 4}, 1);
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(tmp.path());
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  absl::StatusOr<std::string> text =
+      internal_checkpoint::ReadMetadataText(**storage, kMetadataFileName);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, HasSubstr("\"format\":\"cairn\""));
+  const char* buffer = text->data();
+  const std::string sealed =
+      internal_comm::SealInPlace(absl::OkStatus(), *std::move(text));
+  EXPECT_EQ(sealed.data(), buffer);
+  const absl::Status missing =
+      internal_checkpoint::ReadMetadataText(**storage, "nothing.json").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(missing), HasSubstr("no committed checkpoint"));
 }
 
 }  // namespace

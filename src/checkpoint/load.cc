@@ -692,8 +692,8 @@ double Since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-// The bytes of the metadata file `name` (metadata.json, or a rank folder's),
-// with room for the header the broadcast puts in front.
+}  // namespace
+
 absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
                                              const std::string& name) {
   absl::StatusOr<std::string> bytes = internal_storage::ReadAllWithRoom(
@@ -705,6 +705,8 @@ absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
   }
   return bytes;
 }
+
+namespace {
 
 // Decodes metadata `text`, which came from `source` (named in errors).
 // Chunk coverage is checked when `coverage` is set, for global metadata
