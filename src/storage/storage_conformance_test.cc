@@ -425,8 +425,8 @@ TEST_P(StorageConformanceTest, ReadAllHonoursMaxBytes) {
 }
 
 // The load reads metadata.json with room for a message header, which the
-// broadcast then puts in front without reallocating (about 1 GB at 16k
-// ranks).
+// broadcast then puts in front without reallocating (988 MB in the
+// 16k-rank FSDP simulation).
 TEST_P(StorageConformanceTest, ReadAllWithRoomLeavesRoomInFront) {
   WriteString("ten", "0123456789");
   auto all = internal_storage::ReadAllWithRoom(*storage_, "ten", 10, 12);
