@@ -40,6 +40,7 @@
 //  6. The parent prints the table or the JSON object and removes the work
 //     folder unless --keep.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -334,16 +335,26 @@ absl::Status Prewarm(const fs::path& dir) {
 }
 
 // Profiling only the timed operations: with CAIRN_BENCH_PERF_CTL naming
-// the control FIFO of `perf record --control fifo:CTL -D -1`, rank 0 turns
-// perf's sampling on at the start of each timed operation and off after
-// it; CAIRN_BENCH_PERF_KIND=save|async|load, or a row's name (load_same,
-// load_4to2_cols, ...), limits that to one kind of phase or one row.
-// Unset (the normal case), this does nothing.
+// the control FIFO of `perf record --control fifo:CTL[,ACK] -D -1`, rank 0
+// turns perf's sampling on at the start of each timed operation and off
+// after it; CAIRN_BENCH_PERF_KIND=save|async|load, or a row's name
+// (load_same, load_4to2_cols, ...), limits that to one kind of phase or one
+// row. With CAIRN_BENCH_PERF_ACK naming perf's ACK FIFO, each switch waits
+// (up to 2 s) for perf to acknowledge it, and the load rows hold every rank
+// until sampling is off before they check the elements, so the profile
+// holds the timed operation alone. Unset (the normal case), this does
+// nothing.
+bool PerfControlled() {
+  static const char* path = std::getenv("CAIRN_BENCH_PERF_CTL");
+  return path != nullptr && *path != '\0';
+}
+
 void PerfControl(const char* kind, const std::string& row,
                  const char* command) {
   static const char* path = std::getenv("CAIRN_BENCH_PERF_CTL");
+  static const char* ack = std::getenv("CAIRN_BENCH_PERF_ACK");
   static const char* only = std::getenv("CAIRN_BENCH_PERF_KIND");
-  if (path == nullptr || *path == '\0') return;
+  if (!PerfControlled()) return;
   if (only != nullptr && *only != '\0' && only != std::string_view(kind) &&
       only != row) {
     return;
@@ -352,6 +363,19 @@ void PerfControl(const char* kind, const std::string& row,
   if (fd < 0) return;
   (void)!write(fd, command, strlen(command));
   close(fd);
+  if (ack == nullptr || *ack == '\0') return;
+  // perf holds its end of the FIFO open, so this open does not block.
+  const int ack_fd = open(ack, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (ack_fd < 0) return;
+  std::string got;
+  pollfd p = {ack_fd, POLLIN, 0};
+  while (got.find("ack\n") == std::string::npos && poll(&p, 1, 2000) > 0) {
+    char buf[16];
+    const ssize_t n = read(ack_fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(ack_fd);
 }
 
 // save_sync: the W ranks fill their shards, then one timed Save.
@@ -513,6 +537,8 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
           span.MarkCpuEnd();
           PerfControl("load", target.name, "disable\n");
         }
+        // The same on every rank (an environment variable).
+        if (PerfControlled()) CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (!loaded.ok()) return loaded.status();
         results[r] = *std::move(loaded);
         CAIRN_RETURN_IF_ERROR(VerifyPieces(pieces, threads));

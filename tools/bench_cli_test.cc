@@ -3,8 +3,12 @@
 // variant, named as bench/peers/torch_peer.py names its rows; the model file
 // is what the peer reads; the work folder is removed (or kept with --keep);
 // usage errors exit 2 and an unwritable --dir exits 1.
+#include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -299,6 +304,58 @@ TEST_F(BenchCliTest, HelpExplainsPhases) {
                         "async_save", "load_same", "memcpy", "Examples"}) {
     EXPECT_THAT(r.out, HasSubstr(s));
   }
+}
+
+// CAIRN_BENCH_PERF_CTL / _ACK / _KIND drive `perf record --control`: a
+// stand-in for perf reads the commands and acknowledges each one. Only the
+// asked row's samples switch sampling, on then off, and the benchmark
+// waits for (and gets past) each acknowledgement.
+TEST_F(BenchCliTest, PerfControlSwitchesTheAskedRowAndWaitsForPerf) {
+  const fs::path ctl = root_ / "ctl", ack = root_ / "ack";
+  ASSERT_EQ(mkfifo(ctl.c_str(), 0600), 0);
+  ASSERT_EQ(mkfifo(ack.c_str(), 0600), 0);
+  // Both ends held open here, as perf does, so that neither side blocks
+  // in open().
+  const int ctl_fd = open(ctl.c_str(), O_RDWR | O_CLOEXEC);
+  const int ack_fd = open(ack.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(ctl_fd, 0);
+  ASSERT_GE(ack_fd, 0);
+  int stop_pipe[2];
+  ASSERT_EQ(pipe(stop_pipe), 0);
+  std::string commands;
+  std::thread perf([&] {
+    std::string pending;
+    for (;;) {
+      pollfd fds[2] = {{ctl_fd, POLLIN, 0}, {stop_pipe[0], POLLIN, 0}};
+      if (poll(fds, 2, -1) <= 0 || (fds[1].revents & POLLIN)) return;
+      char buf[64];
+      const ssize_t n = read(ctl_fd, buf, sizeof(buf));
+      if (n <= 0) return;
+      pending.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+        commands += pending.substr(0, nl) + ";";
+        pending.erase(0, nl + 1);
+        (void)!write(ack_fd, "ack\n", 4);
+      }
+    }
+  });
+  setenv("CAIRN_BENCH_PERF_CTL", ctl.c_str(), 1);
+  setenv("CAIRN_BENCH_PERF_ACK", ack.c_str(), 1);
+  setenv("CAIRN_BENCH_PERF_KIND", "load_4to2_rows", 1);
+  Result r = Run("bench --dir " + Dir() +
+                 " --size 1MiB --cold none -q --json --phases load "
+                 "--repeat 2");
+  unsetenv("CAIRN_BENCH_PERF_CTL");
+  unsetenv("CAIRN_BENCH_PERF_ACK");
+  unsetenv("CAIRN_BENCH_PERF_KIND");
+  (void)!write(stop_pipe[1], "x", 1);
+  perf.join();
+  close(stop_pipe[0]);
+  close(stop_pipe[1]);
+  close(ctl_fd);
+  close(ack_fd);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(commands, "enable;disable;enable;disable;");
 }
 
 }  // namespace
