@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,16 @@ absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(std::string_view first8,
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json,
                                                          uint64_t file_size,
                                                          std::string_view file);
+
+// The same parse through nlohmann's JSON tree alone, and a parse without
+// it, for the plain form cairn writes, that gives the same header or
+// nullopt (for anything else, errors included). ParseSafetensorsHeader
+// tries the second, then the first; both are here for the test that
+// compares them.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderTree(
+    std::string_view json, uint64_t file_size, std::string_view file);
+std::optional<SafetensorsHeader> ParseSafetensorsHeaderFast(
+    std::string_view json, uint64_t file_size);
 
 // Reads and validates the header of an open data file: the length prefix,
 // then the JSON (both of the checks above). Errors name `file`.

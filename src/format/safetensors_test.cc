@@ -1,11 +1,14 @@
 #include "format/safetensors.h"
 
 #include <cstring>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace cairn::internal_format {
 namespace {
@@ -129,6 +132,152 @@ TEST(SafetensorsTest, UnknownEntryFieldsAreIgnored) {
       R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":[1]}})",
       1);
   EXPECT_TRUE(parsed.ok()) << parsed.status();
+}
+
+// ------------------------------------------ the parse without a JSON tree
+
+void ExpectSameHeader(const SafetensorsHeader& a, const SafetensorsHeader& b) {
+  EXPECT_EQ(a.entries, b.entries);
+  EXPECT_EQ(a.metadata, b.metadata);
+  EXPECT_EQ(a.data_start, b.data_start);
+}
+
+// For one header text: when the fast parse gives a header, the tree parse
+// gives the same one; ParseSafetensorsHeader's result, error included, is
+// the tree's. True when the fast parse gave a header.
+bool CheckAgainstTree(std::string_view text, uint64_t file_size) {
+  std::optional<SafetensorsHeader> fast =
+      ParseSafetensorsHeaderFast(text, file_size);
+  absl::StatusOr<SafetensorsHeader> tree =
+      ParseSafetensorsHeaderTree(text, file_size, kFile);
+  absl::StatusOr<SafetensorsHeader> both =
+      ParseSafetensorsHeader(text, file_size, kFile);
+  EXPECT_EQ(both.status(), tree.status()) << text;
+  if (both.ok() && tree.ok()) ExpectSameHeader(*both, *tree);
+  if (fast) {
+    EXPECT_TRUE(tree.ok()) << tree.status() << "\n" << text;
+    if (tree.ok()) ExpectSameHeader(*fast, *tree);
+  }
+  return fast.has_value();
+}
+
+// Random headers as cairn writes them (plain ASCII names): the fast parse
+// takes every one of them, also re-serialized with other whitespace and
+// member order; and for thousands of corruptions of them it either gives
+// up or agrees with the tree parse.
+TEST(SafetensorsTest, FastParseAgreesWithTheTreeParse) {
+  std::mt19937_64 rng(20261124);
+  auto pick = [&](uint64_t n) { return static_cast<size_t>(rng() % n); };
+  const std::vector<std::string> names = {
+      "a", "model.wq", "model.layers.3.mlp.w@0,512", "opt.state.7.exp_avg",
+      "rng.rank0", "x y", "b@2"};
+  const std::vector<DType> dtypes(AllDTypes().begin(), AllDTypes().end());
+  const std::string interesting = "\"\\{}[],:09-+.eE \t\nxA\x7f\x80\xc3";
+  int accepted_mutations = 0;
+  for (int round = 0; round < 150; ++round) {
+    std::vector<SafetensorsEntry> entries;
+    uint64_t pos = 0;
+    const size_t n = pick(8);
+    for (size_t i = 0; i < n; ++i) {
+      SafetensorsEntry e;
+      e.name = names[pick(names.size())] + "." + std::to_string(i);
+      e.dtype = dtypes[pick(dtypes.size())];
+      for (size_t d = pick(4); d > 0; --d) {
+        e.shape.push_back(static_cast<int64_t>(pick(6)));
+      }
+      e.begin = pos;
+      e.end = pos + static_cast<uint64_t>(NumElements(e.shape)) * DTypeSize(e.dtype);
+      pos = e.end;
+      entries.push_back(e);
+    }
+    std::map<std::string, std::string> meta;
+    if (pick(2) == 0) meta = kCairnMeta;
+    const uint64_t alignments[] = {1, 8, 4096};
+    const std::string file =
+        EncodeSafetensorsHeader(entries, meta, alignments[pick(3)]);
+    const std::string text = file.substr(8);
+    const uint64_t size = file.size() + pos;
+    ASSERT_TRUE(CheckAgainstTree(text, size)) << text;
+    // The same JSON with sorted members, indented or not.
+    const nlohmann::json tree = nlohmann::json::parse(text);
+    for (int indent : {-1, 0, 3}) {
+      const std::string other = tree.dump(indent);
+      EXPECT_TRUE(CheckAgainstTree(other, 8 + other.size() + pos)) << other;
+    }
+    // The byte buffer a byte too short or too long.
+    EXPECT_FALSE(CheckAgainstTree(text, size + 1));
+    if (pos > 0) {
+      EXPECT_FALSE(CheckAgainstTree(text, size - 1));
+    }
+    // Corruptions: a byte replaced, removed or inserted, or a piece
+    // repeated.
+    for (int m = 0; m < 40; ++m) {
+      std::string bad = text;
+      const size_t at = pick(bad.size());
+      switch (pick(4)) {
+        case 0:
+          bad[at] = interesting[pick(interesting.size())];
+          break;
+        case 1:
+          bad.erase(at, 1);
+          break;
+        case 2:
+          bad.insert(at, 1, interesting[pick(interesting.size())]);
+          break;
+        default:
+          bad.insert(at, bad.substr(pick(bad.size()), 1 + pick(40)));
+          break;
+      }
+      const uint64_t bad_size = 8 + bad.size() + pos;
+      if (CheckAgainstTree(bad, bad_size)) ++accepted_mutations;
+    }
+  }
+  // Whitespace moved or digits that keep the tiling: some corruptions
+  // stay valid, and the fast parse takes them.
+  EXPECT_GT(accepted_mutations, 0);
+}
+
+// What the fast parse leaves to the tree: each of these gives up, and the
+// result (a header or the error) is the tree's.
+TEST(SafetensorsTest, FastParseGivesUpOnWhatItDoesNotTake) {
+  const std::string entry_a =
+      R"("a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]})";
+  // Zero bytes: two of them may share an offset, so only the name tells.
+  const std::string zero =
+      R"("z":{"dtype":"U8","shape":[0],"data_offsets":[2,2]})";
+  const std::vector<std::string> texts = {
+      R"({"\u0061":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+      "{\"\xc3\xa9\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}",
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"x":1}})",
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2.0]}})",
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,02]}})",
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2e0]}})",
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[-0,2]}})",
+      R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2,2]}})",
+      R"({"a":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+      R"({"a":{"dtype":"Q8","shape":[2],"data_offsets":[0,2]}})",
+      R"({"a":{"dtype":"U8","shape":[99999999999999999999],)"
+      R"("data_offsets":[0,2]}})",
+      "{" + entry_a + "," + entry_a + "}",
+      "{" + entry_a + "," + zero + "," + zero + "}",
+      "{" + entry_a + R"(,"__metadata__":{"k":"v"},"__metadata__":{}})",
+      "{" + entry_a + R"(,"__metadata__":{"k":1}})",
+      "{" + entry_a + R"(,"__metadata__":{"k":"v","k":"w"}})",
+      "{" + entry_a + ",}",
+      "{" + entry_a + "}x",
+      "[" + entry_a + "]",
+      "",
+  };
+  for (const std::string& text : texts) {
+    SCOPED_TRACE(text);
+    EXPECT_FALSE(CheckAgainstTree(text, 8 + text.size() + 2));
+  }
+  // The first three are valid headers, which the tree parse takes.
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(ParseSafetensorsHeader(texts[i], 8 + texts[i].size() + 2,
+                                       kFile)
+                    .ok());
+  }
 }
 
 // ------------------------------------------------------------ header length
