@@ -360,7 +360,10 @@ class FileReadableFile final : public ReadableFile {
   absl::Status Read(uint64_t offset, std::span<std::byte> data,
                     bool copy_mapped) const {
     const uint64_t end = offset + data.size();
-    if (copy_mapped && !Resident(data.data(), data.size())) {
+    // (MapCached maps nothing smaller than kMinMappedBytes, so a smaller
+    // read skips the residency question, a syscall.)
+    if (copy_mapped && data.size() >= kMinMappedBytes &&
+        !Resident(data.data(), data.size())) {
       if (std::unique_ptr<View> view = MapCached(offset, data.size())) {
         std::memcpy(data.data(), view->bytes().data(), data.size());
         return absl::OkStatus();
