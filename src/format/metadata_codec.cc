@@ -30,6 +30,7 @@
 #include "format/crc32c.h"
 #include "format/json_util.h"
 #include "format/names.h"
+#include "format/plain_json.h"
 #include "nlohmann/json.hpp"
 
 namespace cairn::internal_format {
@@ -646,10 +647,10 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
 // before. On anything else (escapes, non-ASCII, unknown or repeated
 // members, other number forms, any error) it gives up, and Decoder decodes
 // the text, giving the result or the error it always gave.
-class FastDecoder {
+class FastDecoder : private PlainJsonCursor {
  public:
   FastDecoder(std::string_view text, std::string_view source)
-      : p_(text.data()), end_(text.data() + text.size()), source_(source) {}
+      : PlainJsonCursor(text), source_(source) {}
 
   std::optional<Metadata> Decode();
 
@@ -671,75 +672,6 @@ class FastDecoder {
                                         kWorldSize | kTensors | kObjects |
                                         kScalars | kStructure | kUser;
 
-  void SkipSpace() {
-    while (p_ < end_ &&
-           (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) {
-      ++p_;
-    }
-  }
-  // Skips whitespace, then consumes `c`.
-  bool Take(char c) {
-    SkipSpace();
-    if (p_ == end_ || *p_ != c) return false;
-    ++p_;
-    return true;
-  }
-  // A string of printable ASCII without escapes, as a view of the text.
-  bool String(std::string_view* out) {
-    if (!Take('"')) return false;
-    const char* start = p_;
-    while (p_ < end_ && *p_ != '"') {
-      const unsigned char u = static_cast<unsigned char>(*p_);
-      if (u < 0x20 || u >= 0x80 || *p_ == '\\') return false;
-      ++p_;
-    }
-    if (p_ == end_) return false;
-    *out = std::string_view(start, p_ - start);
-    ++p_;
-    return true;
-  }
-  // A plain non-negative integer that fits uint64 and is not followed by a
-  // fraction or exponent (nlohmann makes anything else a float or an
-  // error).
-  bool Uint(uint64_t* out) {
-    SkipSpace();
-    const char* start = p_;
-    uint64_t v = 0;
-    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-      if (__builtin_mul_overflow(v, 10, &v) ||
-          __builtin_add_overflow(v, static_cast<uint64_t>(*p_ - '0'), &v)) {
-        return false;
-      }
-      ++p_;
-    }
-    if (p_ == start || (*start == '0' && p_ - start > 1)) return false;
-    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) return false;
-    *out = v;
-    return true;
-  }
-  // An array of integers in [0, 2^63), appended to `out`.
-  bool Dims(std::vector<int64_t>* out) {
-    if (!Take('[')) return false;
-    if (Take(']')) return true;
-    do {
-      uint64_t v;
-      if (!Uint(&v) || v > internal_core::kInt64Max) return false;
-      out->push_back(static_cast<int64_t>(v));
-    } while (Take(','));
-    return Take(']');
-  }
-  // Members of an object: calls member(key) for each, which parses the
-  // value. False when `member` does, or on malformed text.
-  template <typename Fn>
-  bool Members(Fn&& member) {
-    if (!Take('{')) return false;
-    if (Take('}')) return true;
-    do {
-      std::string_view key;
-      if (!String(&key) || !Take(':') || !member(key)) return false;
-    } while (Take(','));
-    return Take('}');
-  }
   // The text of any JSON value, found by matching brackets outside strings;
   // nlohmann checks it when it parses it.
   bool RawValue(std::string_view* out) {
@@ -806,8 +738,6 @@ class FastDecoder {
   bool Tensor(TensorMetadata* tensor);
   bool Scalars(std::map<std::string, Scalar>* scalars);
 
-  const char* p_;
-  const char* end_;
   std::string_view source_;
 };
 

@@ -13,6 +13,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/json_util.h"
+#include "format/plain_json.h"
 #include "nlohmann/json.hpp"
 
 namespace cairn::internal_format {
@@ -25,7 +26,6 @@ using nlohmann::json;
 
 constexpr char kMetadataKey[] = "__metadata__";
 using internal_core::kInt64Max;
-constexpr uint64_t kUint64Max = std::numeric_limits<uint64_t>::max();
 
 absl::Status Corrupt(absl::string_view file, absl::string_view what) {
   return absl::DataLossError(
@@ -121,11 +121,10 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
 // once) and yields what they yield for it. On anything else, any check
 // that fails included, it gives up and the tree parse decides, with the
 // error it always gave.
-class FastHeaderParser {
+class FastHeaderParser : private PlainJsonCursor {
  public:
   FastHeaderParser(std::string_view text, uint64_t buffer_size)
-      : p_(text.data()), end_(text.data() + text.size()),
-        buffer_size_(buffer_size) {}
+      : PlainJsonCursor(text), buffer_size_(buffer_size) {}
 
   bool Parse(SafetensorsHeader* header) {
     bool metadata = false;
@@ -137,8 +136,7 @@ class FastHeaderParser {
         })) {
       return false;
     }
-    SkipSpace();
-    if (p_ != end_) return false;
+    if (!AtEnd()) return false;
     // A name twice: the tree keeps one of them; let it.
     std::vector<std::string_view> names;
     names.reserve(header->entries.size());
@@ -148,61 +146,6 @@ class FastHeaderParser {
   }
 
  private:
-  void SkipSpace() {
-    while (p_ < end_ &&
-           (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) {
-      ++p_;
-    }
-  }
-  bool Take(char c) {
-    SkipSpace();
-    if (p_ == end_ || *p_ != c) return false;
-    ++p_;
-    return true;
-  }
-  // Printable ASCII without escapes, as a view of the text.
-  bool String(std::string_view* out) {
-    if (!Take('"')) return false;
-    const char* start = p_;
-    while (p_ < end_ && *p_ != '"') {
-      const unsigned char u = static_cast<unsigned char>(*p_);
-      if (u < 0x20 || u >= 0x7f || *p_ == '\\') return false;
-      ++p_;
-    }
-    if (p_ == end_) return false;
-    *out = std::string_view(start, p_ - start);
-    ++p_;
-    return true;
-  }
-  // Digits without a leading zero, fraction or exponent, in [0, max].
-  bool Uint(uint64_t max, uint64_t* out) {
-    SkipSpace();
-    const char* start = p_;
-    uint64_t v = 0;
-    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-      if (__builtin_mul_overflow(v, 10, &v) ||
-          __builtin_add_overflow(v, static_cast<uint64_t>(*p_ - '0'), &v)) {
-        return false;
-      }
-      ++p_;
-    }
-    if (p_ == start || (*start == '0' && p_ - start > 1) || v > max) {
-      return false;
-    }
-    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) return false;
-    *out = v;
-    return true;
-  }
-  template <typename Fn>
-  bool Members(Fn&& member) {
-    if (!Take('{')) return false;
-    if (Take('}')) return true;
-    do {
-      std::string_view key;
-      if (!String(&key) || !Take(':') || !member(key)) return false;
-    } while (Take(','));
-    return Take('}');
-  }
   bool Metadata(SafetensorsHeader* header) {
     return Members([&](std::string_view key) {
       std::string_view value;
@@ -221,11 +164,10 @@ class FastHeaderParser {
           if (key == "dtype") {
             bit = 1, ok = String(&dtype);
           } else if (key == "shape") {
-            bit = 2, ok = Shape(&entry->shape);
+            bit = 2, ok = Dims(&entry->shape);
           } else if (key == "data_offsets") {
-            bit = 4, ok = Take('[') && Uint(kUint64Max, &entry->begin) &&
-                          Take(',') && Uint(kUint64Max, &entry->end) &&
-                          Take(']');
+            bit = 4, ok = Take('[') && Uint(&entry->begin) && Take(',') &&
+                          Uint(&entry->end) && Take(']');
           }
           if (!ok || (seen & bit)) return false;
           seen |= bit;
@@ -243,19 +185,7 @@ class FastHeaderParser {
     return entry->begin <= entry->end && bytes &&
            entry->end - entry->begin == *bytes && entry->end <= buffer_size_;
   }
-  bool Shape(std::vector<int64_t>* out) {
-    if (!Take('[')) return false;
-    if (Take(']')) return true;
-    do {
-      uint64_t v;
-      if (!Uint(kInt64Max, &v)) return false;
-      out->push_back(static_cast<int64_t>(v));
-    } while (Take(','));
-    return Take(']');
-  }
 
-  const char* p_;
-  const char* const end_;
   const uint64_t buffer_size_;
 };
 
