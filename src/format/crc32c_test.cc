@@ -1,5 +1,6 @@
 #include "format/crc32c.h"
 
+#include <cctype>
 #include <cstring>
 #include <random>
 #include <string>
@@ -159,6 +160,25 @@ TEST(Crc32cTest, HexRejectsMalformed) {
     auto parsed = Crc32cFromHex(bad);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
         << bad;
+  }
+}
+
+// Every byte value in every position: a hex digit gives its value there,
+// anything else is refused.
+TEST(Crc32cTest, HexTakesEveryDigitAndNothingElse) {
+  for (int pos = 0; pos < 8; ++pos) {
+    for (int c = 0; c < 256; ++c) {
+      std::string hex(8, '0');
+      hex[pos] = static_cast<char>(c);
+      const bool digit = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') ||
+                         (c >= 'A' && c <= 'F');
+      absl::StatusOr<uint32_t> parsed = Crc32cFromHex(hex);
+      ASSERT_EQ(parsed.ok(), digit) << pos << " " << c;
+      if (!digit) continue;
+      const uint32_t value =
+          std::isdigit(c) ? c - '0' : std::tolower(c) - 'a' + 10;
+      EXPECT_EQ(*parsed, value << (4 * (7 - pos))) << pos << " " << c;
+    }
   }
 }
 

@@ -739,6 +739,9 @@ class FastDecoder : private PlainJsonCursor {
   bool Scalars(std::map<std::string, Scalar>* scalars);
 
   std::string_view source_;
+  // The previous tensor's chunk count, reserved for the next one's (every
+  // tensor usually has as many chunks as ranks saved it).
+  size_t chunks_hint_ = 0;
 };
 
 bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending) {
@@ -815,6 +818,7 @@ bool FastDecoder::Tensor(TensorMetadata* tensor) {
       if (std::exchange(chunks, true) || !Take('[')) return false;
       if (Take(']')) return true;
       do {
+        if (tensor->chunks.empty()) tensor->chunks.reserve(chunks_hint_);
         if (!Chunk(&tensor->chunks.emplace_back())) return false;
       } while (Take(','));
       return Take(']');
@@ -822,6 +826,7 @@ bool FastDecoder::Tensor(TensorMetadata* tensor) {
     return false;
   });
   if (!parsed || !dtype_name || !shape || !chunks) return false;
+  chunks_hint_ = tensor->chunks.size();
   // Decoder::Tensor's checks, once dtype and shape are known (the members
   // may come in any order).
   absl::StatusOr<DType> dtype = DTypeFromName(*dtype_name);

@@ -9,6 +9,7 @@
 #ifndef CAIRN_FORMAT_PLAIN_JSON_H_
 #define CAIRN_FORMAT_PLAIN_JSON_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -73,16 +74,34 @@ class PlainJsonCursor {
     *out = v;
     return true;
   }
-  // An array of integers in [0, 2^63), appended to `out`.
+  // An array of integers in [0, 2^63), appended to `out`: collected first
+  // and appended in one step, so the usual few dimensions cost one
+  // allocation, not one per growth of the vector.
   bool Dims(std::vector<int64_t>* out) {
     if (!Take('[')) return false;
     if (Take(']')) return true;
+    constexpr size_t kInline = 8;
+    int64_t inline_dims[kInline];
+    std::vector<int64_t> more;  // all of them, past kInline
+    size_t n = 0;
     do {
       uint64_t v;
       if (!Uint(&v) || v > internal_core::kInt64Max) return false;
-      out->push_back(static_cast<int64_t>(v));
+      if (n < kInline) {
+        inline_dims[n] = static_cast<int64_t>(v);
+      } else {
+        if (n == kInline) more.assign(inline_dims, inline_dims + kInline);
+        more.push_back(static_cast<int64_t>(v));
+      }
+      ++n;
     } while (Take(','));
-    return Take(']');
+    if (!Take(']')) return false;
+    if (n <= kInline) {
+      out->insert(out->end(), inline_dims, inline_dims + n);
+    } else {
+      out->insert(out->end(), more.begin(), more.end());
+    }
+    return true;
   }
   // Members of an object: calls member(key) for each, which parses the
   // value. False when `member` does, or on malformed text.
