@@ -186,7 +186,7 @@ class Loader {
     }
     for (const auto& key : chunk_order) {
       const TensorMetadata& tm = *key.first;
-      const std::string& fqn = fqn_of_[key.first];
+      const std::string& fqn = *fqn_of_[key.first];
       CAIRN_RETURN_IF_ERROR(
           PlanChunk(fqn, tm, tm.chunks[key.second], by_chunk[key]));
     }
@@ -247,7 +247,7 @@ class Loader {
           item.fqn));
     }
     const TensorMetadata& tm = it->second;
-    fqn_of_[&tm] = it->first;
+    fqn_of_[&tm] = &it->first;
     if (item.chunk >= tm.chunks.size() ||
         !Contains(tm.chunks[item.chunk].box, item.overlap) ||
         item.overlap.empty()) {
@@ -678,7 +678,9 @@ class Loader {
   std::map<std::string, int> file_index_;
   std::vector<std::string> file_names_;
   std::vector<DataFile> files_;
-  std::map<const TensorMetadata*, std::string> fqn_of_;
+  // Each stored tensor's FQN: its key in metadata_.tensors, which
+  // outlives this loader.
+  std::map<const TensorMetadata*, const std::string*> fqn_of_;
 };
 
 }  // namespace

@@ -71,16 +71,22 @@ std::optional<Box> Intersect(const Box& a, const Box& b) {
       b.empty()) {
     return std::nullopt;
   }
+  // Disjoint boxes first, without allocating: a planner asks this of every
+  // stored chunk for every destination box, and most pairs do not meet.
+  auto lo = [&](size_t i) { return std::max(a.offsets[i], b.offsets[i]); };
+  auto hi = [&](size_t i) {
+    return std::min(SaturatingEnd(a.offsets[i], a.sizes[i]),
+                    SaturatingEnd(b.offsets[i], b.sizes[i]));
+  };
+  for (size_t i = 0; i < a.sizes.size(); ++i) {
+    if (hi(i) <= lo(i)) return std::nullopt;
+  }
   Box out;
   out.offsets.resize(a.sizes.size());
   out.sizes.resize(a.sizes.size());
   for (size_t i = 0; i < a.sizes.size(); ++i) {
-    const int64_t lo = std::max(a.offsets[i], b.offsets[i]);
-    const int64_t hi = std::min(SaturatingEnd(a.offsets[i], a.sizes[i]),
-                                SaturatingEnd(b.offsets[i], b.sizes[i]));
-    if (hi <= lo) return std::nullopt;
-    out.offsets[i] = lo;
-    out.sizes[i] = hi - lo;
+    out.offsets[i] = lo(i);
+    out.sizes[i] = hi(i) - lo(i);
   }
   return out;
 }
