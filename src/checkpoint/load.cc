@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -290,7 +291,8 @@ class Loader {
       return PlanRegion(fqn, tm, chunk, region, targets);
     }
     for (const Target& tg : targets) {
-      CAIRN_RETURN_IF_ERROR(PlanRegion(fqn, tm, chunk, tg.overlap, {tg}));
+      CAIRN_RETURN_IF_ERROR(PlanRegion(fqn, tm, chunk, tg.overlap,
+                                       std::span<const Target>(&tg, 1)));
     }
     return absl::OkStatus();
   }
@@ -312,7 +314,7 @@ class Loader {
   // slabs whose file span fits a bounce buffer; one read task per slab.
   absl::Status PlanRegion(const std::string& fqn, const TensorMetadata& tm,
                           const ChunkMetadata& chunk, const Box& overlap,
-                          const std::vector<Target>& targets) {
+                          std::span<const Target> targets) {
     const size_t es = DTypeSize(tm.dtype);
     const int rank = overlap.rank();
     const bool whole_chunk = overlap == chunk.box;
@@ -380,7 +382,7 @@ class Loader {
   }
 
   absl::Status AddSlabTask(const ChunkMetadata& chunk,
-                           const std::vector<Target>& targets, const Box& slab,
+                           std::span<const Target> targets, const Box& slab,
                            int file, int check, const std::string& what,
                            size_t es, const std::vector<int64_t>& cs) {
     const int rank = slab.rank();
