@@ -74,33 +74,25 @@ class PlainJsonCursor {
     *out = v;
     return true;
   }
-  // An array of integers in [0, 2^63), appended to `out`: collected first
-  // and appended in one step, so the usual few dimensions cost one
-  // allocation, not one per growth of the vector.
+  // An array of at most kMaxDims integers in [0, 2^63), appended to `out`:
+  // collected first and appended in one step, so they cost one allocation,
+  // not one per growth of the vector. More dimensions than that are left
+  // to nlohmann, like any other form this cursor does not take.
+  static constexpr size_t kMaxDims = 8;
   bool Dims(std::vector<int64_t>* out) {
     if (!Take('[')) return false;
     if (Take(']')) return true;
-    constexpr size_t kInline = 8;
-    int64_t inline_dims[kInline];
-    std::vector<int64_t> more;  // all of them, past kInline
+    int64_t dims[kMaxDims];
     size_t n = 0;
     do {
       uint64_t v;
-      if (!Uint(&v) || v > internal_core::kInt64Max) return false;
-      if (n < kInline) {
-        inline_dims[n] = static_cast<int64_t>(v);
-      } else {
-        if (n == kInline) more.assign(inline_dims, inline_dims + kInline);
-        more.push_back(static_cast<int64_t>(v));
+      if (n == kMaxDims || !Uint(&v) || v > internal_core::kInt64Max) {
+        return false;
       }
-      ++n;
+      dims[n++] = static_cast<int64_t>(v);
     } while (Take(','));
     if (!Take(']')) return false;
-    if (n <= kInline) {
-      out->insert(out->end(), inline_dims, inline_dims + n);
-    } else {
-      out->insert(out->end(), more.begin(), more.end());
-    }
+    out->insert(out->end(), dims, dims + n);
     return true;
   }
   // Members of an object: calls member(key) for each, which parses the
