@@ -12,7 +12,7 @@ usage() {
   cat <<EOF
 Usage: $PROG [--dir DIR] [--sizes "256MiB 1GiB 2GiB"] [--ranks 4] [--repeat N]
                     [--out RESULTS_DIR] [--cairn PATH] [--skip-fio] [--skip-torch]
-                    [--fio-runtime SECONDS]
+                    [--fio-runtime SECONDS] [--python PATH]
 
   --dir DIR           directory on the storage to measure (created if missing;
                       must not be tmpfs). Default /var/tmp/cairn-bench
@@ -25,6 +25,9 @@ Usage: $PROG [--dir DIR] [--sizes "256MiB 1GiB 2GiB"] [--ranks 4] [--repeat N]
   --skip-fio          do not measure the physical limits (reported as not measured)
   --skip-torch        do not run the PyTorch peer (reported as not measured)
   --fio-runtime S     time limit of each fio job in seconds. Default 10
+  --python PATH       the Python that runs the PyTorch peer. Default
+                      /usr/bin/python3 (Debian's python3-torch); name another
+                      where torch lives elsewhere (a venv, a GPU image)
 
 Writes fio-*.json, cairn-SIZE.json, model-SIZE.json, torch-SIZE.json,
 run.json, report.md and report.json into the results folder and prints
@@ -70,6 +73,7 @@ CAIRN=$ROOT/build/tools/cairn
 SKIP_FIO=0
 SKIP_TORCH=0
 FIO_RUNTIME=10
+PEER_PYTHON=/usr/bin/python3
 COMMAND_LINE="$PROG$(printf " %q" "$@")"
 
 while [ $# -gt 0 ]; do
@@ -77,7 +81,7 @@ while [ $# -gt 0 ]; do
     -h|--help) usage; exit 0 ;;
     --skip-fio) SKIP_FIO=1; shift; continue ;;
     --skip-torch) SKIP_TORCH=1; shift; continue ;;
-    --dir|--sizes|--ranks|--repeat|--out|--cairn|--fio-runtime)
+    --dir|--sizes|--ranks|--repeat|--out|--cairn|--fio-runtime|--python)
       [ $# -ge 2 ] || die "$1 needs a value (see --help)" ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -89,6 +93,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2 ;;
     --cairn) CAIRN=$2 ;;
     --fio-runtime) FIO_RUNTIME=$2 ;;
+    --python) PEER_PYTHON=$2 ;;
   esac
   shift 2
 done
@@ -115,10 +120,10 @@ if [ "$SKIP_FIO" = 0 ]; then
 fi
 if [ "$SKIP_TORCH" = 0 ]; then
   # The peer is written for Debian's python3-torch, hence /usr/bin/python3
-  # rather than whatever python3 is first on PATH.
-  [ -x /usr/bin/python3 ] || die "/usr/bin/python3 not found: apt-get install -y python3-torch python3-numpy (or --skip-torch)"
-  TORCH_VERSION=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
-    die "/usr/bin/python3 cannot import torch: apt-get install -y python3-torch python3-numpy (or --skip-torch)"
+  # rather than whatever python3 is first on PATH, unless --python says.
+  [ -x "$PEER_PYTHON" ] || die "$PEER_PYTHON not found: apt-get install -y python3-torch python3-numpy (or --python PATH, or --skip-torch)"
+  TORCH_VERSION=$("$PEER_PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
+    die "$PEER_PYTHON cannot import torch: apt-get install -y python3-torch python3-numpy (or --python PATH, or --skip-torch)"
 fi
 
 # Filesystem and free space of DIR, or of the folder it will be made in:
@@ -251,7 +256,7 @@ for s in $SIZES; do
     --model-out "$OUT/model-$s.json" > "$OUT/cairn-$s.json"
   if [ "$SKIP_TORCH" = 0 ]; then
     # The peer's table goes to stderr with the progress; its JSON to --out.
-    step "torch peer $s" /usr/bin/python3 "$ROOT/bench/peers/torch_peer.py" \
+    step "torch peer $s" "$PEER_PYTHON" "$ROOT/bench/peers/torch_peer.py" \
       --model "$OUT/model-$s.json" --dir "$DIR" --ranks "$RANKS" \
       --repeat "$REPEAT" --out "$OUT/torch-$s.json" >&2
   fi

@@ -82,6 +82,36 @@ def import_dcp():
         dataclasses.field = original_field
 
 
+def modern_dcp():
+    """torch.distributed.checkpoint where it has save() and load() (torch 2.2
+    and later), else None (torch 1.13 has only _shard.checkpoint)."""
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        return None
+    return dcp if hasattr(dcp, "save") and hasattr(dcp, "load") else None
+
+
+def dcp_functions():
+    """(FileSystemWriter, save, FileSystemReader, load) of the DCP this torch
+    has: modern_dcp()'s save/load, else torch 1.13's save_state_dict and
+    load_state_dict. Both take state_dict= and storage_writer=/_reader=."""
+    import_dcp()
+    dcp = modern_dcp()
+    if dcp is not None:
+        return dcp.FileSystemWriter, dcp.save, dcp.FileSystemReader, dcp.load
+    from torch.distributed._shard.checkpoint import (
+        FileSystemReader, FileSystemWriter, load_state_dict, save_state_dict)
+    return FileSystemWriter, save_state_dict, FileSystemReader, load_state_dict
+
+
+def dcp_api_name():
+    import_dcp()
+    if modern_dcp() is not None:
+        return "torch.distributed.checkpoint.save/load"
+    return "torch.distributed._shard.checkpoint.save_state_dict/load_state_dict"
+
+
 # --------------------------------------------------------------------------
 # Deterministic tensor contents: element with flat index i of tensor `fqn`
 # holds ((i + seed(fqn)) * K mod 2^24 - 2^23) / 1024, exactly representable
@@ -317,32 +347,28 @@ def rank_body(spec, rank, world, port):
             state[t["fqn"]] = None
         out["verified"] = True
     elif kind == "dcp_save":
-        from torch.distributed._shard.checkpoint import (
-            FileSystemWriter, save_state_dict)
+        FileSystemWriter, save, _, _ = dcp_functions()
         state, local = build_sharded_state(spec, rank, world, 0, "data")
         out["dest_bytes"] = local_bytes(local)
         sync_point()
         t0 = time.monotonic()
-        save_state_dict(
-            state_dict=state,
-            storage_writer=FileSystemWriter(
-                spec["path"],
-                single_file_per_rank=spec["single_file_per_rank"],
-                sync_files=True))
+        save(state_dict=state,
+             storage_writer=FileSystemWriter(
+                 spec["path"],
+                 single_file_per_rank=spec["single_file_per_rank"],
+                 sync_files=True))
         if rank == 0:
             fsync_dir(spec["path"])
         t1 = time.monotonic()
         out["peak_rss_bytes"] = maxrss_bytes()
     elif kind == "dcp_load":
-        from torch.distributed._shard.checkpoint import (
-            FileSystemReader, load_state_dict)
+        _, _, FileSystemReader, load = dcp_functions()
         state, local = build_sharded_state(spec, rank, world,
                                            spec["split_dim"], "nan")
         out["dest_bytes"] = local_bytes(local)
         prepare_cache()
         t0 = time.monotonic()
-        load_state_dict(state_dict=state,
-                        storage_reader=FileSystemReader(spec["path"]))
+        load(state_dict=state, storage_reader=FileSystemReader(spec["path"]))
         t1 = time.monotonic()
         out["peak_rss_bytes"] = maxrss_bytes()
         shapes = {t["fqn"]: t["shape"] for t in spec["tensors"]}
@@ -728,10 +754,10 @@ def main():
         "file, flush + fsync(file) + fsync(dir), inside the timer.",
         "torch_load: torch.load(map_location='cpu') allocates its own "
         "tensors, so fresh-memory page faults are inside its timer.",
-        "dcp_save_*: torch.distributed._shard.checkpoint.save_state_dict with "
+        f"dcp_save_*: {dcp_api_name()} with "
         "FileSystemWriter(sync_files=True), which fsyncs each data file and "
         "the .metadata file; DCP never fsyncs the directory, so rank 0 "
-        "fsyncs the checkpoint directory after save_state_dict, inside the "
+        "fsyncs the checkpoint directory after the save, inside the "
         "timer.",
         "dcp_load_*: destination ShardedTensors are allocated and filled with "
         "NaN before the timer, so fresh-memory page faults are not timed; "
@@ -750,6 +776,7 @@ def main():
     report = {
         "peer": "torch",
         "torch_version": torch.__version__,
+        "dcp_api": dcp_api_name(),
         "python_version": platform.python_version(),
         "bytes": total,
         "tensors": len(tensors),
