@@ -14,11 +14,13 @@
 //   async_save   AsyncSaver::Save(): blocked = until Save() returns (device
 //                to pinned host staging on cairn's stream); total = until the
 //                checkpoint is committed.
-//   load         Load() into host tensors (cairn loads into host memory;
-//                device destinations are not supported yet), then one
-//                cudaMemcpy per tensor to the device tensors; cold (page
-//                cache dropped, when root) and warm. The device tensors are
-//                zeroed first and checked bit-exact afterwards.
+//   load_same    Load() into the device tensors: pinned host staging, then
+//                copies to the device on cairn's stream;
+//   load_same_host_copy
+//                Load() into host tensors, then one cudaMemcpy per tensor
+//                (what a caller did before device destinations). Each cold
+//                (page cache dropped, when root) and warm. The device
+//                tensors are zeroed first and checked bit-exact afterwards.
 // Built only with CAIRN_WITH_CUDA.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -239,52 +241,69 @@ int Main(int argc, char** argv) {
                  blocked / save_s);
   }
 
-  // Loads: host destinations (allocated and touched before the timer), then
-  // to the device.
-  StateDict dest;
+  // Loads. load_same: Load() straight into the device tensors (pinned host
+  // staging, copies to the device on cairn's stream). load_same_host_copy:
+  // the way before device destinations existed, Load() into host tensors
+  // (allocated and touched before the timer) and one cudaMemcpy per tensor.
+  // Each cold (when the page cache can be dropped) and warm; the device
+  // tensors are zeroed before and checked bit-exact after every load.
+  StateDict host_state;
   std::vector<Tensor> host_dest;
   for (const DeviceTensor& d : tensors) {
     absl::StatusOr<Tensor> h = Tensor::Empty(DType::kF32, d.t->shape);
     STATUS_OR_DIE(h.status());
     std::memset(h->data(), 0xff, d.t->nbytes());
-    tools::InsertLeaf(dest, d.t->fqn, StateDict(h->view()));
+    tools::InsertLeaf(host_state, d.t->fqn, StateDict(h->view()));
     host_dest.push_back(*h);
   }
   bool verified = true;
   std::vector<const char*> caches;
   if (cold != "none" && DropCaches()) caches.push_back("cold");
   caches.push_back("warm");
-  for (const char* cache : caches) {
-    for (const DeviceTensor& d : tensors) {
-      CUDA_OR_DIE(cudaMemset(d.ptr, 0, d.t->nbytes()));
-    }
-    CUDA_OR_DIE(cudaDeviceSynchronize());
-    if (std::strcmp(cache, "cold") == 0) {
-      DropCaches();
-    } else {
-      Prewarm(sync_dir);
-    }
-    t0 = Clock::now();
-    absl::StatusOr<LoadResult> loaded = Load(dest, sync_dir);
-    STATUS_OR_DIE(loaded.status());
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      CUDA_OR_DIE(cudaMemcpy(tensors[i].ptr, host_dest[i].data(),
-                             tensors[i].t->nbytes(), cudaMemcpyHostToDevice));
-    }
-    CUDA_OR_DIE(cudaDeviceSynchronize());
-    row("load_same", "load", cache, Since(t0));
-    // Verify on the device's copy.
-    std::vector<float> back;
-    for (const DeviceTensor& d : tensors) {
-      back.resize(d.t->num_elements());
-      CUDA_OR_DIE(cudaMemcpy(back.data(), d.ptr, d.t->nbytes(),
-                             cudaMemcpyDeviceToHost));
-      absl::StatusOr<std::optional<tools::Mismatch>> bad = tools::VerifyBox(
-          *d.t, d.box, TensorView(back.data(), DType::kF32, d.t->shape), 0, 8);
-      STATUS_OR_DIE(bad.status());
-      if (bad->has_value()) {
-        std::fprintf(stderr, "VERIFY FAILED: %s\n", (*bad)->ToString().c_str());
-        verified = false;
+  for (const bool to_device : {true, false}) {
+    for (const char* cache : caches) {
+      for (const DeviceTensor& d : tensors) {
+        CUDA_OR_DIE(cudaMemset(d.ptr, 0, d.t->nbytes()));
+      }
+      CUDA_OR_DIE(cudaDeviceSynchronize());
+      if (std::strcmp(cache, "cold") == 0) {
+        DropCaches();
+      } else {
+        Prewarm(sync_dir);
+      }
+      t0 = Clock::now();
+      absl::StatusOr<LoadResult> loaded =
+          Load(to_device ? state : host_state, sync_dir);
+      STATUS_OR_DIE(loaded.status());
+      if (!to_device) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          CUDA_OR_DIE(cudaMemcpy(tensors[i].ptr, host_dest[i].data(),
+                                 tensors[i].t->nbytes(),
+                                 cudaMemcpyHostToDevice));
+        }
+      }
+      CUDA_OR_DIE(cudaDeviceSynchronize());
+      nlohmann::json* r =
+          row(to_device ? "load_same" : "load_same_host_copy", "load", cache,
+              Since(t0));
+      (*r)["device_bytes"] = loaded->device_bytes;
+      (*r)["read_seconds"] = loaded->phases.read;
+      (*r)["copy_seconds"] = loaded->phases.copy;
+      // Verify on the device's copy.
+      std::vector<float> back;
+      for (const DeviceTensor& d : tensors) {
+        back.resize(d.t->num_elements());
+        CUDA_OR_DIE(cudaMemcpy(back.data(), d.ptr, d.t->nbytes(),
+                               cudaMemcpyDeviceToHost));
+        absl::StatusOr<std::optional<tools::Mismatch>> bad = tools::VerifyBox(
+            *d.t, d.box, TensorView(back.data(), DType::kF32, d.t->shape), 0,
+            8);
+        STATUS_OR_DIE(bad.status());
+        if (bad->has_value()) {
+          std::fprintf(stderr, "VERIFY FAILED: %s\n",
+                       (*bad)->ToString().c_str());
+          verified = false;
+        }
       }
     }
   }
@@ -299,8 +318,10 @@ int Main(int argc, char** argv) {
       {"results", results},
       {"notes",
        {"one process, one GPU, every tensor whole on the device",
-        "load reads into host tensors and copies each to the device with "
-        "cudaMemcpy (cairn has no device load destinations yet)"}}};
+        "load_same: Load() into the device tensors (pinned host staging in "
+        "batches of LoadOptions::device_batch_bytes, copies on cairn's "
+        "stream); load_same_host_copy: Load() into host tensors, then "
+        "cudaMemcpy of each to the device"}}};
   if (!json_out.empty()) std::ofstream(json_out) << out.dump(1) << "\n";
   std::printf("%s\n", out.dump(1).c_str());
   for (DeviceTensor& d : tensors) cudaFree(d.ptr);

@@ -14,7 +14,10 @@
 // Load fills the caller's destination views in place. Destinations may be
 // sharded differently from the saved chunks (resharding): each destination
 // box reads only the byte ranges that overlap it. Chunks read whole are
-// checked against their CRC32C.
+// checked against their CRC32C. Destinations may be device (CUDA) memory:
+// Load waits for the device's queued work, reads through pinned host
+// staging and has copied every byte to the device when it returns (on an
+// error, device destinations may be partly written).
 //
 // Distributed: with SaveOptions::comm / LoadOptions::comm set, every rank of
 // the communicator calls Save (or Load) with the same URL and its own part
@@ -115,7 +118,8 @@ struct SaveResult {
 // Saves `state` to `url`. Fails before writing anything on a bad state dict
 // (duplicate FQN, a shard outside its tensor, shards of all ranks together
 // that do not cover a tensor exactly once, ranks that disagree on a
-// tensor's dtype or shape, a non-host tensor), naming the FQN and the ranks.
+// tensor's dtype or shape, a device tensor in a build or on a machine
+// without CUDA), naming the FQN and the ranks.
 absl::StatusOr<SaveResult> Save(const StateDict& state, std::string_view url,
                                 const SaveOptions& options = {});
 
@@ -151,6 +155,13 @@ struct LoadOptions {
   // Staging memory per rank for broadcast load (an item larger than this
   // gets a buffer of its own size). Default: 64 MiB.
   uint64_t broadcast_batch_bytes = uint64_t{64} << 20;
+  // Device (GPU) destinations are filled through pinned host staging, a
+  // batch of about this many bytes at a time: read, checked, then copied to
+  // the device on cairn's stream while the next batch is read. Two buffers
+  // of this size per rank (an item larger than this gets a buffer of its
+  // own size); in a replica group, broadcast_batch_bytes instead.
+  // Default: 64 MiB.
+  uint64_t device_batch_bytes = uint64_t{64} << 20;
   // Rank-local mode: no collective at all. Each rank reads its own
   // rank-NNNNN/metadata.json when it exists, else the global metadata.json.
   // A destination box that the rank's own folder does not fully hold is an
@@ -164,7 +175,8 @@ struct LoadPhaseTimes {
   double planning = 0;   // local plans, global plan, exchange
   double read = 0;       // storage reads (and copies straight from them)
   double broadcast = 0;  // broadcast load: moving bytes inside the group
-  double copy = 0;       // broadcast load: staging to destinations
+  double copy = 0;       // staged loads (broadcast, device destinations):
+                         // staging to destinations, device copies waited for
 };
 
 struct LoadResult {
@@ -173,6 +185,7 @@ struct LoadResult {
   uint64_t bytes_loaded = 0;     // bytes placed into destinations
   uint64_t bytes_read = 0;       // bytes this rank read from storage
   uint64_t chunks_verified = 0;  // chunks and objects whose CRC32C matched
+  uint64_t device_bytes = 0;     // of bytes_loaded, copied into device memory
   int world_size = 1;
   // Ranks in this rank's replica group (1: it read everything itself).
   int replica_group_size = 1;

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
 #include "cairn/stager.h"
 #include "checkpoint/test_util.h"
 #include "cuda/fake_device_runtime.h"
@@ -269,6 +271,205 @@ TEST_F(DeviceStagingTest, AsyncSaveOfDeviceTensorsHoldsValuesFromBefore) {
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(w[i], 5.0f + i) << i;
 }
 
+// QueueCopyToDeviceView, the copy a load makes into a device tensor: the
+// source is the packed, row-major image of the view.
+
+// A packed host source of `n` floats: 1000, 1001, ...
+std::vector<float> PackedSource(int64_t n) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = 1000.0f + static_cast<float>(i);
+  return v;
+}
+
+class QueueCopyToDeviceTest : public DeviceStagingTest {
+ protected:
+  // Loads the packed source into the `box` slice of a device tensor of
+  // `shape` (holding 0, 1, ...) and checks every element of the tensor: the
+  // old values until Synchronize; then, inside the box, the source in the
+  // box's row-major order and, outside it, the old values still. Returns the
+  // copies queued.
+  int64_t LoadSlice(const Shape& shape, const Box& box) {
+    DeviceBuffer buf(runtime_, 0, NumElements(shape), 0);
+    absl::StatusOr<TensorView> slice = buf.View(shape).Slice(box);
+    EXPECT_TRUE(slice.ok()) << slice.status();
+    if (!slice.ok()) return -1;
+    const std::vector<float> src = PackedSource(NumElements(box.sizes));
+    const int64_t copies_before = runtime_.to_device_copies();
+    const int64_t bytes_before = runtime_.to_device_bytes();
+    absl::Status s =
+        internal_cuda::QueueCopyToDeviceView(runtime_, "w", src.data(), *slice);
+    EXPECT_TRUE(s.ok()) << s;
+    const int64_t copies = runtime_.to_device_copies() - copies_before;
+    // Only the slice's bytes went through the runtime, not its whole span.
+    EXPECT_EQ(runtime_.to_device_bytes() - bytes_before,
+              static_cast<int64_t>(src.size() * sizeof(float)));
+    EXPECT_EQ(runtime_.pending(), copies);
+    for (size_t i = 0; i < buf.values.size(); ++i) {
+      EXPECT_EQ(buf.values[i], static_cast<float>(i)) << "before sync " << i;
+    }
+    EXPECT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
+    for (size_t i = 0; i < buf.values.size(); ++i) {
+      // The coordinates of element i, and its row-major index in the box
+      // when it lies inside.
+      int64_t rest = static_cast<int64_t>(i);
+      int64_t packed = 0;
+      int64_t scale = 1;
+      bool inside = true;
+      for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+        const int64_t x = rest % shape[d] - box.offsets[d];
+        rest /= shape[d];
+        inside &= x >= 0 && x < box.sizes[d];
+        packed += x * scale;
+        scale *= box.sizes[d];
+      }
+      const float want = inside ? src[packed] : static_cast<float>(i);
+      EXPECT_EQ(buf.values[i], want) << "element " << i;
+    }
+    return copies;
+  }
+};
+
+TEST_F(QueueCopyToDeviceTest, ContiguousViewIsOneCopyThatLandsAtSynchronize) {
+  DeviceBuffer buf(runtime_, 0, 24, 0);
+  const std::vector<float> src = PackedSource(24);
+  ASSERT_TRUE(internal_cuda::QueueCopyToDeviceView(runtime_, "w", src.data(),
+                                                   buf.View({2, 3, 4}))
+                  .ok());
+  EXPECT_EQ(runtime_.to_device_copies(), 1);
+  EXPECT_EQ(runtime_.to_device_bytes(), 24 * 4);
+  EXPECT_EQ(runtime_.copies(), 0);  // nothing went the other way
+  // Deferred: the device memory still holds the old values.
+  EXPECT_EQ(runtime_.pending(), 1);
+  EXPECT_EQ(buf.values[0], 0.0f);
+  EXPECT_EQ(buf.values[23], 23.0f);
+  ASSERT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
+  EXPECT_EQ(buf.values, src);
+
+  // Dimensions of size 1 with any stride are still one contiguous copy.
+  DeviceBuffer other(runtime_, 0, 24, 0);
+  ASSERT_TRUE(internal_cuda::QueueCopyToDeviceView(
+                  runtime_, "w", src.data(),
+                  TensorView(other.values.data(), DType::kF32, {1, 6, 1, 4},
+                             {999, 4, 7, 1}, Device::Cuda(0)))
+                  .ok());
+  EXPECT_EQ(runtime_.to_device_copies(), 2);
+  ASSERT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
+  EXPECT_EQ(other.values, src);
+}
+
+// One copy per contiguous run, the trailing dimensions merged while they are
+// contiguous; the elements outside the slice stay as they were.
+TEST_F(QueueCopyToDeviceTest, SlicesCopyOneRunPerContiguousStretch) {
+  {
+    SCOPED_TRACE("columns 2-4 of a 6x8 matrix: a run per row");
+    EXPECT_EQ(LoadSlice({6, 8}, Box{{0, 2}, {6, 3}}), 6);
+  }
+  {
+    SCOPED_TRACE("whole rows of a 6x8 matrix: one run");
+    EXPECT_EQ(LoadSlice({6, 8}, Box{{2, 0}, {3, 8}}), 1);
+  }
+  {
+    SCOPED_TRACE("full last dimension: the last two dimensions merge");
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 1, 0}, {2, 3, 6}}), 2);
+  }
+  {
+    SCOPED_TRACE("partial last dimension: a run per (i, j)");
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 1, 2}, {2, 3, 3}}), 6);
+  }
+  {
+    SCOPED_TRACE("a size-1 middle dimension between strided ones");
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{0, 2, 0}, {4, 1, 6}}), 4);
+  }
+  {
+    SCOPED_TRACE("whole trailing block at an offset: one run");
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 0, 0}, {2, 5, 6}}), 1);
+  }
+}
+
+// A transposed view has no two adjacent elements: one copy per element, each
+// to the element the packed row-major order puts there.
+TEST_F(QueueCopyToDeviceTest, TransposedViewTakesTheSourceInRowMajorOrder) {
+  DeviceBuffer buf(runtime_, 0, 24, 0);  // a 4x6 matrix
+  const std::vector<float> src = PackedSource(24);
+  TensorView t(buf.values.data(), DType::kF32, {6, 4}, {1, 6},
+               Device::Cuda(0));
+  ASSERT_TRUE(
+      internal_cuda::QueueCopyToDeviceView(runtime_, "t", src.data(), t).ok());
+  EXPECT_EQ(runtime_.to_device_copies(), 24);
+  EXPECT_EQ(runtime_.to_device_bytes(), 24 * 4);
+  ASSERT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
+  for (int i = 0; i < 6; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      ASSERT_EQ(buf.values[i + 6 * j], src[i * 4 + j]) << i << "," << j;
+    }
+  }
+}
+
+TEST_F(QueueCopyToDeviceTest, EmptyViewQueuesNothing) {
+  DeviceBuffer buf(runtime_, 0, 8, 0);
+  const float src = 1;
+  EXPECT_TRUE(internal_cuda::QueueCopyToDeviceView(runtime_, "w", &src,
+                                                   buf.View({0, 4}))
+                  .ok());
+  // No elements, so no pointer is needed either.
+  EXPECT_TRUE(internal_cuda::QueueCopyToDeviceView(
+                  runtime_, "w", nullptr,
+                  TensorView(nullptr, DType::kF32, {3, 0}, Device::Cuda(0)))
+                  .ok());
+  EXPECT_EQ(runtime_.to_device_copies(), 0);
+  EXPECT_EQ(runtime_.pending(), 0);
+}
+
+TEST_F(QueueCopyToDeviceTest, ErrorsNameTheTensor) {
+  const std::string where = "model.w [0:8]";
+  const std::vector<float> src = PackedSource(8);
+  auto queue = [&](const TensorView& dst) {
+    return internal_cuda::QueueCopyToDeviceView(runtime_, where, src.data(),
+                                                dst);
+  };
+  auto expect_invalid = [&](const absl::Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(where));
+    EXPECT_THAT(std::string(s.message()), HasSubstr(what));
+  };
+  std::vector<float> host(8);  // never registered
+  DeviceBuffer on1(runtime_, 1, 8, 0);
+  DeviceBuffer on0(runtime_, 0, 8, 0);
+  expect_invalid(
+      queue(TensorView(host.data(), DType::kF32, {8}, Device::Cuda(0))),
+      "not memory of cuda:0");
+  // Memory of another device.
+  expect_invalid(queue(TensorView(on1.values.data(), DType::kF32, {8},
+                                  Device::Cuda(0))),
+                 "not memory of cuda:0");
+  // Running past the end of the device allocation.
+  expect_invalid(queue(on0.View({4}, 6)), "not memory of cuda:0");
+  expect_invalid(queue(TensorView(host.data(), DType::kF32, {8})), "host");
+  expect_invalid(queue(TensorView(on0.values.data() + 7, DType::kF32, {8},
+                                  {-1}, Device::Cuda(0))),
+                 "negative strides");
+  expect_invalid(queue(TensorView(nullptr, DType::kF32, {8}, Device::Cuda(0))),
+                 "pointer");
+  EXPECT_EQ(runtime_.to_device_copies(), 0);
+
+  // The first failing run ends the call: runs are (0,0) at 0, (0,1) at 100
+  // (outside the 8 floats), (1,0) at 1 and (1,1) at 101.
+  expect_invalid(queue(TensorView(on0.values.data(), DType::kF32, {2, 2},
+                                  {1, 100}, Device::Cuda(0))),
+                 "not memory of cuda:0");
+  EXPECT_EQ(runtime_.to_device_copies(), 1);
+  ASSERT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
+
+  runtime_.fail_copy_to_device = absl::InternalError("launch failure");
+  absl::Status s = queue(on0.View({2, 4}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(where + ": launch failure"));
+  EXPECT_EQ(runtime_.pending(), 0);
+  runtime_.fail_copy_to_device = absl::OkStatus();
+  EXPECT_TRUE(queue(on0.View({2, 4})).ok());
+  EXPECT_EQ(runtime_.to_device_copies(), 2);
+}
+
 // Without any runtime (the test override cleared): a build without CUDA says
 // so; a CUDA build on a machine without a GPU (or this host pointer on a real
 // one) fails too. Either way the error names the tensor.
@@ -288,6 +489,218 @@ TEST(DeviceStagingNoRuntimeTest, DeviceTensorsWithoutARuntimeFail) {
   absl::Status saved = Save(sd, tmp.path()).status();
   ASSERT_FALSE(saved.ok());
   EXPECT_THAT(std::string(saved.message()), HasSubstr("gpu"));
+}
+
+// ---- Loads into device tensors: pinned staging, then copies to the device.
+
+// A host checkpoint of "a" [8, 8] = 1.., "b" [32] = 100.., "h" [3] = 7..,
+// and an object.
+std::string SaveHostModel(const TempDir& tmp) {
+  static std::vector<float> a(64), b(32), h = {7, 8, 9};
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 1 + static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 100 + static_cast<float>(i);
+  StateDict sd;
+  sd["a"] = TensorView(a.data(), DType::kF32, {8, 8});
+  sd["b"] = TensorView(b.data(), DType::kF32, {32});
+  sd["h"] = TensorView(h.data(), DType::kF32, {3});
+  sd["note"] = Object{"hello"};
+  const std::string dir = tmp.Sub("model");
+  EXPECT_TRUE(Save(sd, dir).ok());
+  return dir;
+}
+
+TEST_F(DeviceStagingTest, LoadFillsDeviceTensorsThroughPinnedStaging) {
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  DeviceBuffer a(runtime_, 0, 64, -1);
+  DeviceBuffer b(runtime_, 1, 32, -1);
+  std::vector<float> h(3, -1);
+  StateDict dst;
+  dst["a"] = a.View({8, 8});
+  dst["b"] = b.View({32});
+  dst["h"] = TensorView(h.data(), DType::kF32, {3});
+  dst["note"] = Object{};
+  absl::StatusOr<LoadResult> r = Load(dst, dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(a.values[i], 1 + i) << i;
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(b.values[i], 100 + i) << i;
+  EXPECT_EQ(h, (std::vector<float>{7, 8, 9}));
+  EXPECT_EQ(dst.Find("note")->object()->bytes, "hello");
+  // The device bytes went through the runtime (the fake's device memory is
+  // host memory: a write straight into it would also give right values),
+  // after the application's queued work on each device, and had landed when
+  // Load returned; the pinned staging is freed.
+  EXPECT_EQ(runtime_.to_device_bytes(), (64 + 32) * sizeof(float));
+  EXPECT_EQ(r->device_bytes, (64 + 32) * sizeof(float));
+  EXPECT_EQ(r->bytes_loaded, (64 + 32 + 3) * sizeof(float) + 5);
+  EXPECT_EQ(runtime_.waits(0), 1);
+  EXPECT_EQ(runtime_.waits(1), 1);
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_GE(runtime_.pinned_allocations(), 1);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+  EXPECT_GE(r->chunks_verified, 3u);
+}
+
+TEST_F(DeviceStagingTest, LoadReshardsIntoStridedDeviceViews) {
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  // "a" split by columns over two devices: columns [0, 3) into a [8, 3]
+  // device tensor, columns [3, 8) into a column slice of a [8, 10] device
+  // buffer (a strided view: row stride 10), whose other columns must stay.
+  DeviceBuffer left(runtime_, 0, 24, -1);
+  DeviceBuffer wide(runtime_, 1, 80, -1);
+  TensorView slice(wide.values.data() + 2, DType::kF32, {8, 5}, {10, 1},
+                   Device::Cuda(1));
+  StateDict dst;
+  dst["a"] = ShardedTensor(DType::kF32, {8, 8},
+                           {{Box{{0, 0}, {8, 3}}, left.View({8, 3})},
+                            {Box{{0, 3}, {8, 5}}, slice}});
+  LoadOptions o;
+  o.strict = false;
+  absl::StatusOr<LoadResult> r = Load(dst, dir, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      ASSERT_EQ(left.values[i * 3 + j], 1 + i * 8 + j) << i << "," << j;
+    }
+    for (int j = 0; j < 10; ++j) {
+      const float want = j >= 2 && j < 7 ? 1 + i * 8 + (j - 2 + 3) : -1.0f + static_cast<float>(i * 10 + j);
+      ASSERT_EQ(wide.values[i * 10 + j], want) << i << "," << j;
+    }
+  }
+  EXPECT_EQ(runtime_.to_device_bytes(), 64 * sizeof(float));
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+}
+
+TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
+  // Twelve tensors of 40 floats and one of 400: with 256-byte batches, each
+  // tensor is a batch of its own, so each staging buffer is refilled while
+  // the copies of the batch before are in flight. The fake lands a copy only
+  // at Synchronize, from whatever the staging holds then: a buffer refilled
+  // before its copies were waited for shows up as wrong values.
+  TempDir tmp;
+  std::vector<std::vector<float>> src;
+  StateDict sd;
+  for (int t = 0; t < 13; ++t) {
+    const size_t n = t == 6 ? 400 : 40;
+    src.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) src.back()[i] = t * 1000 + static_cast<float>(i);
+    sd[absl::StrCat("t", t)] = TensorView(src.back().data(), DType::kF32,
+                                          {static_cast<int64_t>(n)});
+  }
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  std::vector<std::unique_ptr<DeviceBuffer>> dev;
+  StateDict dst;
+  for (int t = 0; t < 13; ++t) {
+    dev.push_back(std::make_unique<DeviceBuffer>(runtime_, t % 2, src[t].size(), -1));
+    dst[absl::StrCat("t", t)] =
+        dev.back()->View({static_cast<int64_t>(src[t].size())});
+  }
+  LoadOptions o;
+  o.device_batch_bytes = 256;
+  o.io_threads = 3;
+  absl::StatusOr<LoadResult> r = Load(dst, tmp.path(), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int t = 0; t < 13; ++t) EXPECT_EQ(dev[t]->values, src[t]) << "t" << t;
+  EXPECT_EQ(runtime_.pinned_allocations(), 2);
+  EXPECT_EQ(runtime_.to_device_copies(), 13);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+}
+
+TEST_F(DeviceStagingTest, DeviceLoadFailuresNameTheTensorAndLeaveNothingInFlight) {
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  DeviceBuffer a(runtime_, 0, 64, -1);
+  auto load = [&]() {
+    StateDict dst;
+    dst["a"] = a.View({8, 8});
+    LoadOptions o;
+    o.strict = false;
+    return Load(dst, dir, o).status();
+  };
+  struct Case {
+    absl::Status* inject;
+    const char* want;
+  } cases[] = {
+      {&runtime_.fail_copy_to_device, "a [0:8, 0:8]"},
+      {&runtime_.fail_sync, "sync failed"},
+      {&runtime_.fail_pinned, "pinned staging"},
+      {&runtime_.fail_wait, "wait failed"},
+  };
+  for (const Case& c : cases) {
+    *c.inject = absl::InternalError(c.want == std::string("sync failed")
+                                        ? "sync failed"
+                                        : c.want == std::string("wait failed")
+                                              ? "wait failed"
+                                              : "device refused");
+    absl::Status s = load();
+    *c.inject = absl::OkStatus();
+    EXPECT_FALSE(s.ok()) << c.want;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.want));
+    EXPECT_EQ(runtime_.pending(), 0) << c.want;
+    EXPECT_EQ(runtime_.live_pinned(), 0) << c.want;
+  }
+  // With nothing injected the same load succeeds.
+  ASSERT_TRUE(load().ok());
+  EXPECT_EQ(a.values[63], 64.0f);
+}
+
+TEST_F(DeviceStagingTest, LoadIntoADeviceThatDoesNotExistFailsAtPlanning) {
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  std::vector<float> host(32, -1);
+  std::vector<float> nowhere(64, -1);
+  StateDict dst;
+  dst["a"] = TensorView(nowhere.data(), DType::kF32, {8, 8}, Device::Cuda(5));
+  dst["b"] = TensorView(host.data(), DType::kF32, {32});
+  LoadOptions o;
+  o.strict = false;
+  absl::Status s = Load(dst, dir, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("a shard"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cuda:5"));
+  // Planning failed: nothing was read into the host destination either.
+  EXPECT_EQ(host, std::vector<float>(32, -1));
+  EXPECT_EQ(runtime_.to_device_copies(), 0);
+}
+
+TEST_F(DeviceStagingTest, ReplicaGroupsBroadcastIntoDeviceTensors) {
+  // Two ranks with the same plan form a replica group: each reads half the
+  // items and broadcasts them; every rank's device tensors get every byte.
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  std::vector<std::unique_ptr<DeviceBuffer>> a, b;
+  for (int r = 0; r < 2; ++r) {
+    a.push_back(std::make_unique<DeviceBuffer>(runtime_, r, 64, -1));
+    b.push_back(std::make_unique<DeviceBuffer>(runtime_, r, 32, -1));
+  }
+  std::vector<LoadResult> results(2);
+  std::vector<absl::Status> st = RunInProcess(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    StateDict dst;
+    dst["a"] = a[r]->View({8, 8});
+    dst["b"] = b[r]->View({32});
+    LoadOptions o;
+    o.strict = false;
+    o.comm = &comm;
+    absl::StatusOr<LoadResult> res = Load(dst, dir, o);
+    if (res.ok()) results[r] = *res;
+    return res.status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r];
+    EXPECT_EQ(results[r].replica_group_size, 2);
+    EXPECT_EQ(results[r].device_bytes, (64 + 32) * sizeof(float));
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(a[r]->values[i], 1 + i) << r;
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(b[r]->values[i], 100 + i) << r;
+  }
+  // Each stored byte was read by one of the two.
+  EXPECT_EQ(results[0].bytes_read + results[1].bytes_read,
+            (64 + 32) * sizeof(float));
+  EXPECT_EQ(runtime_.to_device_bytes(), 2 * (64 + 32) * sizeof(float));
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
 }
 
 }  // namespace

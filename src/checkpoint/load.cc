@@ -56,6 +56,7 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/strided.h"
+#include "cuda/device_runtime.h"
 #include "format/crc32c.h"
 #include "format/metadata_codec.h"
 #include "format/names.h"
@@ -150,16 +151,13 @@ class Loader {
   Loader(Storage& storage, const Metadata& metadata, const LoadOptions& options)
       : storage_(storage), metadata_(metadata), options_(options) {}
 
-  // Reads every item of `plan` into the planner's destinations.
-  absl::StatusOr<LoadResult> Run(const LoadPlan& plan, LoadPlanner& planner) {
-    std::vector<Destination> dsts;
-    dsts.reserve(plan.items.size());
-    for (const ReadItem& item : plan.items) {
-      CAIRN_ASSIGN_OR_RETURN(Destination dst, planner.ResolveDestination(item));
-      dsts.push_back(dst);
-    }
-    CAIRN_RETURN_IF_ERROR(Read(plan.items, dsts));
-    for (const ReadItem& item : plan.items) {
+  // Reads items[i] into dsts[i] (the planner's destinations of the items),
+  // then commits every item with the planner.
+  absl::StatusOr<LoadResult> Run(const std::vector<ReadItem>& items,
+                                 const std::vector<Destination>& dsts,
+                                 LoadPlanner& planner) {
+    CAIRN_RETURN_IF_ERROR(Read(items, dsts));
+    for (const ReadItem& item : items) {
       CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
     }
     return TakeResult();
@@ -179,7 +177,8 @@ class Loader {
         CAIRN_RETURN_IF_ERROR(PlanObject(item, dsts[i]));
         continue;
       }
-      CAIRN_ASSIGN_OR_RETURN(const TensorMetadata* tm, CheckItem(item, dsts[i]));
+      CAIRN_ASSIGN_OR_RETURN(const TensorMetadata* tm,
+                             CheckItem(item, dsts[i], /*allow_device=*/false));
       auto key = std::make_pair(tm, item.chunk);
       std::vector<Target>& targets = by_chunk[key];
       if (targets.empty()) chunk_order.push_back(key);
@@ -197,7 +196,8 @@ class Loader {
 
   LoadResult TakeResult() { return std::move(result_); }
 
-  // `dst` when it fits `item` (see CheckItem), else the error.
+  // `dst` when it fits `item` (see CheckItem; a device view is allowed:
+  // StagedLoad reads it through host staging), else the error.
   absl::StatusOr<Destination> CheckDestination(const ReadItem& item,
                                                const Destination& dst) {
     if (item.kind == ItemKind::kObject) {
@@ -209,7 +209,7 @@ class Loader {
       }
       return dst;
     }
-    CAIRN_RETURN_IF_ERROR(CheckItem(item, dst).status());
+    CAIRN_RETURN_IF_ERROR(CheckItem(item, dst, /*allow_device=*/true).status());
     return dst;
   }
 
@@ -238,9 +238,11 @@ class Loader {
 
   // The stored tensor of a tensor item, after checking the item against the
   // metadata and the destination against the item (a planner's mistake is
-  // an error here, never a write outside a buffer).
+  // an error here, never a write outside a buffer). The destination must be
+  // host memory unless `allow_device`.
   absl::StatusOr<const TensorMetadata*> CheckItem(const ReadItem& item,
-                                                  const Destination& dst) {
+                                                  const Destination& dst,
+                                                  bool allow_device) {
     auto it = metadata_.tensors.find(item.fqn);
     if (it == metadata_.tensors.end()) {
       return absl::InternalError(absl::StrFormat(
@@ -257,14 +259,19 @@ class Loader {
           item.overlap.ToString(), item.chunk));
     }
     const TensorView& v = dst.view;
-    if (!v.device().is_cpu() || v.dtype() != tm.dtype ||
+    if ((!allow_device && !v.device().is_cpu()) || v.dtype() != tm.dtype ||
         v.shape() != item.overlap.sizes || v.data() == nullptr) {
       return absl::InternalError(absl::StrFormat(
           "%s %s: the planner's destination is a %s [%s] view on %s; "
-          "expected host memory of the stored dtype %s and the item's shape",
+          "expected %s of the stored dtype %s and the item's shape",
           item.fqn, item.overlap.ToString(), DTypeName(v.dtype()),
           absl::StrJoin(v.shape(), ", "), v.device().ToString(),
-          DTypeName(tm.dtype)));
+          allow_device ? "memory" : "host memory", DTypeName(tm.dtype)));
+    }
+    if (!v.device().is_cpu()) {
+      CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
+          internal_cuda::RuntimeFor(v.device()).status(),
+          absl::StrCat(item.fqn, " ", item.overlap.ToString())));
     }
     return &tm;
   }
@@ -823,20 +830,63 @@ bool HasGroups(const std::vector<int>& groups) {
   return false;
 }
 
-// Broadcast load inside one replica group: every member has the same items
-// (in the same order). Each item is read by one member (largest items
-// first, each to the member with the fewest bytes so far), a bounded batch
-// at a time; the group agrees
-// that the batch's reads succeeded, and the owners broadcast. Items land
-// straight in a member's destination where it is contiguous, otherwise in
-// a staging buffer followed by a strided copy.
-absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
-                                         const absl::StatusOr<LoadPlan>& plan,
-                                         LoadPlanner& planner, Storage& storage,
-                                         const Metadata& metadata,
-                                         const LoadOptions& options,
-                                         LoadPhaseTimes& phases) {
-  constexpr char kPhase[] = "reading (replica group)";
+// A device destination's runtime, looked up once per device.
+class DeviceRuntimes {
+ public:
+  absl::StatusOr<internal_cuda::DeviceRuntime*> For(Device device) {
+    for (const auto& [d, runtime] : runtimes_) {
+      if (d == device) return runtime;
+    }
+    CAIRN_ASSIGN_OR_RETURN(internal_cuda::DeviceRuntime * runtime,
+                           internal_cuda::RuntimeFor(device));
+    runtimes_.emplace_back(device, runtime);
+    return runtime;
+  }
+  bool empty() const { return runtimes_.empty(); }
+  internal_cuda::DeviceRuntime* first() const { return runtimes_[0].second; }
+
+  // Waits for every copy queued so far on every device; the first error.
+  absl::Status SynchronizeAll() {
+    absl::Status status;
+    for (const auto& [device, runtime] : runtimes_) {
+      status.Update(runtime->Synchronize(device));
+    }
+    return status;
+  }
+  // Waits for the application's queued work on every device (kernels that
+  // may still read the destinations about to be overwritten).
+  absl::Status WaitForAll() {
+    for (const auto& [device, runtime] : runtimes_) {
+      CAIRN_RETURN_IF_ERROR(runtime->WaitForDevice(device));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> runtimes_;
+};
+
+// Staged load: the items are read in batches of about `batch_bytes` through
+// host staging, for two reasons, either or both:
+//  - a replica group (`group` of several members, which all have the same
+//    items in the same order): each item is read by one member (largest
+//    items first, each to the member with the fewest bytes so far), the
+//    group agrees that the batch's reads succeeded, and the owners
+//    broadcast;
+//  - device destinations: bytes are read into pinned host staging, checked,
+//    then copied to the device on the runtime's stream. Two staging buffers
+//    alternate, so one batch's device copies run while the next batch is
+//    read; a batch's copies are waited for before its buffer is reused.
+// A tensor item whose destination is contiguous host memory skips staging.
+absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
+                                      const absl::StatusOr<LoadPlan>& plan,
+                                      LoadPlanner& planner, Storage& storage,
+                                      const Metadata& metadata,
+                                      const LoadOptions& options,
+                                      uint64_t batch_bytes,
+                                      LoadPhaseTimes& phases) {
+  const char* kPhase = group.size() > 1 ? "reading (replica group)"
+                                         : "reading (device staging)";
   std::vector<Destination> dsts;
   absl::Status ready = plan.status();
   Loader check(storage, metadata, options);
@@ -855,6 +905,17 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
       dsts.push_back(*d);
     }
   }
+  // The devices written to, each waited for before its first copy.
+  DeviceRuntimes devices;
+  if (ready.ok()) {
+    for (size_t i = 0; i < dsts.size() && ready.ok(); ++i) {
+      if (plan->items[i].kind == ItemKind::kTensor &&
+          !dsts[i].view.device().is_cpu()) {
+        ready = devices.For(dsts[i].view.device()).status();
+      }
+    }
+  }
+  if (ready.ok()) ready = devices.WaitForAll();
   CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, ready, kOperation, kPhase));
   const std::vector<ReadItem>& items = plan->items;
 
@@ -893,25 +954,32 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
 
   LoadResult result;
   result.replica_group_size = members;
-  // A member whose destination of an item is contiguous reads (as owner)
-  // or receives it right there; only the others go through staging and a
-  // strided copy. Batch boundaries depend only on item sizes, which every
-  // member shares, so the members' collectives line up.
+  // A member whose destination of an item is contiguous host memory reads
+  // (as owner) or receives it right there; the others go through staging
+  // and a strided or device copy.
   std::vector<bool> direct(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    direct[i] = items[i].kind == ItemKind::kTensor && dsts[i].view.is_contiguous();
+    const TensorView& v = dsts[i].view;
+    direct[i] = items[i].kind == ItemKind::kTensor && v.device().is_cpu() &&
+                v.is_contiguous();
   }
+  // Batches: items [begin, end) of at most `batch_limit` bytes (at least one
+  // item, however large). Boundaries depend only on item sizes, which every
+  // member shares, so the members' collectives line up; `used` is this
+  // member's staging.
   constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
-  const uint64_t batch_limit = std::max<uint64_t>(options.broadcast_batch_bytes, kSlot);
+  const uint64_t batch_limit = std::max<uint64_t>(batch_bytes, kSlot);
   auto slot_of = [&](size_t i) { return internal_core::RoundUp(bytes[i], kSlot); };
-  Tensor staging;
+  struct Batch {
+    size_t begin, end;
+    uint64_t used;
+  };
+  std::vector<Batch> batches;
   std::vector<uint64_t> offset(items.size(), 0);
   for (size_t begin = 0; begin < items.size();) {
-    // One batch: items [begin, end) of at most `batch_limit` bytes (at least
-    // one item, however large).
     size_t end = begin;
     uint64_t batch = 0;
-    uint64_t used = 0;  // this member's staging
+    uint64_t used = 0;
     while (end < items.size()) {
       if (end > begin && batch + slot_of(end) > batch_limit) break;
       batch += slot_of(end);
@@ -921,11 +989,56 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
       }
       ++end;
     }
-    if (static_cast<uint64_t>(staging.nbytes()) < used) {
-      CAIRN_ASSIGN_OR_RETURN(
-          staging, Tensor::Empty(DType::kU8, {static_cast<int64_t>(used)}));
+    batches.push_back({begin, end, used});
+    begin = end;
+  }
+  // Staging: with device destinations, two pinned buffers used in turn
+  // (each as large as the largest batch that uses it); else one pageable.
+  const int buffers = devices.empty() ? 1 : 2;
+  uint64_t need[2] = {0, 0};
+  for (size_t b = 0; b < batches.size(); ++b) {
+    need[b % buffers] = std::max(need[b % buffers], batches[b].used);
+  }
+  std::shared_ptr<void> pinned[2];
+  Tensor pageable;
+  std::byte* staging[2] = {nullptr, nullptr};
+  absl::Status allocated;
+  for (int k = 0; k < buffers && allocated.ok(); ++k) {
+    if (need[k] == 0) continue;
+    if (devices.empty()) {
+      absl::StatusOr<Tensor> t =
+          Tensor::Empty(DType::kU8, {static_cast<int64_t>(need[k])});
+      allocated = t.status();
+      if (t.ok()) {
+        pageable = *std::move(t);
+        staging[k] = static_cast<std::byte*>(pageable.data());
+      }
+    } else {
+      absl::StatusOr<std::shared_ptr<void>> p =
+          devices.first()->AllocatePinned(need[k]);
+      allocated = internal_core::Annotate(
+          p.status(), absl::StrFormat("pinned staging of %d bytes", need[k]));
+      if (p.ok()) {
+        pinned[k] = *std::move(p);
+        staging[k] = static_cast<std::byte*>(pinned[k].get());
+      }
     }
-    auto* base = static_cast<std::byte*>(staging.data());
+  }
+  CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, allocated, kOperation, kPhase));
+  // Declared after the staging it reads from, so on every way out the
+  // device copies have finished before the staging is freed.
+  struct SyncOnExit {
+    DeviceRuntimes& devices;
+    ~SyncOnExit() { devices.SynchronizeAll().IgnoreError(); }
+  } sync_on_exit{devices};
+
+  // A device copy's error is kept (later copies skipped) and agreed on with
+  // the next batch's reads, so every member stays in the collectives.
+  absl::Status placed;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const size_t begin = batches[b].begin;
+    const size_t end = batches[b].end;
+    std::byte* base = staging[b % buffers];
     auto buffer = [&](size_t i) {
       return direct[i] ? static_cast<std::byte*>(dsts[i].view.data())
                        : base + offset[i];
@@ -955,23 +1068,31 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
       const LoadResult part = loader.TakeResult();
       result.bytes_read += part.bytes_read;
       result.chunks_verified += part.chunks_verified;
+      result.io_threads = std::max(result.io_threads, part.io_threads);
     }
     phases.read += Since(t0);
-    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, read, kOperation, kPhase));
+    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, read.ok() ? placed : read,
+                                        kOperation, kPhase));
 
     // Share, then place what went through staging.
     t0 = std::chrono::steady_clock::now();
-    for (size_t i = begin; i < end; ++i) {
-      absl::Status s =
-          items[i].kind == ItemKind::kObject
-              ? group.Broadcast(objects[i - begin], owner[i])
-              : group.BroadcastBytes(std::span<std::byte>(buffer(i), bytes[i]),
-                                     owner[i]);
-      CAIRN_RETURN_IF_ERROR(
-          Annotate(s, "communicator failed in broadcast load"));
+    if (members > 1) {
+      for (size_t i = begin; i < end; ++i) {
+        absl::Status s =
+            items[i].kind == ItemKind::kObject
+                ? group.Broadcast(objects[i - begin], owner[i])
+                : group.BroadcastBytes(std::span<std::byte>(buffer(i), bytes[i]),
+                                       owner[i]);
+        CAIRN_RETURN_IF_ERROR(
+            Annotate(s, "communicator failed in broadcast load"));
+      }
     }
     phases.broadcast += Since(t0);
     t0 = std::chrono::steady_clock::now();
+    // The previous batch's device copies (which ran during this batch's
+    // reads) are done before this batch's are queued; the buffer they read
+    // from is the next batch's.
+    if (!devices.empty() && placed.ok()) placed = devices.SynchronizeAll();
     for (size_t i = begin; i < end; ++i) {
       result.bytes_loaded += bytes[i];
       if (items[i].kind == ItemKind::kObject) {
@@ -980,12 +1101,29 @@ absl::StatusOr<LoadResult> BroadcastLoad(Communicator& group,
       }
       if (direct[i]) continue;
       const TensorView& dst = dsts[i].view;
-      internal_core::CopyView(TensorView(base + offset[i], dst.dtype(), dst.shape()),
-                              dst);
+      if (dst.device().is_cpu()) {
+        internal_core::CopyView(
+            TensorView(base + offset[i], dst.dtype(), dst.shape()), dst);
+        continue;
+      }
+      if (!placed.ok()) continue;
+      absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
+          devices.For(dst.device());
+      placed = runtime.status();
+      if (placed.ok()) {
+        placed = internal_cuda::QueueCopyToDeviceView(
+            **runtime,
+            absl::StrCat(items[i].fqn, " ", items[i].overlap.ToString()),
+            base + offset[i], dst);
+      }
+      if (placed.ok()) result.device_bytes += bytes[i];
     }
     phases.copy += Since(t0);
-    begin = end;
   }
+  auto t0 = std::chrono::steady_clock::now();
+  if (placed.ok()) placed = devices.SynchronizeAll();
+  phases.copy += Since(t0);
+  CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, placed, kOperation, kPhase));
   for (const ReadItem& item : items) {
     CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
   }
@@ -1101,14 +1239,29 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     if (plan.ok()) plan = planner.FinishPlan(*std::move(plan));
     absl::StatusOr<LoadResult> r;
     if (group_comm != nullptr && group_comm->size() > 1) {
-      r = BroadcastLoad(*group_comm, plan, planner, **storage, metadata,
-                        options, phases);
+      r = StagedLoad(*group_comm, plan, planner, **storage, metadata, options,
+                     options.broadcast_batch_bytes, phases);
     } else {
       CAIRN_RETURN_IF_ERROR(plan.status());
       const auto read_start = std::chrono::steady_clock::now();
-      Loader loader(**storage, metadata, options);
-      r = loader.Run(*plan, planner);
-      phases.read = Since(read_start);
+      std::vector<Destination> dsts;
+      dsts.reserve(plan->items.size());
+      bool to_device = false;
+      for (const ReadItem& item : plan->items) {
+        CAIRN_ASSIGN_OR_RETURN(Destination d, planner.ResolveDestination(item));
+        to_device |= item.kind == ItemKind::kTensor && !d.view.device().is_cpu();
+        dsts.push_back(std::move(d));
+      }
+      if (to_device) {
+        // A group of one: no broadcast, only the staging.
+        std::unique_ptr<Communicator> alone = LocalCommunicator();
+        r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
+                       options.device_batch_bytes, phases);
+      } else {
+        Loader loader(**storage, metadata, options);
+        r = loader.Run(plan->items, dsts, planner);
+        phases.read = Since(read_start);
+      }
       if (r.ok()) r->replica_group_size = 1;
     }
     if (r.ok() && plan.ok()) {

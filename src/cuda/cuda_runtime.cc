@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "absl/strings/str_format.h"
+#include "core/status.h"
 #include "cuda/device_runtime.h"
 
 namespace cairn::internal_cuda {
@@ -98,34 +99,14 @@ class CudaDeviceRuntime final : public DeviceRuntime {
 
   absl::Status CopyToHostAsync(Device device, const void* src, void* dst,
                                size_t bytes) override {
-    // A view labelled cuda:N must point into memory of device N; a copy
-    // from anywhere else would read the wrong bytes or fault.
-    cudaPointerAttributes attr{};
-    if (cudaError_t err = cudaPointerGetAttributes(&attr, src);
-        err != cudaSuccess) {
-      cudaGetLastError();  // so that a later call does not report it again
-      return CudaError(err, "cudaPointerGetAttributes", device);
-    }
-    if ((attr.type != cudaMemoryTypeDevice &&
-         attr.type != cudaMemoryTypeManaged) ||
-        attr.device != device.index) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "a view on %s points at %p, which is not memory of that device "
-          "(CUDA memory type %d on device %d)",
-          device.ToString(), src, static_cast<int>(attr.type), attr.device));
-    }
-    DeviceScope scope(device);
-    if (scope.status() != cudaSuccess) {
-      return CudaError(scope.status(), "cudaSetDevice", device);
-    }
-    absl::StatusOr<cudaStream_t> stream = StreamFor(device);
-    if (!stream.ok()) return stream.status();
-    if (cudaError_t err = cudaMemcpyAsync(dst, src, bytes,
-                                          cudaMemcpyDeviceToHost, *stream);
-        err != cudaSuccess) {
-      return CudaError(err, "cudaMemcpyAsync", device);
-    }
-    return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, src));
+    return QueueCopy(device, src, dst, bytes, cudaMemcpyDeviceToHost);
+  }
+
+  absl::Status CopyToDeviceAsync(Device device, const void* src, void* dst,
+                                 size_t bytes) override {
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, dst));
+    return QueueCopy(device, src, dst, bytes, cudaMemcpyHostToDevice);
   }
 
   absl::Status Synchronize(Device device) override {
@@ -142,6 +123,42 @@ class CudaDeviceRuntime final : public DeviceRuntime {
   }
 
  private:
+  // A view labelled cuda:N must point into memory of device N; a copy from
+  // or to anywhere else would touch the wrong bytes or fault.
+  static absl::Status CheckDeviceMemory(Device device, const void* p) {
+    cudaPointerAttributes attr{};
+    if (cudaError_t err = cudaPointerGetAttributes(&attr, p);
+        err != cudaSuccess) {
+      cudaGetLastError();  // so that a later call does not report it again
+      return CudaError(err, "cudaPointerGetAttributes", device);
+    }
+    if ((attr.type != cudaMemoryTypeDevice &&
+         attr.type != cudaMemoryTypeManaged) ||
+        attr.device != device.index) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a view on %s points at %p, which is not memory of that device "
+          "(CUDA memory type %d on device %d)",
+          device.ToString(), p, static_cast<int>(attr.type), attr.device));
+    }
+    return absl::OkStatus();
+  }
+
+  // Queues cudaMemcpyAsync on cairn's stream for `device`.
+  absl::Status QueueCopy(Device device, const void* src, void* dst,
+                         size_t bytes, cudaMemcpyKind kind) {
+    DeviceScope scope(device);
+    if (scope.status() != cudaSuccess) {
+      return CudaError(scope.status(), "cudaSetDevice", device);
+    }
+    absl::StatusOr<cudaStream_t> stream = StreamFor(device);
+    if (!stream.ok()) return stream.status();
+    if (cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, *stream);
+        err != cudaSuccess) {
+      return CudaError(err, "cudaMemcpyAsync", device);
+    }
+    return absl::OkStatus();
+  }
+
   // The current device must be `device`.
   absl::StatusOr<cudaStream_t> StreamFor(Device device) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -94,4 +94,59 @@ absl::StatusOr<Tensor> CopyToHostTensor(const std::string& where,
   return out;
 }
 
+absl::Status QueueCopyToDeviceView(DeviceRuntime& runtime,
+                                   const std::string& where, const void* src,
+                                   const TensorView& dst) {
+  auto fail = [&](const absl::Status& s) {
+    return internal_core::Annotate(s, where);
+  };
+  if (dst.device().is_cpu()) {
+    return fail(absl::InvalidArgumentError(
+        "a copy to a device was given a host view"));
+  }
+  for (int64_t stride : dst.strides()) {
+    if (stride < 0) return fail(absl::InvalidArgumentError("negative strides"));
+  }
+  if (dst.num_elements() == 0) return absl::OkStatus();
+  if (dst.data() == nullptr || src == nullptr) {
+    return fail(absl::InvalidArgumentError(absl::StrFormat(
+        "a copy of %d elements to %s without a %s pointer",
+        dst.num_elements(), dst.device().ToString(),
+        dst.data() == nullptr ? "destination" : "source")));
+  }
+  // Each cudaMemcpyAsync costs microseconds, so copy in runs as long as the
+  // view allows: the innermost dimensions join the run for as long as each
+  // one's stride equals the elements already in it. The dimensions left
+  // outside are loops over runs. Dimensions of size 1 do not matter (their
+  // stride is never used).
+  const int64_t es = static_cast<int64_t>(DTypeSize(dst.dtype()));
+  int64_t run_elements = 1;
+  int d = dst.rank() - 1;
+  for (; d >= 0; --d) {
+    if (dst.shape()[d] == 1) continue;
+    if (dst.strides()[d] != run_elements) break;
+    run_elements *= dst.shape()[d];
+  }
+  internal_core::RunPattern runs;
+  runs.run_bytes = run_elements * es;
+  for (int i = 0; i <= d; ++i) {
+    if (dst.shape()[i] == 1) continue;
+    runs.counts.push_back(dst.shape()[i]);
+    runs.strides.push_back(dst.strides()[i] * es);
+  }
+  // ForEachRun nests the loops outermost first, so it visits the runs in
+  // the view's row-major order: the order they lie in, packed, in `src`.
+  const auto* from = static_cast<const char*>(src);
+  auto* base = static_cast<char*>(dst.data());
+  const size_t run_bytes = static_cast<size_t>(runs.run_bytes);
+  absl::Status status;
+  internal_core::ForEachRun(runs, [&](int64_t offset) {
+    if (!status.ok()) return;  // ForEachRun cannot stop early
+    status = runtime.CopyToDeviceAsync(dst.device(), from, base + offset,
+                                       run_bytes);
+    from += run_bytes;
+  });
+  return fail(status);
+}
+
 }  // namespace cairn::internal_cuda

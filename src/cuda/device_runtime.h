@@ -1,7 +1,8 @@
 // DeviceRuntime: the few device operations cairn needs to get tensors out of
-// GPU memory (staging for async save, materializing for a synchronous save):
-// pinned host buffers, a wait for the application's queued work, and
-// device-to-host copies on cairn's own stream.
+// GPU memory (staging for async save, materializing for a synchronous save)
+// and into it (loading a checkpoint into GPU tensors): pinned host buffers,
+// a wait for the application's queued work, and device-to-host and
+// host-to-device copies on cairn's own stream.
 //
 // The CUDA implementation (cuda_runtime.cc) is compiled only when the build
 // has CAIRN_WITH_CUDA; everything else in cairn talks to this interface, so
@@ -49,6 +50,14 @@ class DeviceRuntime {
   virtual absl::Status CopyToHostAsync(Device device, const void* src,
                                        void* dst, size_t bytes) = 0;
 
+  // Queues a copy of `bytes` from host memory at `src` to device memory at
+  // `dst` on `device`, on this runtime's own stream for `device`. `src` must
+  // stay valid and unchanged until Synchronize(device) returns (the copy may
+  // read it any time before then). Pinned memory (AllocatePinned) copies at
+  // full speed. kInvalidArgument when `dst` is not memory of `device`.
+  virtual absl::Status CopyToDeviceAsync(Device device, const void* src,
+                                         void* dst, size_t bytes) = 0;
+
   // Waits for every copy this runtime queued on `device`; returns the first
   // error any of them hit.
   virtual absl::Status Synchronize(Device device) = 0;
@@ -73,6 +82,21 @@ void SetRuntimeForTesting(DeviceRuntime* runtime);
 // contiguous). `where` prefixes errors (an FQN and box).
 absl::StatusOr<Tensor> CopyToHostTensor(const std::string& where,
                                         const TensorView& device_view);
+
+// Queues the copies that fill the device view `dst` from `src`, which holds
+// dst.num_elements() elements of dst.dtype() packed row-major. `dst` may
+// have any non-negative strides (a column slice of a device tensor, say);
+// each contiguous run of it is one CopyToDeviceAsync, with the trailing
+// dimensions merged as far as they are contiguous, so a contiguous `dst` is
+// one copy and a column slice of R rows is R copies. Nothing lands before
+// runtime.Synchronize(dst.device()), and `src` must stay valid and unchanged
+// until then, also after an error (copies queued before it may be in
+// flight). An empty view queues nothing. kInvalidArgument for a host `dst`,
+// negative strides, or elements without a data pointer; every error is
+// prefixed with `where` (an FQN and box).
+absl::Status QueueCopyToDeviceView(DeviceRuntime& runtime,
+                                   const std::string& where, const void* src,
+                                   const TensorView& dst);
 
 }  // namespace cairn::internal_cuda
 

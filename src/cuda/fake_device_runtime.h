@@ -4,9 +4,12 @@
 //
 // It is strict where a real device would be unforgiving:
 //  - copies are deferred until Synchronize, so code that reads a staging
-//    buffer before waiting for its copy sees stale bytes;
-//  - a copy from memory not registered for that device is kInvalidArgument,
-//    as the CUDA runtime's pointer check is;
+//    buffer before waiting for its copy sees stale bytes (and a copy to a
+//    device reads its host source only then, so a caller that changes or
+//    frees the source early loads the wrong bytes);
+//  - a copy from (to host) or into (to device) memory not registered for
+//    that device is kInvalidArgument, as the CUDA runtime's pointer check
+//    is;
 //  - copies left unsynchronized are counted (pending()), so a test can show
 //    that no copy is still in flight after an error.
 // Failures can be injected per operation.
@@ -25,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "core/status.h"
 #include "cuda/device_runtime.h"
 
 namespace cairn::internal_cuda {
@@ -42,7 +46,8 @@ class FakeDeviceRuntime : public DeviceRuntime {
 
   // Failure injection: the next calls of that operation fail.
   absl::Status fail_wait;
-  absl::Status fail_copy;
+  absl::Status fail_copy;  // CopyToHostAsync
+  absl::Status fail_copy_to_device;
   absl::Status fail_sync;
   absl::Status fail_pinned;
 
@@ -85,18 +90,20 @@ class FakeDeviceRuntime : public DeviceRuntime {
                                size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fail_copy.ok()) return fail_copy;
-    const auto* s = static_cast<const char*>(src);
-    bool inside = false;
-    for (const Region& r : regions_[device.index]) {
-      inside |= s >= r.begin && s + bytes <= r.end;
-    }
-    if (!inside) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%p (+%d bytes) is not memory of %s", src, bytes,
-          device.ToString()));
-    }
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, src, bytes));
     pending_[device.index].push_back({src, dst, bytes});
     ++copies_;
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyToDeviceAsync(Device device, const void* src, void* dst,
+                                 size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fail_copy_to_device.ok()) return fail_copy_to_device;
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, dst, bytes));
+    pending_[device.index].push_back({src, dst, bytes});
+    ++to_device_copies_;
+    to_device_bytes_ += static_cast<int64_t>(bytes);
     return absl::OkStatus();
   }
 
@@ -112,7 +119,12 @@ class FakeDeviceRuntime : public DeviceRuntime {
 
   int64_t pinned_allocations() const { return Read(pinned_allocations_); }
   int64_t live_pinned() const { return live_pinned_->load(); }
+  // Device-to-host copies queued.
   int64_t copies() const { return Read(copies_); }
+  // Host-to-device copies queued, and their bytes in total: a load that
+  // wrote the "device" memory directly (it is host memory here) shows none.
+  int64_t to_device_copies() const { return Read(to_device_copies_); }
+  int64_t to_device_bytes() const { return Read(to_device_bytes_); }
   int64_t syncs() const { return Read(syncs_); }
   int64_t waits(int index) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -141,6 +153,20 @@ class FakeDeviceRuntime : public DeviceRuntime {
     std::lock_guard<std::mutex> lock(mu_);
     return v;
   }
+  // kOk when [p, p + bytes) lies in one region of `device`, else
+  // kInvalidArgument naming the device. Requires mu_.
+  absl::Status CheckDeviceMemory(Device device, const void* p,
+                                 size_t bytes) const {
+    const auto* c = static_cast<const char*>(p);
+    auto it = regions_.find(device.index);
+    if (it != regions_.end()) {
+      for (const Region& r : it->second) {
+        if (c >= r.begin && c + bytes <= r.end) return absl::OkStatus();
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%p (+%d bytes) is not memory of %s", p, bytes, device.ToString()));
+  }
 
   const int num_devices_;
   mutable std::mutex mu_;
@@ -151,6 +177,8 @@ class FakeDeviceRuntime : public DeviceRuntime {
   std::shared_ptr<std::atomic<int64_t>> live_pinned_ =
       std::make_shared<std::atomic<int64_t>>(0);
   int64_t copies_ = 0;
+  int64_t to_device_copies_ = 0;
+  int64_t to_device_bytes_ = 0;
   int64_t syncs_ = 0;
 };
 

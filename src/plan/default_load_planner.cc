@@ -10,6 +10,7 @@
 #include "cairn/planner.h"
 #include "core/flatten.h"
 #include "core/status.h"
+#include "cuda/device_runtime.h"
 #include "plan/validate.h"
 
 namespace cairn {
@@ -104,9 +105,18 @@ absl::Status DefaultLoadPlanner::SetUp(StateDict& state,
             absl::StrJoin(t->global_shape(), ", ")));
       }
       for (size_t s = 0; s < t->shards().size(); ++s) {
-        CAIRN_RETURN_IF_ERROR(
-            internal_plan::ValidateShard(leaf.fqn, *t, t->shards()[s]));
-        if (t->shards()[s].box.empty()) continue;
+        const Shard& shard = t->shards()[s];
+        CAIRN_RETURN_IF_ERROR(internal_plan::ValidateShard(
+            leaf.fqn, *t, shard, /*allow_device=*/true));
+        if (!shard.view.device().is_cpu()) {
+          // Device destinations are filled from pinned host staging (see
+          // StagedLoad in load.cc). Fail here, in collective planning, when
+          // this build or machine cannot copy to the device.
+          CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
+              internal_cuda::RuntimeFor(shard.view.device()).status(),
+              absl::StrCat(leaf.fqn, " shard ", shard.box.ToString())));
+        }
+        if (shard.box.empty()) continue;
         targets_.push_back(Target{leaf.fqn, stored, t, s, nullptr});
       }
     } else {
