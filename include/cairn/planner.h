@@ -205,8 +205,10 @@ struct LoadPlan {
   std::string storage_data;
 };
 
-// Where a read item's bytes go: a host view of shape overlap.sizes and the
-// stored dtype (any strides), or, for an object, a string to replace.
+// Where a read item's bytes go: a view of shape overlap.sizes and the
+// stored dtype (any non-negative strides; host memory, or device memory,
+// which the load fills through host staging), or, for an object, a string
+// to replace.
 struct Destination {
   TensorView view;
   std::string* object = nullptr;
