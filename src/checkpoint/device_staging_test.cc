@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
@@ -644,6 +645,27 @@ TEST_F(DeviceStagingTest, DeviceLoadFailuresNameTheTensorAndLeaveNothingInFlight
   // With nothing injected the same load succeeds.
   ASSERT_TRUE(load().ok());
   EXPECT_EQ(a.values[63], 64.0f);
+}
+
+TEST_F(DeviceStagingTest, LoadIntoHostMemoryLabelledAsDeviceNamesTheTensor) {
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  std::vector<float> host(64, -1);
+  StateDict dst;
+  dst["a"] = TensorView(host.data(), DType::kF32, {8, 8}, Device::Cuda(0));
+  LoadOptions o;
+  o.strict = false;
+  absl::Status s = Load(dst, dir, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  // One verdict for the one rank, naming the tensor, box and device.
+  EXPECT_EQ(std::string(s.message()),
+            absl::StrCat("load failed in reading on 1 of 1 ranks: rank 0: "
+                         "INVALID_ARGUMENT: a [0:8, 0:8]: ",
+                         absl::StrFormat("%p", host.data()),
+                         " (+256 bytes) is not memory of cuda:0"));
+  EXPECT_EQ(host, std::vector<float>(64, -1));
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
 }
 
 TEST_F(DeviceStagingTest, LoadIntoADeviceThatDoesNotExistFailsAtPlanning) {

@@ -885,8 +885,13 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const LoadOptions& options,
                                       uint64_t batch_bytes,
                                       LoadPhaseTimes& phases) {
-  const char* kPhase = group.size() > 1 ? "reading (replica group)"
-                                         : "reading (device staging)";
+  // A group of one has nobody to agree with: its own status is the verdict
+  // (LoadWithMetadata's final agreement names the rank).
+  auto agree = [&group](const absl::Status& local) {
+    return group.size() > 1 ? AgreeOnStatus(group, local, kOperation,
+                                            "reading (replica group)")
+                            : local;
+  };
   std::vector<Destination> dsts;
   absl::Status ready = plan.status();
   Loader check(storage, metadata, options);
@@ -916,7 +921,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     }
   }
   if (ready.ok()) ready = devices.WaitForAll();
-  CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, ready, kOperation, kPhase));
+  CAIRN_RETURN_IF_ERROR(agree(ready));
   const std::vector<ReadItem>& items = plan->items;
 
   // Bytes of each item; the owner of each.
@@ -1024,7 +1029,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       }
     }
   }
-  CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, allocated, kOperation, kPhase));
+  CAIRN_RETURN_IF_ERROR(agree(allocated));
   // Declared after the staging it reads from, so on every way out the
   // device copies have finished before the staging is freed.
   struct SyncOnExit {
@@ -1071,8 +1076,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       result.io_threads = std::max(result.io_threads, part.io_threads);
     }
     phases.read += Since(t0);
-    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, read.ok() ? placed : read,
-                                        kOperation, kPhase));
+    CAIRN_RETURN_IF_ERROR(agree(read.ok() ? placed : read));
 
     // Share, then place what went through staging.
     t0 = std::chrono::steady_clock::now();
@@ -1123,7 +1127,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   auto t0 = std::chrono::steady_clock::now();
   if (placed.ok()) placed = devices.SynchronizeAll();
   phases.copy += Since(t0);
-  CAIRN_RETURN_IF_ERROR(AgreeOnStatus(group, placed, kOperation, kPhase));
+  CAIRN_RETURN_IF_ERROR(agree(placed));
   for (const ReadItem& item : items) {
     CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
   }
