@@ -299,6 +299,13 @@ def rank_body(spec, rank, world, port):
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
             world_size=world,
             timeout=datetime.timedelta(seconds=spec["timeout"]))
+    # Each of the `world` processes gets its share of the cores for torch's
+    # intra-op threads, as under torchrun (which goes further and sets
+    # OMP_NUM_THREADS=1). torch's default, every core in every process,
+    # oversubscribes a many-core machine: on 16 cores (2026-11-24, H200
+    # machine) DCP loads on 3 and 4 ranks took 4-8 s cold or warm, on 2
+    # ranks 0.7-1.5 s.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     out["baseline_rss_bytes"] = maxrss_bytes()
     out["torch_threads"] = torch.get_num_threads()
 
@@ -621,6 +628,7 @@ def main():
     base = {"tensors": tensors, "timeout": args.timeout}
     results = []
     worker_threads = []
+    threads_by_world = {}
     log(f"torch {torch.__version__}, {len(tensors)} tensors, {total} bytes "
         f"({total / 2**20:.1f} MiB), {W} save ranks, cold={cold_method}, "
         f"work dir {work}")
@@ -629,6 +637,7 @@ def main():
         os.sync()  # no earlier dirty data flushes inside a timer
         res = run_workers(spec, world, args.timeout)
         worker_threads.append(res[0]["torch_threads"])
+        threads_by_world[str(world)] = res[0]["torch_threads"]
         sec = max(r["t1"] for r in res) - min(r["t0"] for r in res)
         return sec, res
 
@@ -771,7 +780,8 @@ def main():
         "checkpoint files read once more before the timer to be sure they "
         "are cached.",
         f"Ranks are processes (spawn) with gloo on 127.0.0.1; "
-        f"{os.cpu_count()} CPUs on this host.",
+        f"{os.cpu_count()} CPUs on this host; each of W processes runs "
+        f"cpus // W torch threads (torch_threads_by_world).",
     ]
     report = {
         "peer": "torch",
@@ -785,6 +795,7 @@ def main():
         "cold_method": cold_method,
         "cpus": os.cpu_count(),
         "torch_threads": worker_threads[0] if worker_threads else None,
+        "torch_threads_by_world": threads_by_world,
         "results": results,
         "notes": notes,
     }
