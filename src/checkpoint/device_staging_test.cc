@@ -609,6 +609,48 @@ TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   EXPECT_EQ(runtime_.live_pinned(), 0);
 }
 
+TEST_F(DeviceStagingTest, LargeItemsSitInStagingAtTheirFilePageOffset) {
+  // A cold read goes O_DIRECT only into an address with the file offset's
+  // alignment, so a large item's staging slot starts at its file offset
+  // modulo a page (small items just follow each other).
+  TempDir tmp;
+  std::vector<float> small(10, 1), big(64 << 10), rows(48 * 1000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = -static_cast<float>(i);
+  StateDict sd;
+  sd["a_small"] = TensorView(small.data(), DType::kF32, {10});
+  sd["b_big"] = TensorView(big.data(), DType::kF32, {64 << 10});
+  sd["c_rows"] = TensorView(rows.data(), DType::kF32, {48, 1000});
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  const uint64_t big_at = md->tensors.at("b_big").chunks[0].location.offset;
+  const uint64_t rows_at = md->tensors.at("c_rows").chunks[0].location.offset;
+
+  DeviceBuffer d_small(runtime_, 0, 10, 0);
+  DeviceBuffer d_big(runtime_, 0, 64 << 10, 0);
+  DeviceBuffer d_rows(runtime_, 0, 32 * 1000, 0);  // rows [16, 48)
+  StateDict dst;
+  dst["a_small"] = d_small.View({10});
+  dst["b_big"] = d_big.View({64 << 10});
+  dst["c_rows"] = ShardedTensor(DType::kF32, {48, 1000},
+                                {{Box{{16, 0}, {32, 1000}}, d_rows.View({32, 1000})}});
+  absl::StatusOr<LoadResult> r = Load(dst, tmp.path());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(d_big.values, big);
+  EXPECT_EQ(d_rows.values, std::vector<float>(rows.begin() + 16 * 1000, rows.end()));
+  const std::vector<const void*> sources = runtime_.to_device_sources();
+  ASSERT_EQ(sources.size(), 3u);
+  auto page_offset = [](const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 4096;
+  };
+  // Plan order: a_small, b_big, c_rows (rows 16.. start 64,000 bytes into
+  // the chunk, not a whole number of pages).
+  EXPECT_EQ(page_offset(sources[1]), big_at % 4096);
+  EXPECT_EQ(page_offset(sources[2]), (rows_at + 16 * 1000 * 4) % 4096);
+  EXPECT_EQ(page_offset(sources[0]) % 64, 0u);
+}
+
 TEST_F(DeviceStagingTest, DeviceLoadFailuresNameTheTensorAndLeaveNothingInFlight) {
   TempDir tmp;
   const std::string dir = SaveHostModel(tmp);

@@ -975,6 +975,28 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
   const uint64_t batch_limit = std::max<uint64_t>(batch_bytes, kSlot);
   auto slot_of = [&](size_t i) { return internal_core::RoundUp(bytes[i], kSlot); };
+  // Where a large tensor item's first byte sits in its staging slot, modulo
+  // a page: the same as in its file, so that a cold read of it can go
+  // O_DIRECT (the file backend reads a page-aligned middle straight from
+  // the device only into an address with the file offset's alignment).
+  // Staging buffers start on a page. Costs under a page per large item.
+  constexpr uint64_t kPage = 4096;
+  constexpr uint64_t kAlignFrom = uint64_t{64} << 10;
+  auto slot_offset = [&](size_t i, uint64_t used) -> uint64_t {
+    used = internal_core::RoundUp(used, kSlot);
+    if (bytes[i] < kAlignFrom) return used;
+    const TensorMetadata& tm = metadata.tensors.at(items[i].fqn);
+    const ChunkMetadata& chunk = tm.chunks[items[i].chunk];
+    // Row-major element index of the item's first element in its chunk.
+    uint64_t index = 0;
+    for (int d = 0; d < chunk.box.rank(); ++d) {
+      index = index * static_cast<uint64_t>(chunk.box.sizes[d]) +
+              static_cast<uint64_t>(items[i].overlap.offsets[d] -
+                                    chunk.box.offsets[d]);
+    }
+    const uint64_t want = (chunk.location.offset + index * DTypeSize(tm.dtype)) % kPage;
+    return used + (want + kPage - used % kPage) % kPage;
+  };
   struct Batch {
     size_t begin, end;
     uint64_t used;
@@ -989,8 +1011,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       if (end > begin && batch + slot_of(end) > batch_limit) break;
       batch += slot_of(end);
       if (items[end].kind == ItemKind::kTensor && !direct[end]) {
-        offset[end] = used;
-        used += slot_of(end);
+        offset[end] = slot_offset(end, used);
+        used = offset[end] + bytes[end];
       }
       ++end;
     }

@@ -104,6 +104,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
     pending_[device.index].push_back({src, dst, bytes});
     ++to_device_copies_;
     to_device_bytes_ += static_cast<int64_t>(bytes);
+    to_device_sources_.push_back(src);
     return absl::OkStatus();
   }
 
@@ -125,6 +126,11 @@ class FakeDeviceRuntime : public DeviceRuntime {
   // wrote the "device" memory directly (it is host memory here) shows none.
   int64_t to_device_copies() const { return Read(to_device_copies_); }
   int64_t to_device_bytes() const { return Read(to_device_bytes_); }
+  // The host source of every copy to a device, in the order queued.
+  std::vector<const void*> to_device_sources() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return to_device_sources_;
+  }
   int64_t syncs() const { return Read(syncs_); }
   int64_t waits(int index) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -179,6 +185,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
   int64_t copies_ = 0;
   int64_t to_device_copies_ = 0;
   int64_t to_device_bytes_ = 0;
+  std::vector<const void*> to_device_sources_;
   int64_t syncs_ = 0;
 };
 
