@@ -71,6 +71,22 @@ class DeviceFloats {
   void* ptr_ = nullptr;
 };
 
+// The application's last write to `dst`: a copy of n floats from `src`,
+// queued on the legacy default stream of an idle device and still running
+// when this returns (256 MiB take milliseconds).
+::testing::AssertionResult QueueApplicationCopy(const DeviceFloats& src,
+                                                DeviceFloats& dst, size_t n) {
+  if (!src.ok() || !dst.ok()) {
+    return ::testing::AssertionFailure() << "cudaMalloc failed";
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpyAsync(dst.get(), src.get(), n * sizeof(float),
+                      cudaMemcpyDeviceToDevice, nullptr) != cudaSuccess) {
+    return ::testing::AssertionFailure() << "could not queue the copy";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 const float* Floats(const StateDict& sd, const std::string& key) {
   return static_cast<const float*>(
       sd.Find(key)->tensor()->shards()[0].view.data());
@@ -146,11 +162,7 @@ TEST(CudaDeviceTest, StagingWaitsForQueuedDeviceWork) {
   const size_t n = size_t{64} << 20;  // 256 MiB
   DeviceFloats src(n, 9);
   DeviceFloats dst(n, 0);
-  ASSERT_TRUE(src.ok() && dst.ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(dst.get(), src.get(), n * sizeof(float),
-                            cudaMemcpyDeviceToDevice, nullptr),
-            cudaSuccess);
+  ASSERT_TRUE(QueueApplicationCopy(src, dst, n));
   StateDict sd;
   sd["dst"] = dst.View({static_cast<int64_t>(n)});
   Stager stager;
@@ -233,11 +245,7 @@ TEST(CudaDeviceTest, LoadWaitsForQueuedDeviceWorkBeforeOverwriting) {
   // be overwritten by it.
   DeviceFloats src(n, 9);
   DeviceFloats dst(n, 0);
-  ASSERT_TRUE(src.ok() && dst.ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(dst.get(), src.get(), n * sizeof(float),
-                            cudaMemcpyDeviceToDevice, nullptr),
-            cudaSuccess);
+  ASSERT_TRUE(QueueApplicationCopy(src, dst, n));
   StateDict into;
   into["t"] = dst.View({static_cast<int64_t>(n)});
   absl::StatusOr<LoadResult> r = Load(into, tmp.path());
