@@ -211,8 +211,10 @@ absl::Status CopyInto(const StateDict& src, StateDict& dst);
 // A StateDict of the nesting of `state` whose tensors live in host memory:
 // host shards are kept as the same views (no copy) unless `copy_host`, in
 // which case they are copied into new contiguous tensors; objects and
-// scalars are copied. Device shards would be copied to the host, but this
-// build has no CUDA support: kUnimplemented naming the FQN and the device.
+// scalars are copied. Device shards are copied to new host tensors (after
+// the device's queued work); in a build without CUDA, or on a machine
+// without a usable GPU, that is an error (kUnimplemented,
+// kFailedPrecondition) naming the FQN and the device.
 absl::StatusOr<StateDict> OffloadToHost(const StateDict& state,
                                         bool copy_host = false);
 

@@ -15,6 +15,7 @@
 #include "core/flatten.h"
 #include "core/status.h"
 #include "core/strided.h"
+#include "cuda/device_runtime.h"
 #include "utils/internal.h"
 
 namespace cairn {
@@ -247,10 +248,14 @@ absl::StatusOr<StateDict> OffloadToHost(const StateDict& state,
           const std::string where = absl::StrFormat(
               "OffloadToHost: %s shard %s", fqn, shard.box.ToString());
           if (!shard.view.device().is_cpu()) {
-            return absl::UnimplementedError(absl::StrFormat(
-                "%s: tensor on %s; this build of cairn has no CUDA support, "
-                "so it cannot copy device memory to the host",
-                where, shard.view.device().ToString()));
+            // Through the device runtime: after the device's queued work,
+            // one copy of the view's span (kUnimplemented without CUDA in
+            // the build, kFailedPrecondition without a usable device).
+            CAIRN_ASSIGN_OR_RETURN(
+                Tensor copy, internal_cuda::CopyToHostTensor(where, shard.view));
+            shards.push_back(Shard{shard.box, copy.view()});
+            keep->copies.push_back(std::move(copy));
+            continue;
           }
           if (!copy_host) {
             shards.push_back(shard);

@@ -29,8 +29,8 @@ absl::Status ValidateHostView(std::string_view where, const TensorView& view,
                               DType dtype, const Shape& shape) {
   if (!view.device().is_cpu()) {
     return absl::UnimplementedError(absl::StrFormat(
-        "%s: tensor on %s; this build of cairn has no CUDA support and "
-        "handles host memory only",
+        "%s: tensor on %s; this operation handles host memory only "
+        "(OffloadToHost copies device tensors to the host)",
         where, view.device().ToString()));
   }
   if (view.dtype() != dtype) {

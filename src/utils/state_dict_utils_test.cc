@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "core/byte_codec.h"
+#include "cuda/fake_device_runtime.h"
 #include "comm/collective.h"
 #include "utils/internal.h"
 #include "utils/test_util.h"
@@ -1126,14 +1127,44 @@ TEST(OffloadToHostTest, HostViewsAreKeptOrCopied) {
   EXPECT_EQ(*copied->Find("step")->scalar(), Scalar(int64_t{9}));
 }
 
-TEST(OffloadToHostTest, DeviceShardsAreUnimplemented) {
+TEST(OffloadToHostTest, DeviceShardsAreCopiedThroughTheRuntime) {
+  // Host memory registered as cuda:1 with the fake runtime: the copy goes
+  // through it (the fake lands copies only at Synchronize).
+  internal_cuda::FakeDeviceRuntime runtime(/*num_devices=*/2);
+  internal_cuda::ScopedRuntimeForTesting scope(&runtime);
+  std::vector<float> device = {1, 2, 3, 4, 5, 6};
+  runtime.AddDeviceMemory(1, device.data(), device.size() * sizeof(float));
+  StateDict sd;
+  sd["opt"]["state"]["m"] =
+      TensorView(device.data(), DType::kF32, {2, 3}, Device::Cuda(1));
+  sd["step"] = int64_t{3};
+  for (bool copy : {false, true}) {
+    absl::StatusOr<StateDict> got = OffloadToHost(sd, copy);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const StateDict* m = got->Find("opt")->Find("state")->Find("m");
+    ASSERT_NE(m, nullptr);
+    const TensorView& v = m->tensor()->shards()[0].view;
+    EXPECT_TRUE(v.device().is_cpu());
+    EXPECT_NE(v.data(), device.data());
+    const float* f = static_cast<const float*>(v.data());
+    EXPECT_EQ(std::vector<float>(f, f + 6), device);
+    EXPECT_EQ(*got->Find("step")->scalar(), Scalar(int64_t{3}));
+  }
+  EXPECT_EQ(runtime.copies(), 2);
+  EXPECT_EQ(runtime.pending(), 0);
+}
+
+TEST(OffloadToHostTest, DeviceShardsWithoutAUsableDeviceNameTheTensor) {
+  // A device the fake runtime does not have.
+  internal_cuda::FakeDeviceRuntime runtime(/*num_devices=*/1);
+  internal_cuda::ScopedRuntimeForTesting scope(&runtime);
   Tensor t = *Tensor::Zeros(DType::kF32, {4});
   StateDict sd;
   sd["opt"]["state"]["m"] =
       TensorView(t.data(), DType::kF32, {4}, Device::Cuda(1));
   for (bool copy : {false, true}) {
     absl::StatusOr<StateDict> got = OffloadToHost(sd, copy);
-    EXPECT_EQ(got.status().code(), kUnimplemented);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(Msg(got.status()), HasSubstr("opt.state.m"));
     EXPECT_THAT(Msg(got.status()), HasSubstr("cuda:1"));
   }
