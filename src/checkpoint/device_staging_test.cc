@@ -12,6 +12,7 @@
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
+#include "cairn/planner.h"
 #include "cairn/stager.h"
 #include "checkpoint/test_util.h"
 #include "cuda/fake_device_runtime.h"
@@ -727,6 +728,48 @@ TEST_F(DeviceStagingTest, LoadIntoADeviceThatDoesNotExistFailsAtPlanning) {
   // Planning failed: nothing was read into the host destination either.
   EXPECT_EQ(host, std::vector<float>(32, -1));
   EXPECT_EQ(runtime_.to_device_copies(), 0);
+}
+
+// Counts what the load asks of the planner.
+class CountingPlanner : public DefaultLoadPlanner {
+ public:
+  CountingPlanner() : DefaultLoadPlanner(/*strict=*/false) {}
+  absl::StatusOr<LoadPlan> FinishPlan(LoadPlan plan) override {
+    items += plan.items.size();
+    return DefaultLoadPlanner::FinishPlan(std::move(plan));
+  }
+  absl::StatusOr<Destination> ResolveDestination(const ReadItem& item) override {
+    ++resolved;
+    return DefaultLoadPlanner::ResolveDestination(item);
+  }
+  absl::Status CommitChunk(const ReadItem& item) override {
+    ++committed;
+    return DefaultLoadPlanner::CommitChunk(item);
+  }
+  size_t items = 0, resolved = 0, committed = 0;
+};
+
+TEST_F(DeviceStagingTest, EachDestinationIsResolvedAndCommittedOnce) {
+  // A planner may do work per ResolveDestination (allocate, say): a device
+  // load asks once per item, as a host load does.
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  DeviceBuffer a(runtime_, 0, 64, -1);
+  std::vector<float> b(32, -1);
+  StateDict dst;
+  dst["a"] = ShardedTensor(DType::kF32, {8, 8},
+                           {{Box{{0, 0}, {4, 8}}, a.View({4, 8})},
+                            {Box{{4, 0}, {4, 8}}, a.View({4, 8}, 32)}});
+  dst["b"] = TensorView(b.data(), DType::kF32, {32});
+  CountingPlanner planner;
+  LoadOptions o;
+  o.planner = &planner;
+  ASSERT_TRUE(Load(dst, dir, o).ok());
+  EXPECT_EQ(planner.items, 3u);
+  EXPECT_EQ(planner.resolved, 3u);
+  EXPECT_EQ(planner.committed, 3u);
+  EXPECT_EQ(a.values[63], 64.0f);
+  EXPECT_EQ(b[31], 131.0f);
 }
 
 TEST_F(DeviceStagingTest, ReplicaGroupsBroadcastIntoDeviceTensors) {

@@ -884,7 +884,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const Metadata& metadata,
                                       const LoadOptions& options,
                                       uint64_t batch_bytes,
-                                      LoadPhaseTimes& phases) {
+                                      LoadPhaseTimes& phases,
+                                      std::vector<Destination> resolved = {}) {
   // A group of one has nobody to agree with: its own status is the verdict
   // (LoadWithMetadata's final agreement names the rank).
   auto agree = [&group](const absl::Status& local) {
@@ -892,12 +893,17 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                             "reading (replica group)")
                             : local;
   };
+  // Each item's destination, resolved here unless the caller passed them
+  // (ResolveDestination is asked once per item).
   std::vector<Destination> dsts;
   absl::Status ready = plan.status();
   Loader check(storage, metadata, options);
+  const bool given = ready.ok() && resolved.size() == plan->items.size();
   if (ready.ok()) {
-    for (const ReadItem& item : plan->items) {
-      absl::StatusOr<Destination> d = planner.ResolveDestination(item);
+    for (size_t i = 0; i < plan->items.size(); ++i) {
+      const ReadItem& item = plan->items[i];
+      absl::StatusOr<Destination> d =
+          given ? std::move(resolved[i]) : planner.ResolveDestination(item);
       if (d.ok()) {
         // Owners check their destinations as they read; here every member
         // checks its own, since it copies into them without reading.
@@ -1282,7 +1288,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
         // A group of one: no broadcast, only the staging.
         std::unique_ptr<Communicator> alone = LocalCommunicator();
         r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
-                       options.device_batch_bytes, phases);
+                       options.device_batch_bytes, phases, std::move(dsts));
       } else {
         Loader loader(**storage, metadata, options);
         r = loader.Run(plan->items, dsts, planner);
