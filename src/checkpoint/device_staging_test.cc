@@ -14,10 +14,12 @@
 #include "cairn/communicator.h"
 #include "cairn/planner.h"
 #include "cairn/stager.h"
+#include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/test_util.h"
 #include "cuda/fake_device_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injection.h"
 
 namespace cairn {
 namespace {
@@ -608,6 +610,16 @@ TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   EXPECT_EQ(runtime_.pinned_allocations(), 2);
   EXPECT_EQ(runtime_.to_device_copies(), 13);
   EXPECT_EQ(runtime_.live_pinned(), 0);
+
+  // The batches share one reader: its data file is opened (and its header
+  // read and checked) once, not once per batch.
+  internal_storage::FaultInjectionStorage counting(*Storage::Open(tmp.path()));
+  for (auto& d : dev) std::fill(d->values.begin(), d->values.end(), -1.0f);
+  r = internal_checkpoint::LoadFromStorage(dst, &counting, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int t = 0; t < 13; ++t) EXPECT_EQ(dev[t]->values, src[t]) << "t" << t;
+  EXPECT_EQ(counting.calls(internal_storage::StorageOp::kOpenForRead), 2)
+      << "metadata.json and the one data file";
 }
 
 TEST_F(DeviceStagingTest, LargeItemsSitInStagingAtTheirFilePageOffset) {

@@ -163,9 +163,14 @@ class Loader {
     return TakeResult();
   }
 
-  // Reads items[i] into dsts[i], for every i.
+  // Reads items[i] into dsts[i], for every i. May be called again (a staged
+  // load's batches): the data files an earlier call opened, and checked the
+  // headers of, stay open.
   absl::Status Read(const std::vector<ReadItem>& items,
                     const std::vector<Destination>& dsts) {
+    tasks_.clear();
+    checks_.clear();
+    needed_.clear();
     // Items of one stored chunk are planned together, so several
     // destination boxes in one chunk can share a read.
     std::map<std::pair<const TensorMetadata*, size_t>, std::vector<Target>>
@@ -194,7 +199,8 @@ class Loader {
     return Execute();
   }
 
-  LoadResult TakeResult() { return std::move(result_); }
+  // What the reads so far did; the next Read counts afresh.
+  LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
 
   // `dst` when it fits `item` (see CheckItem; a device view is allowed:
   // StagedLoad reads it through host staging), else the error.
@@ -472,10 +478,13 @@ class Loader {
 
   // Step 3: every needed byte range is an entry of its file's header.
   absl::Status CheckLocations() {
+    // Files an earlier Read opened are open already.
+    const size_t opened = files_.size();
     files_.resize(file_names_.size());
-    CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
-        static_cast<int64_t>(file_names_.size()), options_.io_threads,
-        [&](int64_t i) -> absl::Status {
+    absl::Status open = internal_core::ParallelFor(
+        static_cast<int64_t>(file_names_.size() - opened), options_.io_threads,
+        [&](int64_t k) -> absl::Status {
+          const size_t i = opened + static_cast<size_t>(k);
           absl::StatusOr<DataFile> df = OpenDataFile(storage_, file_names_[i]);
           if (!df.ok()) {
             return Annotate(df.status(),
@@ -483,7 +492,11 @@ class Loader {
           }
           files_[i] = *std::move(df);
           return absl::OkStatus();
-        }));
+        });
+    if (!open.ok()) {
+      files_.resize(opened);  // a later Read opens them again
+      return open;
+    }
     for (const Needed& n : needed_) {
       const ByteLocation& loc = *n.location;
       if (!files_[n.file].entries.contains(
@@ -897,7 +910,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   // (ResolveDestination is asked once per item).
   std::vector<Destination> dsts;
   absl::Status ready = plan.status();
-  Loader check(storage, metadata, options);
+  // Checks every destination, then reads every batch this member owns (one
+  // loader: the data files stay open from batch to batch).
+  Loader reader(storage, metadata, options);
   const bool given = ready.ok() && resolved.size() == plan->items.size();
   if (ready.ok()) {
     for (size_t i = 0; i < plan->items.size(); ++i) {
@@ -907,7 +922,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       if (d.ok()) {
         // Owners check their destinations as they read; here every member
         // checks its own, since it copies into them without reading.
-        d = check.CheckDestination(item, *d);
+        d = reader.CheckDestination(item, *d);
       }
       if (!d.ok()) {
         ready = d.status();
@@ -1096,9 +1111,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     }
     absl::Status read = absl::OkStatus();
     if (!mine.empty()) {
-      Loader loader(storage, metadata, options);
-      read = loader.Read(mine, mine_dsts);
-      const LoadResult part = loader.TakeResult();
+      read = reader.Read(mine, mine_dsts);
+      const LoadResult part = reader.TakeResult();
       result.bytes_read += part.bytes_read;
       result.chunks_verified += part.chunks_verified;
       result.io_threads = std::max(result.io_threads, part.io_threads);
