@@ -995,7 +995,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   // member's staging.
   constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
   const uint64_t batch_limit = std::max<uint64_t>(batch_bytes, kSlot);
-  auto slot_of = [&](size_t i) { return internal_core::RoundUp(bytes[i], kSlot); };
+  auto slot_of = [&](size_t i) {
+    return internal_core::RoundUp(bytes[i], kSlot);
+  };
   // Where a large tensor item's first byte sits in its staging slot, modulo
   // a page: the same as in its file, so that a cold read of it can go
   // O_DIRECT (the file backend reads a page-aligned middle straight from
@@ -1015,7 +1017,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
               static_cast<uint64_t>(items[i].overlap.offsets[d] -
                                     chunk.box.offsets[d]);
     }
-    const uint64_t want = (chunk.location.offset + index * DTypeSize(tm.dtype)) % kPage;
+    const uint64_t want =
+        (chunk.location.offset + index * DTypeSize(tm.dtype)) % kPage;
     return used + (want + kPage - used % kPage) % kPage;
   };
   struct Batch {
@@ -1127,8 +1130,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         absl::Status s =
             items[i].kind == ItemKind::kObject
                 ? group.Broadcast(objects[i - begin], owner[i])
-                : group.BroadcastBytes(std::span<std::byte>(buffer(i), bytes[i]),
-                                       owner[i]);
+                : group.BroadcastBytes(
+                      std::span<std::byte>(buffer(i), bytes[i]), owner[i]);
         CAIRN_RETURN_IF_ERROR(
             Annotate(s, "communicator failed in broadcast load"));
       }
@@ -1295,7 +1298,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
       bool to_device = false;
       for (const ReadItem& item : plan->items) {
         CAIRN_ASSIGN_OR_RETURN(Destination d, planner.ResolveDestination(item));
-        to_device |= item.kind == ItemKind::kTensor && !d.view.device().is_cpu();
+        to_device |=
+            item.kind == ItemKind::kTensor && !d.view.device().is_cpu();
         dsts.push_back(std::move(d));
       }
       if (to_device) {
