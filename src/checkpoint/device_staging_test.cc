@@ -728,6 +728,26 @@ TEST_F(DeviceStagingTest, LoadIntoHostMemoryLabelledAsDeviceNamesTheTensor) {
   EXPECT_EQ(runtime_.live_pinned(), 0);
 }
 
+TEST_F(DeviceStagingTest, ReversedDeviceViewIsRefusedNamingTheTensor) {
+  // A device view with a negative stride (a reversed tensor): cairn copies
+  // contiguous runs of non-negative strides only, and says so.
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  DeviceBuffer b(runtime_, 0, 32, -1);
+  StateDict dst;
+  dst["b"] = TensorView(b.values.data() + 31, DType::kF32, {32}, {-1},
+                        Device::Cuda(0));
+  LoadOptions o;
+  o.strict = false;
+  absl::Status s = Load(dst, dir, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("b [0:32]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("negative strides"));
+  EXPECT_EQ(b.values[0], -1.0f);
+  EXPECT_EQ(runtime_.to_device_copies(), 0);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+}
+
 TEST_F(DeviceStagingTest, LoadIntoADeviceThatDoesNotExistFailsAtPlanning) {
   TempDir tmp;
   const std::string dir = SaveHostModel(tmp);
