@@ -201,6 +201,33 @@ class ReportTest(unittest.TestCase):
         self.assertIsNone(self.row(data, "async save, blocked")[
             "cairn_gb_per_s"])
 
+    def test_async_rows_pair_with_dcp_async_save_when_the_peer_ran_it(self):
+        # torch 1.13's peer has no dcp_async_save row: no pairing.
+        self.full_run()
+        data, md = self.run_report()
+        self.assertNotIn("speedup_vs_dcp",
+                         self.row(data, "async save, blocked"))
+        self.assertIn("Async rows have no DCP counterpart", md)
+        # A torch 2.x peer: async_save blocked 2.0 s, done after 4.0 s.
+        torch2 = dict(TORCH, torch_version="2.11.0")
+        row = peer_row("dcp_async_save", "async", 4.0, 4)
+        row["blocked_seconds"] = 2.0
+        torch2["results"] = TORCH["results"] + [row]
+        self.full_run(torch=torch2)
+        data, md = self.run_report()
+        blocked = self.row(data, "async save, blocked")
+        self.assertEqual(blocked["dcp_name"], "dcp_async_save (blocked)")
+        self.assertAlmostEqual(blocked["speedup_vs_dcp"],
+                               2.0 / blocked["cairn_seconds"])
+        total = self.row(data, "async save, total")
+        self.assertEqual(total["dcp_name"], "dcp_async_save")
+        self.assertAlmostEqual(total["speedup_vs_dcp"],
+                               4.0 / total["cairn_seconds"])
+        self.assertIn("Async rows pair with DCP's async_save", md)
+        # Still 11 rows in the every-row target: async rows are not counted.
+        self.assertIn("11 of 11 rows faster",
+                      self.target(data, "faster than")["measured"])
+
     def test_met_targets(self):
         self.full_run()
         data, md = self.run_report()
