@@ -5,10 +5,14 @@ Measures, on the tensors described by a model JSON written by the harness:
 
   torch_save / torch_load   one process, a full state dict of plain tensors,
                             torch.save + fsync(file) + fsync(dir) / torch.load
-  dcp_save_*                torch 1.13 distributed checkpoint
-                            (torch.distributed._shard.checkpoint), W ranks as
-                            processes over gloo on 127.0.0.1, ShardedTensors
+  dcp_save_*                distributed checkpoint (torch 1.13's
+                            torch.distributed._shard.checkpoint, or
+                            torch.distributed.checkpoint.save on 2.x), W
+                            ranks as processes over gloo on 127.0.0.1 with
+                            cpus // W torch threads each, ShardedTensors
                             split on dim 0; single_file_per_rank True / False
+  dcp_async_save            torch 2.x only: async_save twice, the second
+                            timed (blocked, and until its future is done)
   dcp_load_*                loads of the single_file_per_rank checkpoint into
                             the same layout and resharded (W -> W' ranks, row
                             or column split), cold and warm page cache
