@@ -158,9 +158,10 @@ struct LoadOptions {
   // Device (GPU) destinations are filled through pinned host staging, a
   // batch of about this many bytes at a time: read, checked, then copied to
   // the device on cairn's stream while the next batch is read. Two buffers
-  // of this size per rank (an item larger than this gets a buffer of its
-  // own size); in a replica group, broadcast_batch_bytes instead.
-  // Default: 64 MiB.
+  // of this size per rank; a larger tensor is read in pieces that fit, its
+  // chunk's CRC32C checked across them. (In a replica group,
+  // broadcast_batch_bytes instead, and an item larger than that gets a
+  // buffer of its own size.) Default: 64 MiB.
   uint64_t device_batch_bytes = uint64_t{64} << 20;
   // Rank-local mode: no collective at all. Each rank reads its own
   // rank-NNNNN/metadata.json when it exists, else the global metadata.json.

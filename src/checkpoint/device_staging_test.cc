@@ -3,6 +3,7 @@
 // Synchronize; failures injected), so these paths are tested on every build.
 // cuda_device_test.cc runs the same paths on a real GPU.
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -581,8 +582,9 @@ TEST_F(DeviceStagingTest, LoadReshardsIntoStridedDeviceViews) {
 
 TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   // Twelve tensors of 40 floats and one of 400: with 256-byte batches, each
-  // tensor is a batch of its own, so each staging buffer is refilled while
-  // the copies of the batch before are in flight. The fake lands a copy only
+  // small tensor is a batch of its own and the large one seven (pieces of
+  // 64 floats), so each staging buffer is refilled while the copies of the
+  // batch before are in flight. The fake lands a copy only
   // at Synchronize, from whatever the staging holds then: a buffer refilled
   // before its copies were waited for shows up as wrong values.
   TempDir tmp;
@@ -613,7 +615,7 @@ TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   ASSERT_TRUE(r.ok()) << r.status();
   for (int t = 0; t < 13; ++t) EXPECT_EQ(dev[t]->values, src[t]) << "t" << t;
   EXPECT_EQ(runtime_.pinned_allocations(), 2);
-  EXPECT_EQ(runtime_.to_device_copies(), 13);
+  EXPECT_EQ(runtime_.to_device_copies(), 12 + 7);
   EXPECT_EQ(runtime_.live_pinned(), 0);
 
   // The batches share one reader: its data file is opened (and its header
@@ -625,6 +627,71 @@ TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   for (int t = 0; t < 13; ++t) EXPECT_EQ(dev[t]->values, src[t]) << "t" << t;
   EXPECT_EQ(counting.calls(internal_storage::StorageOp::kOpenForRead), 2)
       << "metadata.json and the one data file";
+}
+
+TEST_F(DeviceStagingTest, ItemsLargerThanABatchAreStagedInPiecesAndChecked) {
+  // With 4 KiB batches: "m" [10, 1000] floats (40,000 bytes) goes in pieces
+  // of whole rows (one row, 4,000 bytes, each), "v" [5000] in 1024-element
+  // ranges, and "c" [2, 3, 2000], whose rows are 8,000 bytes, in 1024-element
+  // ranges of single rows. The pinned staging stays within a batch, every
+  // element lands, and each chunk's CRC32C is checked across its pieces.
+  TempDir tmp;
+  std::vector<float> m(10 * 1000), v(5000), c(2 * 3 * 2000);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -static_cast<float>(i);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5f + static_cast<float>(i);
+  StateDict sd;
+  sd["c"] = TensorView(c.data(), DType::kF32, {2, 3, 2000});
+  sd["m"] = TensorView(m.data(), DType::kF32, {10, 1000});
+  sd["v"] = TensorView(v.data(), DType::kF32, {5000});
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  DeviceBuffer dc(runtime_, 0, c.size(), 0);
+  DeviceBuffer dm(runtime_, 0, m.size(), 0);
+  DeviceBuffer dv(runtime_, 1, v.size(), 0);
+  StateDict dst;
+  dst["c"] = dc.View({2, 3, 2000});
+  dst["m"] = dm.View({10, 1000});
+  dst["v"] = dv.View({5000});
+  LoadOptions o;
+  o.device_batch_bytes = 4096;
+  absl::StatusOr<LoadResult> r = Load(dst, tmp.path(), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(dc.values, c);
+  EXPECT_EQ(dm.values, m);
+  EXPECT_EQ(dv.values, v);
+  EXPECT_EQ(r->chunks_verified, 3u);
+  EXPECT_EQ(r->device_bytes, (c.size() + m.size() + v.size()) * 4);
+  EXPECT_LE(runtime_.largest_pinned_bytes(), 4096);
+  // c: 2 x 3 rows of 2 pieces; m: 10 rows; v: 5 ranges.
+  EXPECT_EQ(runtime_.to_device_copies(), 12 + 10 + 5);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+
+  // A byte flipped in m's sixth row: only the pieces' combined CRC32C can
+  // see it (no single read covers the chunk).
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  const ByteLocation& loc = md->tensors.at("m").chunks[0].location;
+  {
+    std::fstream f(tmp.path() + "/" + loc.file,
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(loc.offset + 5 * 4000 + 17));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x40;
+    f.seekp(static_cast<std::streamoff>(loc.offset + 5 * 4000 + 17));
+    f.write(&byte, 1);
+  }
+  absl::Status bad = Load(dst, tmp.path(), o).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("m [0:10, 0:1000]"));
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("read in pieces"));
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+  // Without checksums the same load goes through (and takes the flip).
+  o.verify_checksums = false;
+  ASSERT_TRUE(Load(dst, tmp.path(), o).ok());
+  EXPECT_NE(dm.values, m);
+  EXPECT_EQ(dv.values, v);
 }
 
 TEST_F(DeviceStagingTest, LargeItemsSitInStagingAtTheirFilePageOffset) {

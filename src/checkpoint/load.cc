@@ -879,6 +879,93 @@ class DeviceRuntimes {
   std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> runtimes_;
 };
 
+// A piece of a tensor item split to fit a staging batch (SplitForStaging).
+// `chunk` is set where the item covered its whole stored chunk and
+// checksums are on: the pieces, consecutive in the file and in the item
+// list, are checksummed as they are staged and combined at the last.
+struct Piece {
+  const ChunkMetadata* chunk = nullptr;
+  bool first = false;
+  bool last = false;
+};
+
+// Splits every tensor item with a device destination larger than `limit`
+// bytes into pieces of at most
+// `limit` bytes (or one element, if larger): ranges along the outermost
+// dimension whose inner block fits, one index of each dimension outside it,
+// in row-major order, so that the pieces of a whole chunk follow each other
+// in its file. Items, destinations and pieces stay parallel.
+absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
+                             bool verify, std::vector<ReadItem>& items,
+                             std::vector<Destination>& dsts,
+                             std::vector<Piece>& pieces) {
+  std::vector<ReadItem> out_items;
+  std::vector<Destination> out_dsts;
+  std::vector<Piece> out_pieces;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ReadItem& item = items[i];
+    const TensorMetadata* tm = nullptr;
+    if (item.kind == ItemKind::kTensor) {
+      auto it = metadata.tensors.find(item.fqn);
+      if (it != metadata.tensors.end()) tm = &it->second;
+    }
+    const uint64_t es = tm != nullptr ? DTypeSize(tm->dtype) : 0;
+    const Shape& sizes = item.overlap.sizes;
+    if (tm == nullptr || dsts[i].view.device().is_cpu() ||
+        static_cast<uint64_t>(item.overlap.num_elements()) * es <= limit) {
+      out_items.push_back(item);
+      out_dsts.push_back(dsts[i]);
+      out_pieces.push_back(Piece{});
+      continue;
+    }
+    // k: the outermost dimension whose inner block (the elements after it)
+    // fits `limit`; each piece spans `step` of its indices.
+    const int rank = item.overlap.rank();
+    int k = rank - 1;
+    uint64_t inner = es;
+    while (k > 0 && inner * static_cast<uint64_t>(sizes[k]) <= limit) {
+      inner *= static_cast<uint64_t>(sizes[k]);
+      --k;
+    }
+    const int64_t step = static_cast<int64_t>(std::max<uint64_t>(1, limit / inner));
+    const ChunkMetadata& chunk = tm->chunks[item.chunk];
+    const bool whole = verify && item.overlap == chunk.box;
+    Shape index(k, 0);  // odometer over the dimensions before k
+    const size_t first_piece = out_items.size();
+    while (true) {
+      for (int64_t j = 0; j < sizes[k]; j += step) {
+        Box local;
+        local.offsets.assign(rank, 0);
+        local.sizes = sizes;
+        for (int d = 0; d < k; ++d) {
+          local.offsets[d] = index[d];
+          local.sizes[d] = 1;
+        }
+        local.offsets[k] = j;
+        local.sizes[k] = std::min(step, sizes[k] - j);
+        ReadItem piece = item;
+        for (int d = 0; d < rank; ++d) {
+          piece.overlap.offsets[d] = item.overlap.offsets[d] + local.offsets[d];
+        }
+        piece.overlap.sizes = local.sizes;
+        CAIRN_ASSIGN_OR_RETURN(TensorView view, dsts[i].view.Slice(local));
+        out_items.push_back(std::move(piece));
+        out_dsts.push_back(Destination{view, nullptr});
+        out_pieces.push_back(Piece{whole ? &chunk : nullptr, false, false});
+      }
+      int d = k - 1;
+      while (d >= 0 && ++index[d] == sizes[d]) index[d--] = 0;
+      if (d < 0) break;
+    }
+    out_pieces[first_piece].first = true;
+    out_pieces.back().last = true;
+  }
+  items = std::move(out_items);
+  dsts = std::move(out_dsts);
+  pieces = std::move(out_pieces);
+  return absl::OkStatus();
+}
+
 // Staged load: the items are read in batches of about `batch_bytes` through
 // host staging, for two reasons, either or both:
 //  - a replica group (`group` of several members, which all have the same
@@ -943,7 +1030,22 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   }
   if (ready.ok()) ready = devices.WaitForAll();
   CAIRN_RETURN_IF_ERROR(agree(ready));
-  const std::vector<ReadItem>& items = plan->items;
+  constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
+  const uint64_t batch_limit = std::max<uint64_t>(batch_bytes, kSlot);
+  // A device load of one rank splits items larger than a batch, so that
+  // its pinned staging stays two batches however large a tensor is. (In a
+  // replica group every member must batch the same items, and members may
+  // differ in which destinations are on a device: no split there.)
+  std::vector<ReadItem> split_items;
+  std::vector<Piece> pieces;
+  if (group.size() == 1 && !devices.empty()) {
+    split_items = plan->items;
+    CAIRN_RETURN_IF_ERROR(SplitForStaging(metadata, batch_limit,
+                                          options.verify_checksums,
+                                          split_items, dsts, pieces));
+  }
+  const std::vector<ReadItem>& items =
+      pieces.empty() ? plan->items : split_items;
 
   // Bytes of each item; the owner of each.
   std::vector<uint64_t> bytes(items.size());
@@ -993,8 +1095,6 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   // item, however large). Boundaries depend only on item sizes, which every
   // member shares, so the members' collectives line up; `used` is this
   // member's staging.
-  constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
-  const uint64_t batch_limit = std::max<uint64_t>(batch_bytes, kSlot);
   auto slot_of = [&](size_t i) {
     return internal_core::RoundUp(bytes[i], kSlot);
   };
@@ -1086,6 +1186,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   // A device copy's error is kept (later copies skipped) and agreed on with
   // the next batch's reads, so every member stays in the collectives.
   absl::Status placed;
+  // The chunk being read in pieces: the CRC32C and bytes of its pieces so far.
+  uint32_t piece_crc = 0;
+  uint64_t piece_bytes = 0;
   for (size_t b = 0; b < batches.size(); ++b) {
     const size_t begin = batches[b].begin;
     const size_t end = batches[b].end;
@@ -1156,6 +1259,31 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         continue;
       }
       if (!placed.ok()) continue;
+      if (!pieces.empty() && pieces[i].chunk != nullptr) {
+        // A whole chunk read in pieces: checksummed piece by piece, in file
+        // order, and compared at the last (earlier pieces may be on the
+        // device by then: a failed load may leave its destinations partly
+        // written).
+        const uint32_t crc = internal_format::Crc32c(base + offset[i], bytes[i]);
+        piece_crc = pieces[i].first ? crc
+                                    : internal_format::Crc32cCombine(
+                                          piece_crc, crc, bytes[i]);
+        piece_bytes = (pieces[i].first ? 0 : piece_bytes) + bytes[i];
+        if (pieces[i].last) {
+          const ByteLocation& loc = pieces[i].chunk->location;
+          if (piece_bytes != loc.nbytes || piece_crc != loc.crc32c) {
+            placed = absl::DataLossError(absl::StrFormat(
+                "crc32c mismatch in %s %s (%s, offset %d, read in pieces): "
+                "stored %s, computed %s over %d of %d bytes",
+                items[i].fqn, pieces[i].chunk->box.ToString(), loc.file,
+                loc.offset, internal_format::Crc32cToHex(loc.crc32c),
+                internal_format::Crc32cToHex(piece_crc), piece_bytes,
+                loc.nbytes));
+            continue;
+          }
+          ++result.chunks_verified;
+        }
+      }
       absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
           devices.For(dst.device());
       placed = runtime.status();
@@ -1173,7 +1301,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   if (placed.ok()) placed = devices.SynchronizeAll();
   phases.copy += Since(t0);
   CAIRN_RETURN_IF_ERROR(agree(placed));
-  for (const ReadItem& item : items) {
+  for (const ReadItem& item : plan->items) {
     CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
   }
   return result;

@@ -71,6 +71,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
     // Poisoned: bytes no copy wrote are visible as 0xAB.
     std::memset(p, 0xAB, rounded);
     ++pinned_allocations_;
+    largest_pinned_ = std::max<int64_t>(largest_pinned_, bytes);
     ++*live_pinned_;
     // The counter is shared: a buffer may outlive this runtime.
     return std::shared_ptr<void>(p, [live = live_pinned_](void* q) {
@@ -119,6 +120,8 @@ class FakeDeviceRuntime : public DeviceRuntime {
   }
 
   int64_t pinned_allocations() const { return Read(pinned_allocations_); }
+  // The largest pinned allocation asked for.
+  int64_t largest_pinned_bytes() const { return Read(largest_pinned_); }
   int64_t live_pinned() const { return live_pinned_->load(); }
   // Device-to-host copies queued.
   int64_t copies() const { return Read(copies_); }
@@ -180,6 +183,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
   std::map<int, std::vector<Copy>> pending_;
   std::map<int, int64_t> waits_;
   int64_t pinned_allocations_ = 0;
+  int64_t largest_pinned_ = 0;
   std::shared_ptr<std::atomic<int64_t>> live_pinned_ =
       std::make_shared<std::atomic<int64_t>>(0);
   int64_t copies_ = 0;
