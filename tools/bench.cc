@@ -344,17 +344,24 @@ absl::Status Prewarm(const fs::path& dir) {
 // until sampling is off before they check the elements, so the profile
 // holds the timed operation alone. Unset (the normal case), this does
 // nothing.
-bool PerfControlled() {
-  static const char* path = std::getenv("CAIRN_BENCH_PERF_CTL");
-  return path != nullptr && *path != '\0';
+//
+// The control FIFO CAIRN_BENCH_PERF_CTL names, or null when unset or empty.
+const char* PerfControlPath() {
+  static const char* path = [] {
+    const char* p = std::getenv("CAIRN_BENCH_PERF_CTL");
+    return p != nullptr && *p != '\0' ? p : nullptr;
+  }();
+  return path;
 }
+
+bool PerfControlled() { return PerfControlPath() != nullptr; }
 
 void PerfControl(const char* kind, const std::string& row,
                  const char* command) {
-  static const char* path = std::getenv("CAIRN_BENCH_PERF_CTL");
   static const char* ack = std::getenv("CAIRN_BENCH_PERF_ACK");
   static const char* only = std::getenv("CAIRN_BENCH_PERF_KIND");
-  if (!PerfControlled()) return;
+  const char* path = PerfControlPath();
+  if (path == nullptr) return;
   if (only != nullptr && *only != '\0' && only != std::string_view(kind) &&
       only != row) {
     return;

@@ -514,6 +514,13 @@ std::string SaveHostModel(const TempDir& tmp) {
   return dir;
 }
 
+// Load of some of the host model's leaves into `dst` (a non-strict load).
+absl::StatusOr<LoadResult> LoadSome(StateDict& dst, const std::string& dir) {
+  LoadOptions o;
+  o.strict = false;
+  return Load(dst, dir, o);
+}
+
 TEST_F(DeviceStagingTest, LoadFillsDeviceTensorsThroughPinnedStaging) {
   TempDir tmp;
   const std::string dir = SaveHostModel(tmp);
@@ -560,9 +567,7 @@ TEST_F(DeviceStagingTest, LoadReshardsIntoStridedDeviceViews) {
   dst["a"] = ShardedTensor(DType::kF32, {8, 8},
                            {{Box{{0, 0}, {8, 3}}, left.View({8, 3})},
                             {Box{{0, 3}, {8, 5}}, slice}});
-  LoadOptions o;
-  o.strict = false;
-  absl::StatusOr<LoadResult> r = Load(dst, dir, o);
+  absl::StatusOr<LoadResult> r = LoadSome(dst, dir);
   ASSERT_TRUE(r.ok()) << r.status();
   for (int i = 0; i < 8; ++i) {
     for (int j = 0; j < 3; ++j) {
@@ -746,9 +751,7 @@ TEST_F(DeviceStagingTest,
   auto load = [&]() {
     StateDict dst;
     dst["a"] = a.View({8, 8});
-    LoadOptions o;
-    o.strict = false;
-    return Load(dst, dir, o).status();
+    return LoadSome(dst, dir).status();
   };
   struct Case {
     absl::Status* inject;
@@ -780,9 +783,7 @@ TEST_F(DeviceStagingTest, LoadIntoHostMemoryLabelledAsDeviceNamesTheTensor) {
   std::vector<float> host(64, -1);
   StateDict dst;
   dst["a"] = TensorView(host.data(), DType::kF32, {8, 8}, Device::Cuda(0));
-  LoadOptions o;
-  o.strict = false;
-  absl::Status s = Load(dst, dir, o).status();
+  absl::Status s = LoadSome(dst, dir).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   // One verdict for the one rank, naming the tensor, box and device.
   EXPECT_EQ(std::string(s.message()),
@@ -804,9 +805,7 @@ TEST_F(DeviceStagingTest, ReversedDeviceViewIsRefusedNamingTheTensor) {
   StateDict dst;
   dst["b"] = TensorView(b.values.data() + 31, DType::kF32, {32}, {-1},
                         Device::Cuda(0));
-  LoadOptions o;
-  o.strict = false;
-  absl::Status s = Load(dst, dir, o).status();
+  absl::Status s = LoadSome(dst, dir).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("b [0:32]"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("negative strides"));
@@ -823,9 +822,7 @@ TEST_F(DeviceStagingTest, LoadIntoADeviceThatDoesNotExistFailsAtPlanning) {
   StateDict dst;
   dst["a"] = TensorView(nowhere.data(), DType::kF32, {8, 8}, Device::Cuda(5));
   dst["b"] = TensorView(host.data(), DType::kF32, {32});
-  LoadOptions o;
-  o.strict = false;
-  absl::Status s = Load(dst, dir, o).status();
+  absl::Status s = LoadSome(dst, dir).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), HasSubstr("a shard"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("cuda:5"));
@@ -875,6 +872,38 @@ TEST_F(DeviceStagingTest, EachDestinationIsResolvedAndCommittedOnce) {
   EXPECT_EQ(planner.committed, 3u);
   EXPECT_EQ(a.values[63], 64.0f);
   EXPECT_EQ(b[31], 131.0f);
+}
+
+// Hands out destinations on cuda:5, a device the fake runtime does not
+// have: a custom planner's device destinations are checked at the read.
+class ElsewherePlanner : public DefaultLoadPlanner {
+ public:
+  ElsewherePlanner() : DefaultLoadPlanner(/*strict=*/false) {}
+  absl::StatusOr<Destination> ResolveDestination(
+      const ReadItem& item) override {
+    CAIRN_ASSIGN_OR_RETURN(Destination d,
+                           DefaultLoadPlanner::ResolveDestination(item));
+    d.view = TensorView(d.view.data(), d.view.dtype(), d.view.shape(),
+                        d.view.strides(), Device::Cuda(5));
+    return d;
+  }
+};
+
+TEST_F(DeviceStagingTest, CustomPlannersDeviceOnAMissingDeviceNamesTheItem) {
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  std::vector<float> a(64, -1);
+  StateDict dst;
+  dst["a"] = TensorView(a.data(), DType::kF32, {8, 8});
+  ElsewherePlanner planner;
+  LoadOptions o;
+  o.planner = &planner;
+  absl::Status s = Load(dst, dir, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("a [0:8, 0:8]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cuda:5"));
+  EXPECT_EQ(a, std::vector<float>(64, -1));
+  EXPECT_EQ(runtime_.to_device_copies(), 0);
 }
 
 TEST_F(DeviceStagingTest, ReplicaGroupsBroadcastIntoDeviceTensors) {

@@ -127,6 +127,69 @@ std::vector<int64_t> RowMajorByteStrides(const Shape& sizes, size_t es) {
   return s;
 }
 
+// Cuts `region` into slabs whose span under `byte_strides` (the layout the
+// bytes are in: a chunk's in its file, or the region's own when packed)
+// fits `limit` bytes, and calls `fn` with each, in row-major order: one
+// index along each dimension before k, runs of n indices along k,
+// everything along the dimensions after k. k is the outermost dimension
+// whose single slice fits (one element always does), and n as many slices
+// as fit with it. The slabs of a region packed in its layout follow each
+// other there.
+absl::Status ForEachSlab(const Box& region,
+                         const std::vector<int64_t>& byte_strides, size_t es,
+                         uint64_t limit,
+                         absl::FunctionRef<absl::Status(const Box&)> fn) {
+  const int rank = region.rank();
+  // Span of a box with `sizes`, from its first to last byte.
+  auto span_of = [&](const std::vector<int64_t>& sizes) {
+    uint64_t span = es;
+    for (int d = 0; d < rank; ++d) span += (sizes[d] - 1) * byte_strides[d];
+    return span;
+  };
+  int k = 0;
+  int64_t n = 1;
+  if (rank > 0) {
+    std::vector<int64_t> slice = region.sizes;
+    for (k = 0; k < rank; ++k) {
+      slice[k] = 1;  // dims <= k now have size 1
+      const uint64_t slice_span = span_of(slice);
+      // The innermost slice is one element, which always fits.
+      if (slice_span <= limit || k == rank - 1) {
+        // n slices along dim k span slice_span + (n - 1) * stride bytes.
+        n = slice_span >= limit
+                ? 1
+                : static_cast<int64_t>((limit - slice_span) /
+                                       byte_strides[k]) + 1;
+        n = std::min(n, region.sizes[k]);
+        break;
+      }
+    }
+  }
+  // Odometer over dims < k, and steps of n along dim k.
+  Box slab = region;
+  for (int d = 0; d < k; ++d) slab.sizes[d] = 1;
+  std::vector<int64_t> idx(k, 0);
+  while (true) {
+    for (int d = 0; d < k; ++d) slab.offsets[d] = region.offsets[d] + idx[d];
+    const int64_t k_end = rank > 0 ? region.offsets[k] + region.sizes[k] : 1;
+    for (int64_t pos = rank > 0 ? region.offsets[k] : 0; pos < k_end;
+         pos += n) {
+      if (rank > 0) {
+        slab.offsets[k] = pos;
+        slab.sizes[k] = std::min(n, k_end - pos);
+      }
+      CAIRN_RETURN_IF_ERROR(fn(slab));
+    }
+    int d = k - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < region.sizes[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return absl::OkStatus();
+}
+
 // Opens `name` and checks its safetensors header.
 absl::StatusOr<DataFile> OpenDataFile(Storage& storage,
                                       const std::string& name) {
@@ -203,7 +266,8 @@ class Loader {
   LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
 
   // `dst` when it fits `item` (see CheckItem; a device view is allowed:
-  // StagedLoad reads it through host staging), else the error.
+  // StagedLoad reads it through host staging, after looking up its device's
+  // runtime), else the error.
   absl::StatusOr<Destination> CheckDestination(const ReadItem& item,
                                                const Destination& dst) {
     if (item.kind == ItemKind::kObject) {
@@ -274,11 +338,6 @@ class Loader {
           absl::StrJoin(v.shape(), ", "), v.device().ToString(),
           allow_device ? "memory" : "host memory", DTypeName(tm.dtype)));
     }
-    if (!v.device().is_cpu()) {
-      CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
-          internal_cuda::RuntimeFor(v.device()).status(),
-          absl::StrCat(item.fqn, " ", item.overlap.ToString())));
-    }
     return &tm;
   }
 
@@ -324,12 +383,12 @@ class Loader {
   }
 
   // Cuts `overlap` (a region of `chunk` holding what `targets` need) into
-  // slabs whose file span fits a bounce buffer; one read task per slab.
+  // slabs whose file span fits a bounce buffer (ForEachSlab); one read task
+  // per slab.
   absl::Status PlanRegion(const std::string& fqn, const TensorMetadata& tm,
                           const ChunkMetadata& chunk, const Box& overlap,
                           std::span<const Target> targets) {
     const size_t es = DTypeSize(tm.dtype);
-    const int rank = overlap.rank();
     const bool whole_chunk = overlap == chunk.box;
     const std::string what = internal_format::EntryName(
         fqn, chunk.box, chunk.box == Box::Full(tm.shape));
@@ -340,58 +399,9 @@ class Loader {
     const std::vector<int64_t> cs = RowMajorByteStrides(chunk.box.sizes, es);
     const uint64_t bounce = std::max<uint64_t>(options_.bounce_buffer_bytes,
                                                internal_core::kIoAlignment);
-    // Span in the chunk of a box with `sizes`, from its first to last byte.
-    auto span_of = [&](const std::vector<int64_t>& sizes) {
-      uint64_t span = es;
-      for (int d = 0; d < rank; ++d) span += (sizes[d] - 1) * cs[d];
-      return span;
-    };
-    // Slabs: single index along dims < k, runs of n indices along dim k,
-    // everything along dims > k. k is the outermost dim whose single slice
-    // fits the bounce buffer.
-    int k = 0;
-    int64_t n = 1;
-    if (rank > 0) {
-      std::vector<int64_t> slice = overlap.sizes;
-      for (k = 0; k < rank; ++k) {
-        slice[k] = 1;  // dims <= k now have size 1
-        const uint64_t slice_span = span_of(slice);
-        // The innermost slice is one element, which always fits.
-        if (slice_span <= bounce || k == rank - 1) {
-          // n slices along dim k span slice_span + (n - 1) * cs[k] bytes.
-          n = slice_span >= bounce
-                  ? 1
-                  : static_cast<int64_t>((bounce - slice_span) / cs[k]) + 1;
-          n = std::min(n, overlap.sizes[k]);
-          break;
-        }
-      }
-    }
-    // Odometer over dims < k, and steps of n along dim k.
-    Box slab = overlap;
-    for (int d = 0; d < k; ++d) slab.sizes[d] = 1;
-    std::vector<int64_t> idx(k, 0);
-    while (true) {
-      for (int d = 0; d < k; ++d) slab.offsets[d] = overlap.offsets[d] + idx[d];
-      const int64_t k_end =
-          rank > 0 ? overlap.offsets[k] + overlap.sizes[k] : 1;
-      for (int64_t pos = rank > 0 ? overlap.offsets[k] : 0; pos < k_end;
-           pos += n) {
-        if (rank > 0) {
-          slab.offsets[k] = pos;
-          slab.sizes[k] = std::min(n, k_end - pos);
-        }
-        CAIRN_RETURN_IF_ERROR(
-            AddSlabTask(chunk, targets, slab, file, check, what, es, cs));
-      }
-      int d = k - 1;
-      for (; d >= 0; --d) {
-        if (++idx[d] < overlap.sizes[d]) break;
-        idx[d] = 0;
-      }
-      if (d < 0) break;
-    }
-    return absl::OkStatus();
+    return ForEachSlab(overlap, cs, es, bounce, [&](const Box& slab) {
+      return AddSlabTask(chunk, targets, slab, file, check, what, es, cs);
+    });
   }
 
   absl::Status AddSlabTask(const ChunkMetadata& chunk,
@@ -890,11 +900,10 @@ struct Piece {
 };
 
 // Splits every tensor item with a device destination larger than `limit`
-// bytes into pieces of at most
-// `limit` bytes (or one element, if larger): ranges along the outermost
-// dimension whose inner block fits, one index of each dimension outside it,
-// in row-major order, so that the pieces of a whole chunk follow each other
-// in its file. Items, destinations and pieces stay parallel.
+// bytes into pieces of at most `limit` bytes (or one element, if larger):
+// ForEachSlab over the item packed as it is staged, so that the pieces of a
+// whole chunk follow each other in its file. Items, destinations and pieces
+// stay parallel.
 absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
                              bool verify, std::vector<ReadItem>& items,
                              std::vector<Destination>& dsts,
@@ -910,7 +919,6 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
       if (it != metadata.tensors.end()) tm = &it->second;
     }
     const uint64_t es = tm != nullptr ? DTypeSize(tm->dtype) : 0;
-    const Shape& sizes = item.overlap.sizes;
     if (tm == nullptr || dsts[i].view.device().is_cpu() ||
         static_cast<uint64_t>(item.overlap.num_elements()) * es <= limit) {
       out_items.push_back(item);
@@ -918,45 +926,24 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
       out_pieces.push_back(Piece{});
       continue;
     }
-    // k: the outermost dimension whose inner block (the elements after it)
-    // fits `limit`; each piece spans `step` of its indices.
-    const int rank = item.overlap.rank();
-    int k = rank - 1;
-    uint64_t inner = es;
-    while (k > 0 && inner * static_cast<uint64_t>(sizes[k]) <= limit) {
-      inner *= static_cast<uint64_t>(sizes[k]);
-      --k;
-    }
-    const int64_t step = static_cast<int64_t>(std::max<uint64_t>(1, limit / inner));
     const ChunkMetadata& chunk = tm->chunks[item.chunk];
     const bool whole = verify && item.overlap == chunk.box;
-    Shape index(k, 0);  // odometer over the dimensions before k
     const size_t first_piece = out_items.size();
-    while (true) {
-      for (int64_t j = 0; j < sizes[k]; j += step) {
-        Box local;
-        local.offsets.assign(rank, 0);
-        local.sizes = sizes;
-        for (int d = 0; d < k; ++d) {
-          local.offsets[d] = index[d];
-          local.sizes[d] = 1;
-        }
-        local.offsets[k] = j;
-        local.sizes[k] = std::min(step, sizes[k] - j);
-        ReadItem piece = item;
-        for (int d = 0; d < rank; ++d) {
-          piece.overlap.offsets[d] = item.overlap.offsets[d] + local.offsets[d];
-        }
-        piece.overlap.sizes = local.sizes;
-        CAIRN_ASSIGN_OR_RETURN(TensorView view, dsts[i].view.Slice(local));
-        out_items.push_back(std::move(piece));
-        out_dsts.push_back(Destination{view, nullptr});
-        out_pieces.push_back(Piece{whole ? &chunk : nullptr, false, false});
-      }
-      int d = k - 1;
-      while (d >= 0 && ++index[d] == sizes[d]) index[d--] = 0;
-      if (d < 0) break;
-    }
+    CAIRN_RETURN_IF_ERROR(ForEachSlab(
+        item.overlap, RowMajorByteStrides(item.overlap.sizes, es), es, limit,
+        [&](const Box& slab) -> absl::Status {
+          Box local = slab;  // in the destination view's coordinates
+          for (int d = 0; d < slab.rank(); ++d) {
+            local.offsets[d] -= item.overlap.offsets[d];
+          }
+          CAIRN_ASSIGN_OR_RETURN(TensorView view, dsts[i].view.Slice(local));
+          ReadItem piece = item;
+          piece.overlap = slab;
+          out_items.push_back(std::move(piece));
+          out_dsts.push_back(Destination{view, nullptr});
+          out_pieces.push_back(Piece{whole ? &chunk : nullptr, false, false});
+          return absl::OkStatus();
+        }));
     out_pieces[first_piece].first = true;
     out_pieces.back().last = true;
   }
@@ -1022,9 +1009,11 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   DeviceRuntimes devices;
   if (ready.ok()) {
     for (size_t i = 0; i < dsts.size() && ready.ok(); ++i) {
-      if (plan->items[i].kind == ItemKind::kTensor &&
-          !dsts[i].view.device().is_cpu()) {
-        ready = devices.For(dsts[i].view.device()).status();
+      const ReadItem& item = plan->items[i];
+      if (item.kind == ItemKind::kTensor && !dsts[i].view.device().is_cpu()) {
+        ready = internal_core::Annotate(
+            devices.For(dsts[i].view.device()).status(),
+            absl::StrCat(item.fqn, " ", item.overlap.ToString()));
       }
     }
   }
@@ -1047,8 +1036,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   const std::vector<ReadItem>& items =
       pieces.empty() ? plan->items : split_items;
 
-  // Bytes of each item; the owner of each.
+  // Bytes of each item, its stored tensor (tensor items), the owner of each.
   std::vector<uint64_t> bytes(items.size());
+  std::vector<const TensorMetadata*> stored(items.size(), nullptr);
   for (size_t i = 0; i < items.size(); ++i) {
     const ReadItem& item = items[i];
     if (item.kind == ItemKind::kObject) {
@@ -1056,10 +1046,10 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       bytes[i] = it == metadata.objects.end() ? 0 : it->second.nbytes;
     } else {
       auto it = metadata.tensors.find(item.fqn);
-      bytes[i] = it == metadata.tensors.end()
-                     ? 0
-                     : static_cast<uint64_t>(item.overlap.num_elements()) *
-                           DTypeSize(it->second.dtype);
+      if (it == metadata.tensors.end()) continue;
+      stored[i] = &it->second;
+      bytes[i] = static_cast<uint64_t>(item.overlap.num_elements()) *
+                 DTypeSize(it->second.dtype);
     }
   }
   const int members = group.size();
@@ -1108,7 +1098,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   auto slot_offset = [&](size_t i, uint64_t used) -> uint64_t {
     used = internal_core::RoundUp(used, kSlot);
     if (bytes[i] < kAlignFrom) return used;
-    const TensorMetadata& tm = metadata.tensors.at(items[i].fqn);
+    const TensorMetadata& tm = *stored[i];
     const ChunkMetadata& chunk = tm.chunks[items[i].chunk];
     // Row-major element index of the item's first element in its chunk.
     uint64_t index = 0;
@@ -1264,7 +1254,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         // order, and compared at the last (earlier pieces may be on the
         // device by then: a failed load may leave its destinations partly
         // written).
-        const uint32_t crc = internal_format::Crc32c(base + offset[i], bytes[i]);
+        const uint32_t crc =
+            internal_format::Crc32c(base + offset[i], bytes[i]);
         piece_crc = pieces[i].first ? crc
                                     : internal_format::Crc32cCombine(
                                           piece_crc, crc, bytes[i]);

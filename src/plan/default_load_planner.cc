@@ -10,7 +10,6 @@
 #include "cairn/planner.h"
 #include "core/flatten.h"
 #include "core/status.h"
-#include "cuda/device_runtime.h"
 #include "plan/validate.h"
 
 namespace cairn {
@@ -106,16 +105,12 @@ absl::Status DefaultLoadPlanner::SetUp(StateDict& state,
       }
       for (size_t s = 0; s < t->shards().size(); ++s) {
         const Shard& shard = t->shards()[s];
+        // Device destinations are filled from pinned host staging (see
+        // StagedLoad in load.cc).
         CAIRN_RETURN_IF_ERROR(internal_plan::ValidateShard(
             leaf.fqn, *t, shard, /*allow_device=*/true));
-        if (!shard.view.device().is_cpu()) {
-          // Device destinations are filled from pinned host staging (see
-          // StagedLoad in load.cc). Fail here, in collective planning, when
-          // this build or machine cannot copy to the device.
-          CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
-              internal_cuda::RuntimeFor(shard.view.device()).status(),
-              absl::StrCat(leaf.fqn, " shard ", shard.box.ToString())));
-        }
+        CAIRN_RETURN_IF_ERROR(
+            internal_plan::CheckDeviceRuntime(leaf.fqn, shard));
         if (shard.box.empty()) continue;
         targets_.push_back(Target{leaf.fqn, stored, t, s, nullptr});
       }

@@ -134,13 +134,8 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
         const Shard& shard = t->shards()[s];
         CAIRN_RETURN_IF_ERROR(internal_plan::ValidateShard(
             leaf.fqn, *t, shard, /*allow_device=*/leaf.materialize));
-        if (!shard.view.device().is_cpu()) {
-          // Fail at planning, before any byte is written, when this build
-          // or machine cannot copy from the device.
-          CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
-              internal_cuda::RuntimeFor(shard.view.device()).status(),
-              absl::StrCat(leaf.fqn, " shard ", shard.box.ToString())));
-        }
+        CAIRN_RETURN_IF_ERROR(
+            internal_plan::CheckDeviceRuntime(leaf.fqn, shard));
         if (shard.box.empty()) continue;
         WriteItem item;
         item.fqn = leaf.fqn;

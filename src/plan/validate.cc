@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "plan/validate.h"
 #include "core/status.h"
+#include "cuda/device_runtime.h"
 
 namespace cairn::internal_plan {
 
@@ -35,6 +36,13 @@ absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
         absl::StrFormat("%s: view has no data pointer", where));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckDeviceRuntime(const std::string& fqn, const Shard& shard) {
+  if (shard.view.device().is_cpu()) return absl::OkStatus();
+  return internal_core::Annotate(
+      internal_cuda::RuntimeFor(shard.view.device()).status(),
+      absl::StrCat(fqn, " shard ", shard.box.ToString()));
 }
 
 }  // namespace cairn::internal_plan

@@ -16,6 +16,12 @@ namespace cairn::internal_plan {
 absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
                            const Shard& shard, bool allow_device = false);
 
+// OK for a host shard; for a device shard, OK when this build and machine
+// can copy to and from its device (internal_cuda::RuntimeFor), else that
+// error naming the FQN and the box. The planners call it so that a save or
+// load fails at planning, before any byte is written or read.
+absl::Status CheckDeviceRuntime(const std::string& fqn, const Shard& shard);
+
 }  // namespace cairn::internal_plan
 
 #endif  // CAIRN_PLAN_VALIDATE_H_
