@@ -689,7 +689,7 @@ TEST_F(DeviceStagingTest, ItemsLargerThanABatchAreStagedInPiecesAndChecked) {
   absl::Status bad = Load(dst, tmp.path(), o).status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(bad.message()), HasSubstr("m [0:10, 0:1000]"));
-  EXPECT_THAT(std::string(bad.message()), HasSubstr("read in pieces"));
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("read in 10 pieces"));
   EXPECT_EQ(runtime_.pending(), 0);
   EXPECT_EQ(runtime_.live_pinned(), 0);
   // Without checksums the same load goes through (and takes the flip).
@@ -697,6 +697,47 @@ TEST_F(DeviceStagingTest, ItemsLargerThanABatchAreStagedInPiecesAndChecked) {
   ASSERT_TRUE(Load(dst, tmp.path(), o).ok());
   EXPECT_NE(dm.values, m);
   EXPECT_EQ(dv.values, v);
+}
+
+TEST_F(DeviceStagingTest, ShardsOfOneChunkInSeveralBatchesAreCheckedTogether) {
+  // Two device shards (rows 0-3 and 4-7) of "a", stored as one [8, 8] chunk,
+  // with batches of one shard each: neither read covers the chunk, so only
+  // the two pieces' combined CRC32C can check it.
+  TempDir tmp;
+  const std::string dir = SaveHostModel(tmp);
+  DeviceBuffer a(runtime_, 0, 64, -1);
+  StateDict dst;
+  dst["a"] = ShardedTensor(DType::kF32, {8, 8},
+                           {{Box{{4, 0}, {4, 8}}, a.View({4, 8}, 32)},
+                            {Box{{0, 0}, {4, 8}}, a.View({4, 8})}});
+  LoadOptions o;
+  o.strict = false;
+  o.device_batch_bytes = 4 * 8 * sizeof(float);
+  absl::StatusOr<LoadResult> r = Load(dst, dir, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(a.values[i], 1 + i) << i;
+  EXPECT_EQ(r->chunks_verified, 1u);
+  EXPECT_EQ(runtime_.to_device_copies(), 2);
+
+  absl::StatusOr<Metadata> md = ReadMetadata(dir);
+  ASSERT_TRUE(md.ok()) << md.status();
+  const ByteLocation& loc = md->tensors.at("a").chunks[0].location;
+  {
+    std::fstream f(dir + "/" + loc.file,
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(loc.offset + 200));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x01;
+    f.seekp(static_cast<std::streamoff>(loc.offset + 200));
+    f.write(&byte, 1);
+  }
+  absl::Status bad = Load(dst, dir, o).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("a [0:8, 0:8]"));
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("read in 2 pieces"));
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
 }
 
 TEST_F(DeviceStagingTest, LargeItemsSitInStagingAtTheirFilePageOffset) {

@@ -25,7 +25,9 @@
 //        one chunk share one read when that wastes at most half the bytes.
 //     d. Run the reads on IO threads in file order. A chunk read whole is
 //        checksummed as its slabs land (pieces combined afterwards) and
-//        compared with its CRC32C.
+//        compared with its CRC32C; so is a chunk read in contiguous pieces
+//        over several Read calls (CheckAcrossReads), in the call that
+//        completes it.
 //     e. CommitChunk for every item, in plan order.
 //  4. Agree: every rank learns whether every rank succeeded.
 #include <algorithm>
@@ -35,6 +37,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -85,10 +88,41 @@ struct DataFile {
 };
 
 // A stored chunk (or object) that is read whole, so its CRC32C is checked.
+// `carried`: a piece of a chunk read whole over several Read calls (see
+// Loader::CheckAcrossReads), checked when its last piece lands.
 struct Check {
   std::string what;  // "model.wq@1024,0" or the object's FQN
   const ByteLocation* location = nullptr;
+  bool carried = false;
 };
+
+// The checksummed pieces so far of a chunk read over several Read calls.
+struct CarriedCheck {
+  std::string what;  // "model.wq [0:1024, 0:512]"
+  struct Piece {
+    uint64_t offset;  // in the chunk
+    uint64_t bytes;
+    uint32_t crc;
+  };
+  std::vector<Piece> pieces;
+};
+
+// Where `part` (inside `box`) lies in box's row-major layout, in elements:
+// its first element's index, when its elements follow each other there
+// (sizes 1 before some dimension k, the box's whole extent after it).
+std::optional<uint64_t> ContiguousStart(const Box& box, const Box& part) {
+  int k = 0;
+  while (k < part.rank() && part.sizes[k] == 1) ++k;
+  for (int d = k + 1; d < part.rank(); ++d) {
+    if (part.sizes[d] != box.sizes[d]) return std::nullopt;
+  }
+  uint64_t index = 0;
+  for (int d = 0; d < box.rank(); ++d) {
+    index = index * static_cast<uint64_t>(box.sizes[d]) +
+            static_cast<uint64_t>(part.offsets[d] - box.offsets[d]);
+  }
+  return index;
+}
 
 struct ReadTask {
   enum class Mode : uint8_t { kDirect, kSpan, kRuns, kObject };
@@ -265,6 +299,66 @@ class Loader {
   // What the reads so far did; the next Read counts afresh.
   LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
 
+  // Declares every tensor item this reader will be given over its Read
+  // calls (a staged load's batches). A stored chunk that these items tile
+  // in contiguous pieces, none of them the whole chunk (a tensor split to
+  // fit staging), is checksummed piece by piece as the pieces land, on the
+  // IO threads, and compared with its CRC32C in the Read that completes
+  // it. (A chunk whose items all fall in one Read is read as one region
+  // and checked there, as always.)
+  void CheckAcrossReads(std::span<const ReadItem> items) {
+    if (!options_.verify_checksums) return;
+    std::map<const ChunkMetadata*, std::vector<std::pair<uint64_t, uint64_t>>>
+        ranges;  // elements [start, start + n) of each chunk's items
+    std::map<const ChunkMetadata*, std::string> what;
+    for (const ReadItem& item : items) {
+      if (item.kind != ItemKind::kTensor) continue;
+      auto it = metadata_.tensors.find(item.fqn);
+      if (it == metadata_.tensors.end() ||
+          item.chunk >= it->second.chunks.size()) {
+        continue;  // Read reports it
+      }
+      const ChunkMetadata& chunk = it->second.chunks[item.chunk];
+      if (!Contains(chunk.box, item.overlap) || item.overlap == chunk.box) {
+        continue;
+      }
+      std::optional<uint64_t> start = ContiguousStart(chunk.box, item.overlap);
+      if (!start) {
+        ranges[&chunk].push_back({1, 0});  // never tiles: not checked
+        continue;
+      }
+      ranges[&chunk].push_back(
+          {*start, static_cast<uint64_t>(item.overlap.num_elements())});
+      what.try_emplace(&chunk,
+                       absl::StrCat(item.fqn, " ", chunk.box.ToString()));
+    }
+    for (auto& [chunk, r] : ranges) {
+      std::sort(r.begin(), r.end());
+      uint64_t covered = 0;
+      for (const auto& [start, n] : r) {
+        if (start != covered || n == 0) break;
+        covered += n;
+      }
+      if (covered == static_cast<uint64_t>(chunk->box.num_elements())) {
+        carried_[&chunk->location].what = std::move(what[chunk]);
+      }
+    }
+  }
+
+  // After the last Read: an error if a chunk declared to CheckAcrossReads
+  // was not read whole (so not checked).
+  absl::Status FinishAcrossReads() const {
+    if (carried_.empty()) return absl::OkStatus();
+    const auto& [location, carried] = *carried_.begin();
+    uint64_t bytes = 0;
+    for (const CarriedCheck::Piece& p : carried.pieces) bytes += p.bytes;
+    return absl::InternalError(absl::StrFormat(
+        "%s (%s, offset %d): read in pieces, but only %d of its %d bytes "
+        "were read and none checked",
+        carried.what, location->file, location->offset, bytes,
+        location->nbytes));
+  }
+
   // `dst` when it fits `item` (see CheckItem; a device view is allowed:
   // StagedLoad reads it through host staging, after looking up its device's
   // runtime), else the error.
@@ -359,7 +453,10 @@ class Loader {
         region.sizes[d] = end - region.offsets[d];
       }
     }
-    if (targets.size() > 1 && 2 * needed >= region.num_elements()) {
+    // (Not for a chunk read in pieces over several Reads unless this Read
+    // has all of it: its pieces must stay contiguous, see CheckAcrossReads.)
+    if (targets.size() > 1 && 2 * needed >= region.num_elements() &&
+        (region == chunk.box || !carried_.contains(&chunk.location))) {
       return PlanRegion(fqn, tm, chunk, region, targets);
     }
     for (const Target& tg : targets) {
@@ -376,9 +473,10 @@ class Loader {
     return it->second;
   }
 
-  int AddCheck(std::string what, const ByteLocation* location) {
+  int AddCheck(std::string what, const ByteLocation* location,
+               bool carried = false) {
     if (!options_.verify_checksums) return -1;
-    checks_.push_back(Check{std::move(what), location});
+    checks_.push_back(Check{std::move(what), location, carried});
     return static_cast<int>(checks_.size()) - 1;
   }
 
@@ -394,7 +492,13 @@ class Loader {
         fqn, chunk.box, chunk.box == Box::Full(tm.shape));
     const int file = FileIndex(chunk.location.file);
     needed_.push_back({file, &chunk.location, what});
-    const int check = whole_chunk ? AddCheck(what, &chunk.location) : -1;
+    if (whole_chunk) carried_.erase(&chunk.location);  // checked here
+    // A part of a chunk read in pieces over several Reads (every slab of
+    // such a part is contiguous in the file, as a whole chunk's are).
+    const int check = whole_chunk ? AddCheck(what, &chunk.location)
+                      : carried_.contains(&chunk.location)
+                          ? AddCheck(what, &chunk.location, /*carried=*/true)
+                          : -1;
 
     const std::vector<int64_t> cs = RowMajorByteStrides(chunk.box.sizes, es);
     const uint64_t bounce = std::max<uint64_t>(options_.bounce_buffer_bytes,
@@ -460,7 +564,8 @@ class Loader {
       const int64_t gap = runs.strides.empty()
                               ? 0
                               : runs.strides.back() - runs.run_bytes;
-      if (task.copies.size() > 1 ||
+      // (A checked slab is contiguous, one run: its span is all it reads.)
+      if (task.copies.size() > 1 || task.check >= 0 ||
           gap <= static_cast<int64_t>(options_.coalesce_gap_bytes)) {
         task.mode = ReadTask::Mode::kSpan;
       } else {
@@ -658,12 +763,27 @@ class Loader {
           t.mode == ReadTask::Mode::kRuns ? t.runs.total_bytes() : t.span;
     }
 
-    // Combine each checked chunk's pieces in chunk order and compare.
+    // Combine each checked chunk's pieces in chunk order and compare. The
+    // pieces of a chunk read over several Reads wait for the rest of it.
     std::vector<std::vector<size_t>> pieces(checks_.size());
     for (size_t i = 0; i < tasks_.size(); ++i) {
       if (tasks_[i].check >= 0) pieces[tasks_[i].check].push_back(i);
     }
+    std::vector<const ByteLocation*> carried;
     for (size_t c = 0; c < checks_.size(); ++c) {
+      if (!checks_[c].carried) continue;
+      const ByteLocation* loc = checks_[c].location;
+      if (carried.empty() || carried.back() != loc) carried.push_back(loc);
+      for (size_t i : pieces[c]) {
+        carried_[loc].pieces.push_back(
+            {tasks_[i].check_offset, tasks_[i].span, crcs[i]});
+      }
+    }
+    for (const ByteLocation* loc : carried) {
+      CAIRN_RETURN_IF_ERROR(CheckCarried(loc));
+    }
+    for (size_t c = 0; c < checks_.size(); ++c) {
+      if (checks_[c].carried) continue;
       std::vector<size_t>& p = pieces[c];
       std::sort(p.begin(), p.end(), [&](size_t a, size_t b) {
         return tasks_[a].check_offset < tasks_[b].check_offset;
@@ -694,6 +814,45 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // Compares the CRC32C of a chunk read in pieces over several Reads with
+  // its stored one, once the pieces so far cover it.
+  absl::Status CheckCarried(const ByteLocation* loc) {
+    auto it = carried_.find(loc);
+    if (it == carried_.end()) return absl::OkStatus();
+    CarriedCheck& c = it->second;
+    uint64_t bytes = 0;
+    for (const CarriedCheck::Piece& p : c.pieces) bytes += p.bytes;
+    if (bytes < loc->nbytes) return absl::OkStatus();  // more to come
+    std::sort(c.pieces.begin(), c.pieces.end(),
+              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    uint32_t crc = 0;
+    uint64_t covered = 0;
+    for (const CarriedCheck::Piece& p : c.pieces) {
+      if (p.offset != covered) break;
+      crc = covered == 0 ? p.crc
+                         : internal_format::Crc32cCombine(crc, p.crc, p.bytes);
+      covered += p.bytes;
+    }
+    const CarriedCheck done = std::move(c);
+    carried_.erase(it);
+    if (covered != loc->nbytes || bytes != loc->nbytes) {
+      return absl::InternalError(absl::StrFormat(
+          "%s (%s, offset %d): its pieces do not tile its %d bytes (%d read, "
+          "%d in order from the start)",
+          done.what, loc->file, loc->offset, loc->nbytes, bytes, covered));
+    }
+    if (crc != loc->crc32c) {
+      return absl::DataLossError(absl::StrFormat(
+          "crc32c mismatch in %s (%s, offset %d, read in %d pieces): stored "
+          "%s, computed %s",
+          done.what, loc->file, loc->offset, done.pieces.size(),
+          internal_format::Crc32cToHex(loc->crc32c),
+          internal_format::Crc32cToHex(crc)));
+    }
+    ++result_.chunks_verified;
+    return absl::OkStatus();
+  }
+
   struct Needed {
     int file;
     const ByteLocation* location;
@@ -713,6 +872,8 @@ class Loader {
   // Each stored tensor's FQN: its key in metadata_.tensors, which
   // outlives this loader.
   std::map<const TensorMetadata*, const std::string*> fqn_of_;
+  // Chunks read in pieces over several Reads, until checked.
+  std::map<const ByteLocation*, CarriedCheck> carried_;
 };
 
 }  // namespace
@@ -889,28 +1050,17 @@ class DeviceRuntimes {
   std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> runtimes_;
 };
 
-// A piece of a tensor item split to fit a staging batch (SplitForStaging).
-// `chunk` is set where the item covered its whole stored chunk and
-// checksums are on: the pieces, consecutive in the file and in the item
-// list, are checksummed as they are staged and combined at the last.
-struct Piece {
-  const ChunkMetadata* chunk = nullptr;
-  bool first = false;
-  bool last = false;
-};
-
 // Splits every tensor item with a device destination larger than `limit`
 // bytes into pieces of at most `limit` bytes (or one element, if larger):
-// ForEachSlab over the item packed as it is staged, so that the pieces of a
-// whole chunk follow each other in its file. Items, destinations and pieces
-// stay parallel.
+// ForEachSlab over the item packed as it is staged, so that each piece is
+// contiguous in its chunk and the pieces of a whole chunk follow each other
+// in its file (Loader::CheckAcrossReads checks them). Items and
+// destinations stay parallel.
 absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
-                             bool verify, std::vector<ReadItem>& items,
-                             std::vector<Destination>& dsts,
-                             std::vector<Piece>& pieces) {
+                             std::vector<ReadItem>& items,
+                             std::vector<Destination>& dsts) {
   std::vector<ReadItem> out_items;
   std::vector<Destination> out_dsts;
-  std::vector<Piece> out_pieces;
   for (size_t i = 0; i < items.size(); ++i) {
     const ReadItem& item = items[i];
     const TensorMetadata* tm = nullptr;
@@ -923,12 +1073,8 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
         static_cast<uint64_t>(item.overlap.num_elements()) * es <= limit) {
       out_items.push_back(item);
       out_dsts.push_back(dsts[i]);
-      out_pieces.push_back(Piece{});
       continue;
     }
-    const ChunkMetadata& chunk = tm->chunks[item.chunk];
-    const bool whole = verify && item.overlap == chunk.box;
-    const size_t first_piece = out_items.size();
     CAIRN_RETURN_IF_ERROR(ForEachSlab(
         item.overlap, RowMajorByteStrides(item.overlap.sizes, es), es, limit,
         [&](const Box& slab) -> absl::Status {
@@ -941,15 +1087,11 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
           piece.overlap = slab;
           out_items.push_back(std::move(piece));
           out_dsts.push_back(Destination{view, nullptr});
-          out_pieces.push_back(Piece{whole ? &chunk : nullptr, false, false});
           return absl::OkStatus();
         }));
-    out_pieces[first_piece].first = true;
-    out_pieces.back().last = true;
   }
   items = std::move(out_items);
   dsts = std::move(out_dsts);
-  pieces = std::move(out_pieces);
   return absl::OkStatus();
 }
 
@@ -1026,15 +1168,13 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   // replica group every member must batch the same items, and members may
   // differ in which destinations are on a device: no split there.)
   std::vector<ReadItem> split_items;
-  std::vector<Piece> pieces;
-  if (group.size() == 1 && !devices.empty()) {
+  const bool split = group.size() == 1 && !devices.empty();
+  if (split) {
     split_items = plan->items;
-    CAIRN_RETURN_IF_ERROR(SplitForStaging(metadata, batch_limit,
-                                          options.verify_checksums,
-                                          split_items, dsts, pieces));
+    CAIRN_RETURN_IF_ERROR(
+        SplitForStaging(metadata, batch_limit, split_items, dsts));
   }
-  const std::vector<ReadItem>& items =
-      pieces.empty() ? plan->items : split_items;
+  const std::vector<ReadItem>& items = split ? split_items : plan->items;
 
   // Bytes of each item, its stored tensor (tensor items), the owner of each.
   std::vector<uint64_t> bytes(items.size());
@@ -1173,12 +1313,18 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     ~SyncOnExit() { devices.SynchronizeAll().IgnoreError(); }
   } sync_on_exit{devices};
 
+  // A chunk this member reads in pieces over several batches (a split
+  // tensor) is checked by the reader as its last piece lands.
+  {
+    std::vector<ReadItem> mine;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (owner[i] == me) mine.push_back(items[i]);
+    }
+    reader.CheckAcrossReads(mine);
+  }
   // A device copy's error is kept (later copies skipped) and agreed on with
   // the next batch's reads, so every member stays in the collectives.
   absl::Status placed;
-  // The chunk being read in pieces: the CRC32C and bytes of its pieces so far.
-  uint32_t piece_crc = 0;
-  uint64_t piece_bytes = 0;
   for (size_t b = 0; b < batches.size(); ++b) {
     const size_t begin = batches[b].begin;
     const size_t end = batches[b].end;
@@ -1249,32 +1395,6 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         continue;
       }
       if (!placed.ok()) continue;
-      if (!pieces.empty() && pieces[i].chunk != nullptr) {
-        // A whole chunk read in pieces: checksummed piece by piece, in file
-        // order, and compared at the last (earlier pieces may be on the
-        // device by then: a failed load may leave its destinations partly
-        // written).
-        const uint32_t crc =
-            internal_format::Crc32c(base + offset[i], bytes[i]);
-        piece_crc = pieces[i].first ? crc
-                                    : internal_format::Crc32cCombine(
-                                          piece_crc, crc, bytes[i]);
-        piece_bytes = (pieces[i].first ? 0 : piece_bytes) + bytes[i];
-        if (pieces[i].last) {
-          const ByteLocation& loc = pieces[i].chunk->location;
-          if (piece_bytes != loc.nbytes || piece_crc != loc.crc32c) {
-            placed = absl::DataLossError(absl::StrFormat(
-                "crc32c mismatch in %s %s (%s, offset %d, read in pieces): "
-                "stored %s, computed %s over %d of %d bytes",
-                items[i].fqn, pieces[i].chunk->box.ToString(), loc.file,
-                loc.offset, internal_format::Crc32cToHex(loc.crc32c),
-                internal_format::Crc32cToHex(piece_crc), piece_bytes,
-                loc.nbytes));
-            continue;
-          }
-          ++result.chunks_verified;
-        }
-      }
       absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
           devices.For(dst.device());
       placed = runtime.status();
@@ -1290,6 +1410,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   }
   auto t0 = std::chrono::steady_clock::now();
   if (placed.ok()) placed = devices.SynchronizeAll();
+  if (placed.ok()) placed = reader.FinishAcrossReads();
   phases.copy += Since(t0);
   CAIRN_RETURN_IF_ERROR(agree(placed));
   for (const ReadItem& item : plan->items) {
