@@ -4,6 +4,7 @@
 //
 //   cairn_gpu_bench --dir DIR [--size 4GiB] [--device 0] [--json OUT.json]
 //                   [--model-out MODEL.json] [--cold auto|none]
+//                   [--device-batch 64MiB[,256MiB,...]]
 //
 // State: the demo's synthetic model (tools/synthetic_model.h) for --size,
 // every tensor whole on the GPU (one rank), filled with the model's values.
@@ -15,7 +16,10 @@
 //                to pinned host staging on cairn's stream); total = until the
 //                checkpoint is committed.
 //   load_same    Load() into the device tensors: pinned host staging, then
-//                copies to the device on cairn's stream;
+//                copies to the device on cairn's stream, in batches of the
+//                first --device-batch (default LoadOptions' 64 MiB); each
+//                further size gives rows load_same_batch_<MiB>MiB (a size
+//                below the largest tensor splits tensors into pieces);
 //   load_same_host_copy
 //                Load() into host tensors, then one cudaMemcpy per tensor
 //                (what a caller did before device destinations). Each cold
@@ -34,10 +38,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -103,10 +109,27 @@ struct DeviceTensor {
   Box box;
 };
 
+// "4GiB", "64MiB" or plain bytes.
+bool ParseBytes(const std::string& v, uint64_t* out) {
+  uint64_t mult = 1;
+  std::string digits = v;
+  if (v.ends_with("GiB")) {
+    mult = uint64_t{1} << 30;
+    digits = v.substr(0, v.size() - 3);
+  } else if (v.ends_with("MiB")) {
+    mult = uint64_t{1} << 20;
+    digits = v.substr(0, v.size() - 3);
+  }
+  if (!absl::SimpleAtoi(digits, out) || *out == 0) return false;
+  *out *= mult;
+  return true;
+}
+
 int Main(int argc, char** argv) {
   std::string dir, json_out, model_out, cold = "auto";
   uint64_t size = uint64_t{4} << 30;
   int device = 0;
+  std::vector<uint64_t> batches = {LoadOptions{}.device_batch_bytes};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -120,15 +143,21 @@ int Main(int argc, char** argv) {
       dir = next();
     } else if (a == "--size") {
       const std::string v = next();
-      uint64_t mult = 1;
-      std::string digits = v;
-      if (v.ends_with("GiB")) mult = uint64_t{1} << 30, digits = v.substr(0, v.size() - 3);
-      else if (v.ends_with("MiB")) mult = uint64_t{1} << 20, digits = v.substr(0, v.size() - 3);
-      if (!absl::SimpleAtoi(digits, &size) || size == 0) {
+      if (!ParseBytes(v, &size)) {
         std::fprintf(stderr, "--size: bad byte size %s\n", v.c_str());
         return 2;
       }
-      size *= mult;
+    } else if (a == "--device-batch") {
+      batches.clear();
+      for (absl::string_view part : absl::StrSplit(next(), ',')) {
+        uint64_t b = 0;
+        if (!ParseBytes(std::string(part), &b)) {
+          std::fprintf(stderr, "--device-batch: bad byte size %s\n",
+                       std::string(part).c_str());
+          return 2;
+        }
+        batches.push_back(b);
+      }
     } else if (a == "--device") {
       if (!absl::SimpleAtoi(next(), &device)) return 2;
     } else if (a == "--json") {
@@ -141,7 +170,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: cairn_gpu_bench --dir DIR [--size 4GiB] "
                    "[--device N] [--json OUT] [--model-out MODEL.json] "
-                   "[--cold auto|none]\n");
+                   "[--cold auto|none] [--device-batch 64MiB[,256MiB...]]\n");
       return 2;
     }
   }
@@ -260,7 +289,18 @@ int Main(int argc, char** argv) {
   std::vector<const char*> caches;
   if (cold != "none" && DropCaches()) caches.push_back("cold");
   caches.push_back("warm");
-  for (const bool to_device : {true, false}) {
+  // (batch index, to the device): each batch size into the device tensors,
+  // then the host load and copies once.
+  std::vector<std::pair<size_t, bool>> runs;
+  for (size_t b = 0; b < batches.size(); ++b) runs.push_back({b, true});
+  runs.push_back({0, false});
+  for (const auto& [batch, to_device] : runs) {
+    LoadOptions options;
+    options.device_batch_bytes = batches[batch];
+    std::string name = to_device ? "load_same" : "load_same_host_copy";
+    if (to_device && batch > 0) {
+      name = absl::StrFormat("load_same_batch_%dMiB", batches[batch] >> 20);
+    }
     for (const char* cache : caches) {
       for (const DeviceTensor& d : tensors) {
         CUDA_OR_DIE(cudaMemset(d.ptr, 0, d.t->nbytes()));
@@ -273,7 +313,7 @@ int Main(int argc, char** argv) {
       }
       t0 = Clock::now();
       absl::StatusOr<LoadResult> loaded =
-          Load(to_device ? state : host_state, sync_dir);
+          Load(to_device ? state : host_state, sync_dir, options);
       STATUS_OR_DIE(loaded.status());
       if (!to_device) {
         for (size_t i = 0; i < tensors.size(); ++i) {
@@ -283,9 +323,9 @@ int Main(int argc, char** argv) {
         }
       }
       CUDA_OR_DIE(cudaDeviceSynchronize());
-      nlohmann::json* r =
-          row(to_device ? "load_same" : "load_same_host_copy", "load", cache,
-              Since(t0));
+      nlohmann::json* r = row(name, "load", cache, Since(t0));
+      if (to_device) (*r)["device_batch_bytes"] = batches[batch];
+      (*r)["chunks_verified"] = loaded->chunks_verified;
       (*r)["device_bytes"] = loaded->device_bytes;
       (*r)["read_seconds"] = loaded->phases.read;
       (*r)["copy_seconds"] = loaded->phases.copy;
