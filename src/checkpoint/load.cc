@@ -107,21 +107,26 @@ struct CarriedCheck {
   std::vector<Piece> pieces;
 };
 
-// Where `part` (inside `box`) lies in box's row-major layout, in elements:
-// its first element's index, when its elements follow each other there
-// (sizes 1 before some dimension k, the box's whole extent after it).
-std::optional<uint64_t> ContiguousStart(const Box& box, const Box& part) {
-  int k = 0;
-  while (k < part.rank() && part.sizes[k] == 1) ++k;
-  for (int d = k + 1; d < part.rank(); ++d) {
-    if (part.sizes[d] != box.sizes[d]) return std::nullopt;
-  }
+// The row-major index in `box` of the first element of `part` (inside it).
+uint64_t FirstIndex(const Box& box, const Box& part) {
   uint64_t index = 0;
   for (int d = 0; d < box.rank(); ++d) {
     index = index * static_cast<uint64_t>(box.sizes[d]) +
             static_cast<uint64_t>(part.offsets[d] - box.offsets[d]);
   }
   return index;
+}
+
+// FirstIndex(box, part) when part's elements follow each other in box's
+// row-major layout (sizes 1 before some dimension k, the box's whole extent
+// after it).
+std::optional<uint64_t> ContiguousStart(const Box& box, const Box& part) {
+  int k = 0;
+  while (k < part.rank() && part.sizes[k] == 1) ++k;
+  for (int d = k + 1; d < part.rank(); ++d) {
+    if (part.sizes[d] != box.sizes[d]) return std::nullopt;
+  }
+  return FirstIndex(box, part);
 }
 
 struct ReadTask {
@@ -1240,15 +1245,10 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     if (bytes[i] < kAlignFrom) return used;
     const TensorMetadata& tm = *stored[i];
     const ChunkMetadata& chunk = tm.chunks[items[i].chunk];
-    // Row-major element index of the item's first element in its chunk.
-    uint64_t index = 0;
-    for (int d = 0; d < chunk.box.rank(); ++d) {
-      index = index * static_cast<uint64_t>(chunk.box.sizes[d]) +
-              static_cast<uint64_t>(items[i].overlap.offsets[d] -
-                                    chunk.box.offsets[d]);
-    }
-    const uint64_t want =
-        (chunk.location.offset + index * DTypeSize(tm.dtype)) % kPage;
+    const uint64_t want = (chunk.location.offset +
+                           FirstIndex(chunk.box, items[i].overlap) *
+                               DTypeSize(tm.dtype)) %
+                          kPage;
     return used + (want + kPage - used % kPage) % kPage;
   };
   struct Batch {
