@@ -566,6 +566,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
     slowest.read = std::max(slowest.read, p.read);
     slowest.broadcast = std::max(slowest.broadcast, p.broadcast);
     slowest.copy = std::max(slowest.copy, p.copy);
+    slowest.staging = std::max(slowest.staging, p.staging);
   }
   json out = {{"seconds", span.Wall()},
               {"rank_seconds", span.RankSeconds()},
@@ -574,7 +575,8 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
                 {"planning", slowest.planning},
                 {"read", slowest.read},
                 {"broadcast", slowest.broadcast},
-                {"copy", slowest.copy}}},
+                {"copy", slowest.copy},
+                {"staging", slowest.staging}}},
               {"storage_bytes_read", bytes_read},
               {"verified_bytes", bytes_verified},
               {"chunks_crc_checked", chunks_checked}};

@@ -929,7 +929,7 @@ absl::Status Demo::LoadAsRank(Communicator& comm, int threads) {
   const LoadPhaseTimes& ph = loaded->phases;
   absl::StatusOr<std::vector<double>> walls =
       MaxSecondsEach(comm, {seconds, ph.metadata, ph.planning, ph.read,
-                            ph.broadcast, ph.copy});
+                            ph.broadcast, ph.copy, ph.staging});
   if (!walls.ok()) return walls.status();
   const double wall = (*walls)[0];
   Log(comm, "loaded %s in %.3f s (%.2f GB/s)", HumanBytes(bytes), wall,
@@ -1020,8 +1020,8 @@ absl::Status Demo::LoadAsRank(Communicator& comm, int threads) {
   if (rank != 0) return absl::OkStatus();
 
   r_.load_seconds = wall;
-  r_.load_phases = {(*walls)[1], (*walls)[2], (*walls)[3], (*walls)[4],
-                    (*walls)[5]};
+  r_.load_phases = {(*walls)[1], (*walls)[2], (*walls)[3],
+                    (*walls)[4], (*walls)[5], (*walls)[6]};
   r_.load_replica_group_size = static_cast<int>(group_size[0]);
   r_.verify_seconds = *verify_wall;
   r_.load_bytes_read = static_cast<uint64_t>(counts[2]);
@@ -1116,7 +1116,8 @@ void Demo::PrintJson() const {
                         {"planning", r_.load_phases.planning},
                         {"read", r_.load_phases.read},
                         {"broadcast", r_.load_phases.broadcast},
-                        {"copy", r_.load_phases.copy}};
+                        {"copy", r_.load_phases.copy},
+                        {"staging", r_.load_phases.staging}};
   }
   if (o_.async) {
     j["async_steps"] = o_.steps;
@@ -1261,9 +1262,10 @@ void Demo::Print() const {
     }
     std::cout << absl::StrFormat(
         "load phases (slowest rank): metadata %.3f s, planning %.3f s, read "
-        "%.3f s, broadcast %.3f s, copy %.3f s\n",
+        "%.3f s, broadcast %.3f s, copy %.3f s, staging %.3f s\n",
         r_.load_phases.metadata, r_.load_phases.planning, r_.load_phases.read,
-        r_.load_phases.broadcast, r_.load_phases.copy);
+        r_.load_phases.broadcast, r_.load_phases.copy,
+        r_.load_phases.staging);
     if (r_.verified) {
       const int saved_world = r_.save_ranks * r_.save_replicas;
       std::cout << absl::StrFormat(

@@ -329,6 +329,7 @@ int Main(int argc, char** argv) {
       (*r)["device_bytes"] = loaded->device_bytes;
       (*r)["read_seconds"] = loaded->phases.read;
       (*r)["copy_seconds"] = loaded->phases.copy;
+      (*r)["staging_seconds"] = loaded->phases.staging;
       // Verify on the device's copy.
       std::vector<float> back;
       for (const DeviceTensor& d : tensors) {

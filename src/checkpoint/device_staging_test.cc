@@ -622,6 +622,25 @@ TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   EXPECT_EQ(runtime_.pinned_allocations(), 2);
   EXPECT_EQ(runtime_.to_device_copies(), 12 + 7);
   EXPECT_EQ(runtime_.live_pinned(), 0);
+  EXPECT_GT(r->phases.staging, 0.0);
+
+  // The second buffer is pinned on another thread during the first batch's
+  // reads: its failure fails the load there, and nothing stays pinned or
+  // in flight.
+  for (auto& d : dev) std::fill(d->values.begin(), d->values.end(), -1.0f);
+  runtime_.fail_pinned = absl::ResourceExhaustedError("no more pinned");
+  runtime_.fail_pinned_after = runtime_.pinned_allocations() + 1;
+  absl::Status second = Load(dst, tmp.path(), o).status();
+  runtime_.fail_pinned = absl::OkStatus();
+  runtime_.fail_pinned_after = 0;
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(second.message()), HasSubstr("no more pinned"));
+  EXPECT_THAT(std::string(second.message()),
+              HasSubstr("pinned staging of 256 bytes"));
+  EXPECT_EQ(runtime_.pinned_allocations(), 3);
+  EXPECT_EQ(runtime_.live_pinned(), 0);
+  EXPECT_EQ(runtime_.pending(), 0);
+  EXPECT_EQ(runtime_.to_device_copies(), 12 + 7) << "no batch was placed";
 
   // The batches share one reader: its data file is opened (and its header
   // read and checked) once, not once per batch.

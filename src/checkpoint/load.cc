@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -1275,6 +1276,8 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   }
   // Staging: with device destinations, two pinned buffers used in turn
   // (each as large as the largest batch that uses it); else one pageable.
+  // Pinning is slow (the driver locks every page), so the second pinned
+  // buffer is allocated on another thread while the first batch is read.
   const int buffers = devices.empty() ? 1 : 2;
   uint64_t need[2] = {0, 0};
   for (size_t b = 0; b < batches.size(); ++b) {
@@ -1283,28 +1286,34 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   std::shared_ptr<void> pinned[2];
   Tensor pageable;
   std::byte* staging[2] = {nullptr, nullptr};
-  absl::Status allocated;
-  for (int k = 0; k < buffers && allocated.ok(); ++k) {
-    if (need[k] == 0) continue;
+  auto allocate = [&](int k) -> absl::Status {
     if (devices.empty()) {
       absl::StatusOr<Tensor> t =
           Tensor::Empty(DType::kU8, {static_cast<int64_t>(need[k])});
-      allocated = t.status();
-      if (t.ok()) {
-        pageable = *std::move(t);
-        staging[k] = static_cast<std::byte*>(pageable.data());
-      }
-    } else {
-      absl::StatusOr<std::shared_ptr<void>> p =
-          devices.first()->AllocatePinned(need[k]);
-      allocated = internal_core::Annotate(
-          p.status(), absl::StrFormat("pinned staging of %d bytes", need[k]));
-      if (p.ok()) {
-        pinned[k] = *std::move(p);
-        staging[k] = static_cast<std::byte*>(pinned[k].get());
-      }
+      if (!t.ok()) return t.status();
+      pageable = *std::move(t);
+      staging[k] = static_cast<std::byte*>(pageable.data());
+      return absl::OkStatus();
     }
+    absl::StatusOr<std::shared_ptr<void>> p =
+        devices.first()->AllocatePinned(need[k]);
+    if (!p.ok()) {
+      return internal_core::Annotate(
+          p.status(), absl::StrFormat("pinned staging of %d bytes", need[k]));
+    }
+    pinned[k] = *std::move(p);
+    staging[k] = static_cast<std::byte*>(pinned[k].get());
+    return absl::OkStatus();
+  };
+  auto t_staging = std::chrono::steady_clock::now();
+  absl::Status allocated = need[0] > 0 ? allocate(0) : absl::OkStatus();
+  // Joined (its buffer in pinned[1], which outlives it) after the first
+  // batch's reads, or on the way out.
+  std::future<absl::Status> second;
+  if (allocated.ok() && buffers == 2 && need[1] > 0) {
+    second = std::async(std::launch::async, allocate, 1);
   }
+  phases.staging += Since(t_staging);
   CAIRN_RETURN_IF_ERROR(agree(allocated));
   // Declared after the staging it reads from, so on every way out the
   // device copies have finished before the staging is freed.
@@ -1360,6 +1369,12 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       result.io_threads = std::max(result.io_threads, part.io_threads);
     }
     phases.read += Since(t0);
+    if (second.valid()) {  // the second buffer, pinned during these reads
+      t0 = std::chrono::steady_clock::now();
+      absl::Status s = second.get();
+      phases.staging += Since(t0);
+      if (read.ok()) read = s;
+    }
     CAIRN_RETURN_IF_ERROR(agree(read.ok() ? placed : read));
 
     // Share, then place what went through staging.
@@ -1413,6 +1428,12 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   if (placed.ok()) placed = reader.FinishAcrossReads();
   phases.copy += Since(t0);
   CAIRN_RETURN_IF_ERROR(agree(placed));
+  // Every copy out of the staging has finished.
+  t0 = std::chrono::steady_clock::now();
+  pinned[0].reset();
+  pinned[1].reset();
+  pageable = Tensor();
+  phases.staging += Since(t0);
   for (const ReadItem& item : plan->items) {
     CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
   }

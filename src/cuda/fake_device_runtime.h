@@ -50,6 +50,8 @@ class FakeDeviceRuntime : public DeviceRuntime {
   absl::Status fail_copy_to_device;
   absl::Status fail_sync;
   absl::Status fail_pinned;
+  // fail_pinned applies once pinned_allocations() reaches this.
+  int64_t fail_pinned_after = 0;
 
   std::string Describe() const override { return "fake device runtime"; }
 
@@ -64,7 +66,9 @@ class FakeDeviceRuntime : public DeviceRuntime {
 
   absl::StatusOr<std::shared_ptr<void>> AllocatePinned(size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!fail_pinned.ok()) return fail_pinned;
+    if (!fail_pinned.ok() && pinned_allocations_ >= fail_pinned_after) {
+      return fail_pinned;
+    }
     const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
     void* p = std::aligned_alloc(4096, rounded);
     if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
