@@ -5,6 +5,7 @@
 //   cairn_gpu_bench --dir DIR [--size 4GiB] [--device 0] [--json OUT.json]
 //                   [--model-out MODEL.json] [--cold auto|none]
 //                   [--device-batch 64MiB[,256MiB,...]]
+//                   [--save-column-shards N]
 //
 // State: the demo's synthetic model (tools/synthetic_model.h) for --size,
 // every tensor whole on the GPU (one rank), filled with the model's values.
@@ -25,6 +26,10 @@
 //                (what a caller did before device destinations). Each cold
 //                (page cache dropped, when root) and warm. The device
 //                tensors are zeroed first and checked bit-exact afterwards.
+// --save-column-shards N: every 2-D tensor is saved as N blocks of columns
+// (local shards viewing the same device tensor), so each load places every
+// chunk into a strided view of its destination: a copy of many rows to the
+// device.
 // Built only with CAIRN_WITH_CUDA.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -130,6 +135,7 @@ int Main(int argc, char** argv) {
   uint64_t size = uint64_t{4} << 30;
   int device = 0;
   std::vector<uint64_t> batches = {LoadOptions{}.device_batch_bytes};
+  int column_shards = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -145,6 +151,11 @@ int Main(int argc, char** argv) {
       const std::string v = next();
       if (!ParseBytes(v, &size)) {
         std::fprintf(stderr, "--size: bad byte size %s\n", v.c_str());
+        return 2;
+      }
+    } else if (a == "--save-column-shards") {
+      if (!absl::SimpleAtoi(next(), &column_shards) || column_shards < 1) {
+        std::fprintf(stderr, "--save-column-shards: a positive count\n");
         return 2;
       }
     } else if (a == "--device-batch") {
@@ -170,7 +181,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: cairn_gpu_bench --dir DIR [--size 4GiB] "
                    "[--device N] [--json OUT] [--model-out MODEL.json] "
-                   "[--cold auto|none] [--device-batch 64MiB[,256MiB...]]\n");
+                   "[--cold auto|none] [--device-batch 64MiB[,256MiB...]] "
+                   "[--save-column-shards N]\n");
       return 2;
     }
   }
@@ -219,6 +231,33 @@ int Main(int argc, char** argv) {
     }
   }
   CUDA_OR_DIE(cudaDeviceSynchronize());
+  // What is saved: the state itself, or with every 2-D tensor as blocks of
+  // columns viewing the same device memory.
+  StateDict saved_state;
+  if (column_shards == 1) {
+    saved_state = state;
+  } else {
+    for (const DeviceTensor& d : tensors) {
+      const Shape& shape = d.t->shape;
+      if (shape.size() != 2 || shape[1] < column_shards) {
+        tools::InsertLeaf(saved_state, d.t->fqn,
+                          StateDict(TensorView(d.ptr, DType::kF32, shape, dev)));
+        continue;
+      }
+      std::vector<Shard> shards;
+      for (int k = 0; k < column_shards; ++k) {
+        const int64_t c0 = shape[1] * k / column_shards;
+        const int64_t c1 = shape[1] * (k + 1) / column_shards;
+        shards.push_back(
+            {Box{{0, c0}, {shape[0], c1 - c0}},
+             TensorView(static_cast<float*>(d.ptr) + c0, DType::kF32,
+                        {shape[0], c1 - c0}, {shape[1], 1}, dev)});
+      }
+      tools::InsertLeaf(saved_state, d.t->fqn,
+                        StateDict(ShardedTensor(DType::kF32, shape,
+                                                std::move(shards))));
+    }
+  }
   std::filesystem::create_directories(dir);
   const std::string sync_dir = dir + "/cairn_gpu_sync";
   const std::string async_dir = dir + "/cairn_gpu_async";
@@ -243,7 +282,7 @@ int Main(int argc, char** argv) {
   // save_sync
   sync();
   Clock::time_point t0 = Clock::now();
-  absl::StatusOr<SaveResult> saved = Save(state, sync_dir);
+  absl::StatusOr<SaveResult> saved = Save(saved_state, sync_dir);
   const double save_s = Since(t0);
   STATUS_OR_DIE(saved.status());
   row("save_sync", "save", nullptr, save_s);
@@ -258,7 +297,7 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(async_dir);
     t0 = Clock::now();
     absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h =
-        (*saver)->Save(state, async_dir);
+        (*saver)->Save(saved_state, async_dir);
     const double blocked = Since(t0);
     STATUS_OR_DIE(h.status());
     STATUS_OR_DIE((*h)->Wait().status());
@@ -355,6 +394,7 @@ int Main(int argc, char** argv) {
       {"bytes", bytes},
       {"tensors", model->tensors.size()},
       {"save_seconds", save_s},
+      {"save_column_shards", column_shards},
       {"verified", verified},
       {"results", results},
       {"notes",

@@ -178,11 +178,9 @@ struct LoadPhaseTimes {
   double broadcast = 0;  // broadcast load: moving bytes inside the group
   double copy = 0;       // staged loads (broadcast, device destinations):
                          // staging to destinations, device copies waited for
-  double staging = 0;    // staged loads: allocating the staging buffers (for
-                         // device destinations pinned, which is slow: the
-                         // second buffer is pinned during the first batch's
-                         // reads, and only waiting for it counts) and
-                         // freeing them
+  double staging = 0;    // staged loads: allocating and freeing the staging
+                         // buffers (pinned for device destinations, which
+                         // is slow: the driver locks every page)
 };
 
 struct LoadResult {

@@ -286,18 +286,29 @@ std::vector<float> PackedSource(int64_t n) {
   return v;
 }
 
+// What QueueCopyToDeviceView queued: runtime calls, and the contiguous runs
+// they copy (a CopyRowsToDeviceAsync call copies several).
+struct Queued {
+  int64_t calls = 0;
+  int64_t runs = 0;
+  friend bool operator==(const Queued&, const Queued&) = default;
+  friend std::ostream& operator<<(std::ostream& os, const Queued& q) {
+    return os << q.calls << " calls, " << q.runs << " runs";
+  }
+};
+
 class QueueCopyToDeviceTest : public DeviceStagingTest {
  protected:
   // Loads the packed source into the `box` slice of a device tensor of
   // `shape` (holding 0, 1, ...) and checks every element of the tensor: the
   // old values until Synchronize; then, inside the box, the source in the
-  // box's row-major order and, outside it, the old values still. Returns the
-  // copies queued.
-  int64_t LoadSlice(const Shape& shape, const Box& box) {
+  // box's row-major order and, outside it, the old values still. Returns
+  // what was queued.
+  Queued LoadSlice(const Shape& shape, const Box& box) {
     DeviceBuffer buf(runtime_, 0, NumElements(shape), 0);
     absl::StatusOr<TensorView> slice = buf.View(shape).Slice(box);
     EXPECT_TRUE(slice.ok()) << slice.status();
-    if (!slice.ok()) return -1;
+    if (!slice.ok()) return {};
     const std::vector<float> src = PackedSource(NumElements(box.sizes));
     const int64_t copies_before = runtime_.to_device_copies();
     const int64_t bytes_before = runtime_.to_device_bytes();
@@ -308,7 +319,7 @@ class QueueCopyToDeviceTest : public DeviceStagingTest {
     // Only the slice's bytes went through the runtime, not its whole span.
     EXPECT_EQ(runtime_.to_device_bytes() - bytes_before,
               static_cast<int64_t>(src.size() * sizeof(float)));
-    EXPECT_EQ(runtime_.pending(), copies);
+    const int64_t runs = runtime_.pending();
     for (size_t i = 0; i < buf.values.size(); ++i) {
       EXPECT_EQ(buf.values[i], static_cast<float>(i)) << "before sync " << i;
     }
@@ -330,7 +341,7 @@ class QueueCopyToDeviceTest : public DeviceStagingTest {
       const float want = inside ? src[packed] : static_cast<float>(i);
       EXPECT_EQ(buf.values[i], want) << "element " << i;
     }
-    return copies;
+    return Queued{copies, runs};
   }
 };
 
@@ -362,36 +373,42 @@ TEST_F(QueueCopyToDeviceTest, ContiguousViewIsOneCopyThatLandsAtSynchronize) {
   EXPECT_EQ(other.values, src);
 }
 
-// One copy per contiguous run, the trailing dimensions merged while they are
-// contiguous; the elements outside the slice stay as they were.
+// One run per contiguous stretch, the trailing dimensions merged while they
+// are contiguous; the innermost loop over runs is one call (rows of a 2-D
+// copy), each outer index another; the elements outside the slice stay as
+// they were.
 TEST_F(QueueCopyToDeviceTest, SlicesCopyOneRunPerContiguousStretch) {
   {
-    SCOPED_TRACE("columns 2-4 of a 6x8 matrix: a run per row");
-    EXPECT_EQ(LoadSlice({6, 8}, Box{{0, 2}, {6, 3}}), 6);
+    SCOPED_TRACE("columns 2-4 of a 6x8 matrix: a run per row, one call");
+    EXPECT_EQ(LoadSlice({6, 8}, Box{{0, 2}, {6, 3}}), (Queued{1, 6}));
   }
   {
     SCOPED_TRACE("whole rows of a 6x8 matrix: one run");
-    EXPECT_EQ(LoadSlice({6, 8}, Box{{2, 0}, {3, 8}}), 1);
+    EXPECT_EQ(LoadSlice({6, 8}, Box{{2, 0}, {3, 8}}), (Queued{1, 1}));
   }
   {
     SCOPED_TRACE("full last dimension: the last two dimensions merge");
-    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 1, 0}, {2, 3, 6}}), 2);
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 1, 0}, {2, 3, 6}}), (Queued{1, 2}));
   }
   {
-    SCOPED_TRACE("partial last dimension: a run per (i, j)");
-    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 1, 2}, {2, 3, 3}}), 6);
+    SCOPED_TRACE("partial last dimension: a run per (i, j), a call per i");
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 1, 2}, {2, 3, 3}}), (Queued{2, 6}));
   }
   {
     SCOPED_TRACE("a size-1 middle dimension between strided ones");
-    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{0, 2, 0}, {4, 1, 6}}), 4);
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{0, 2, 0}, {4, 1, 6}}), (Queued{1, 4}));
   }
   {
     SCOPED_TRACE("whole trailing block at an offset: one run");
-    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 0, 0}, {2, 5, 6}}), 1);
+    EXPECT_EQ(LoadSlice({4, 5, 6}, Box{{1, 0, 0}, {2, 5, 6}}), (Queued{1, 1}));
+  }
+  {
+    SCOPED_TRACE("a column of a matrix: single elements as rows");
+    EXPECT_EQ(LoadSlice({5, 7}, Box{{0, 3}, {5, 1}}), (Queued{1, 5}));
   }
 }
 
-// A transposed view has no two adjacent elements: one copy per element, each
+// A transposed view has no two adjacent elements: one run per element, each
 // to the element the packed row-major order puts there.
 TEST_F(QueueCopyToDeviceTest, TransposedViewTakesTheSourceInRowMajorOrder) {
   DeviceBuffer buf(runtime_, 0, 24, 0);  // a 4x6 matrix
@@ -400,7 +417,10 @@ TEST_F(QueueCopyToDeviceTest, TransposedViewTakesTheSourceInRowMajorOrder) {
                Device::Cuda(0));
   ASSERT_TRUE(
       internal_cuda::QueueCopyToDeviceView(runtime_, "t", src.data(), t).ok());
-  EXPECT_EQ(runtime_.to_device_copies(), 24);
+  // Runs of one element; for each of the 6 rows of the view, its 4 elements
+  // (24 bytes apart in the buffer) are one call.
+  EXPECT_EQ(runtime_.to_device_copies(), 6);
+  EXPECT_EQ(runtime_.pending(), 24);
   EXPECT_EQ(runtime_.to_device_bytes(), 24 * 4);
   ASSERT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
   for (int i = 0; i < 6; ++i) {
@@ -457,12 +477,14 @@ TEST_F(QueueCopyToDeviceTest, ErrorsNameTheTensor) {
                  "pointer");
   EXPECT_EQ(runtime_.to_device_copies(), 0);
 
-  // The first failing run ends the call: runs are (0,0) at 0, (0,1) at 100
-  // (outside the 8 floats), (1,0) at 1 and (1,1) at 101.
+  // A call that would reach outside the device memory fails whole, and ends
+  // the copy: for i = 0, elements (0,0) at 0 and (0,1) at 100 (outside the
+  // 8 floats) are the rows of one call; i = 1 is never tried.
   expect_invalid(queue(TensorView(on0.values.data(), DType::kF32, {2, 2},
                                   {1, 100}, Device::Cuda(0))),
                  "not memory of cuda:0");
-  EXPECT_EQ(runtime_.to_device_copies(), 1);
+  EXPECT_EQ(runtime_.to_device_copies(), 0);
+  EXPECT_EQ(runtime_.pending(), 0);
   ASSERT_TRUE(runtime_.Synchronize(Device::Cuda(0)).ok());
 
   runtime_.fail_copy_to_device = absl::InternalError("launch failure");
@@ -472,7 +494,7 @@ TEST_F(QueueCopyToDeviceTest, ErrorsNameTheTensor) {
   EXPECT_EQ(runtime_.pending(), 0);
   runtime_.fail_copy_to_device = absl::OkStatus();
   EXPECT_TRUE(queue(on0.View({2, 4})).ok());
-  EXPECT_EQ(runtime_.to_device_copies(), 2);
+  EXPECT_EQ(runtime_.to_device_copies(), 1);
 }
 
 // Without any runtime (the test override cleared): a build without CUDA says
@@ -624,9 +646,8 @@ TEST_F(DeviceStagingTest, SmallBatchesTakeTwoPinnedBuffersInTurn) {
   EXPECT_EQ(runtime_.live_pinned(), 0);
   EXPECT_GT(r->phases.staging, 0.0);
 
-  // The second buffer is pinned on another thread during the first batch's
-  // reads: its failure fails the load there, and nothing stays pinned or
-  // in flight.
+  // Pinning the second buffer fails: the load fails naming the staging, the
+  // first buffer is freed, and nothing was placed or stays in flight.
   for (auto& d : dev) std::fill(d->values.begin(), d->values.end(), -1.0f);
   runtime_.fail_pinned = absl::ResourceExhaustedError("no more pinned");
   runtime_.fail_pinned_after = runtime_.pinned_allocations() + 1;

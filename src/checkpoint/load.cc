@@ -33,7 +33,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -1276,8 +1275,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   }
   // Staging: with device destinations, two pinned buffers used in turn
   // (each as large as the largest batch that uses it); else one pageable.
-  // Pinning is slow (the driver locks every page), so the second pinned
-  // buffer is allocated on another thread while the first batch is read.
+  // (Pinning is slow, about 0.05 s for 2 x 64 MiB on an H200 machine. Pinning
+  // the second buffer on another thread during the first batch's reads
+  // slowed those reads by as much and was dropped: bench/RESULTS.md.)
   const int buffers = devices.empty() ? 1 : 2;
   uint64_t need[2] = {0, 0};
   for (size_t b = 0; b < batches.size(); ++b) {
@@ -1306,12 +1306,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     return absl::OkStatus();
   };
   auto t_staging = std::chrono::steady_clock::now();
-  absl::Status allocated = need[0] > 0 ? allocate(0) : absl::OkStatus();
-  // Joined (its buffer in pinned[1], which outlives it) after the first
-  // batch's reads, or on the way out.
-  std::future<absl::Status> second;
-  if (allocated.ok() && buffers == 2 && need[1] > 0) {
-    second = std::async(std::launch::async, allocate, 1);
+  absl::Status allocated;
+  for (int k = 0; k < buffers && allocated.ok(); ++k) {
+    if (need[k] > 0) allocated = allocate(k);
   }
   phases.staging += Since(t_staging);
   CAIRN_RETURN_IF_ERROR(agree(allocated));
@@ -1369,12 +1366,6 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       result.io_threads = std::max(result.io_threads, part.io_threads);
     }
     phases.read += Since(t0);
-    if (second.valid()) {  // the second buffer, pinned during these reads
-      t0 = std::chrono::steady_clock::now();
-      absl::Status s = second.get();
-      phases.staging += Since(t0);
-      if (read.ok()) read = s;
-    }
     CAIRN_RETURN_IF_ERROR(agree(read.ok() ? placed : read));
 
     // Share, then place what went through staging.

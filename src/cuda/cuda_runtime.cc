@@ -109,6 +109,39 @@ class CudaDeviceRuntime final : public DeviceRuntime {
     return QueueCopy(device, src, dst, bytes, cudaMemcpyHostToDevice);
   }
 
+  absl::Status CopyRowsToDeviceAsync(Device device, const void* src,
+                                     void* dst, size_t row_bytes, size_t rows,
+                                     size_t dst_pitch) override {
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, dst));
+    // cudaMemcpy2DAsync takes pitches up to the device's maximum
+    // (cudaDevAttrMaxPitch, 2^31 - 1 on current GPUs); wider ones go row
+    // by row.
+    constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+    if (rows == 1 || dst_pitch > kMaxPitch || row_bytes > kMaxPitch) {
+      const auto* from = static_cast<const char*>(src);
+      auto* to = static_cast<char*>(dst);
+      for (size_t k = 0; k < rows; ++k) {
+        CAIRN_RETURN_IF_ERROR(QueueCopy(device, from + k * row_bytes,
+                                        to + k * dst_pitch, row_bytes,
+                                        cudaMemcpyHostToDevice));
+      }
+      return absl::OkStatus();
+    }
+    DeviceScope scope(device);
+    if (scope.status() != cudaSuccess) {
+      return CudaError(scope.status(), "cudaSetDevice", device);
+    }
+    absl::StatusOr<cudaStream_t> stream = StreamFor(device);
+    if (!stream.ok()) return stream.status();
+    if (cudaError_t err =
+            cudaMemcpy2DAsync(dst, dst_pitch, src, row_bytes, row_bytes, rows,
+                              cudaMemcpyHostToDevice, *stream);
+        err != cudaSuccess) {
+      return CudaError(err, "cudaMemcpy2DAsync", device);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Synchronize(Device device) override {
     DeviceScope scope(device);
     if (scope.status() != cudaSuccess) {

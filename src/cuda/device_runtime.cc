@@ -134,17 +134,32 @@ absl::Status QueueCopyToDeviceView(DeviceRuntime& runtime,
     runs.counts.push_back(dst.shape()[i]);
     runs.strides.push_back(dst.strides()[i] * es);
   }
-  // ForEachRun nests the loops outermost first, so it visits the runs in
-  // the view's row-major order: the order they lie in, packed, in `src`.
+  // The innermost loop over runs becomes rows of one CopyRowsToDeviceAsync
+  // (cudaMemcpy2DAsync) when its runs do not overlap: a column slice of a
+  // matrix is one call, not one per row. ForEachRun nests the loops left
+  // outermost first, so it visits the rows in the view's row-major order:
+  // the order they lie in, packed, in `src`.
   const auto* from = static_cast<const char*>(src);
   auto* base = static_cast<char*>(dst.data());
   const size_t run_bytes = static_cast<size_t>(runs.run_bytes);
+  size_t rows = 1;
+  size_t pitch = run_bytes;
+  if (!runs.counts.empty() && runs.strides.back() >= runs.run_bytes) {
+    rows = static_cast<size_t>(runs.counts.back());
+    pitch = static_cast<size_t>(runs.strides.back());
+    runs.counts.pop_back();
+    runs.strides.pop_back();
+  }
   absl::Status status;
   internal_core::ForEachRun(runs, [&](int64_t offset) {
     if (!status.ok()) return;  // ForEachRun cannot stop early
-    status = runtime.CopyToDeviceAsync(dst.device(), from, base + offset,
-                                       run_bytes);
-    from += run_bytes;
+    status = rows == 1
+                 ? runtime.CopyToDeviceAsync(dst.device(), from, base + offset,
+                                             run_bytes)
+                 : runtime.CopyRowsToDeviceAsync(dst.device(), from,
+                                                 base + offset, run_bytes,
+                                                 rows, pitch);
+    from += rows * run_bytes;
   });
   return fail(status);
 }

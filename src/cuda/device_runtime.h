@@ -58,6 +58,16 @@ class DeviceRuntime {
   virtual absl::Status CopyToDeviceAsync(Device device, const void* src,
                                          void* dst, size_t bytes) = 0;
 
+  // Queues a copy of `rows` rows of `row_bytes` each, packed one after
+  // another at `src` (host), to device memory where row k starts at
+  // dst + k * dst_pitch (dst_pitch >= row_bytes); otherwise as
+  // CopyToDeviceAsync. One call for a strided slice, such as a block of
+  // columns of a matrix, that CopyToDeviceAsync would copy row by row.
+  virtual absl::Status CopyRowsToDeviceAsync(Device device, const void* src,
+                                             void* dst, size_t row_bytes,
+                                             size_t rows,
+                                             size_t dst_pitch) = 0;
+
   // Waits for every copy this runtime queued on `device`; returns the first
   // error any of them hit.
   virtual absl::Status Synchronize(Device device) = 0;

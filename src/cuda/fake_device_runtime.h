@@ -113,6 +113,31 @@ class FakeDeviceRuntime : public DeviceRuntime {
     return absl::OkStatus();
   }
 
+  // Counted as one copy (one call), landing row by row at Synchronize.
+  absl::Status CopyRowsToDeviceAsync(Device device, const void* src,
+                                     void* dst, size_t row_bytes, size_t rows,
+                                     size_t dst_pitch) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fail_copy_to_device.ok()) return fail_copy_to_device;
+    if (dst_pitch < row_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rows of %d bytes %d bytes apart overlap", row_bytes, dst_pitch));
+    }
+    if (rows == 0) return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(
+        device, dst, (rows - 1) * dst_pitch + row_bytes));
+    const auto* from = static_cast<const char*>(src);
+    auto* to = static_cast<char*>(dst);
+    for (size_t k = 0; k < rows; ++k) {
+      pending_[device.index].push_back(
+          {from + k * row_bytes, to + k * dst_pitch, row_bytes});
+    }
+    ++to_device_copies_;
+    to_device_bytes_ += static_cast<int64_t>(rows * row_bytes);
+    to_device_sources_.push_back(src);
+    return absl::OkStatus();
+  }
+
   absl::Status Synchronize(Device device) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Copy& c : pending_[device.index]) {
