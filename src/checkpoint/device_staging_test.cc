@@ -430,6 +430,67 @@ TEST_F(QueueCopyToDeviceTest, TransposedViewTakesTheSourceInRowMajorOrder) {
   }
 }
 
+// CopyToHostTensor (the sync save's copy of a device shard): a block of
+// columns with rows of 512 bytes or more is one 2-D copy per block of rows,
+// moving only its own bytes; shorter rows copy the view's whole span once
+// and gather on the host.
+TEST_F(QueueCopyToDeviceTest, CopyToHostTensorMovesOnlyTheBlocksBytes) {
+  DeviceBuffer buf(runtime_, 0, 3 * 16 * 512, 0);  // 0, 1, 2, ...
+  auto expect_values = [&](const Tensor& t, const Shape& shape,
+                           const Box& box) {
+    const auto* got = static_cast<const float*>(t.data());
+    int64_t i = 0;
+    for (int64_t a = 0; a < box.sizes[0]; ++a) {
+      for (int64_t b = 0; b < box.sizes[1]; ++b) {
+        for (int64_t c = 0; c < box.sizes[2]; ++c, ++i) {
+          const int64_t at = ((box.offsets[0] + a) * shape[1] +
+                              box.offsets[1] + b) * shape[2] +
+                             box.offsets[2] + c;
+          ASSERT_EQ(got[i], static_cast<float>(at)) << a << "," << b << "," << c;
+        }
+      }
+    }
+  };
+  const Shape shape = {3, 16, 512};
+  struct Case {
+    const char* what;
+    Box box;
+    int64_t calls;
+    int64_t bytes;  // moved from the device
+  } cases[] = {
+      {"columns 128-383 of one matrix: one call of 16 rows of 1 KiB",
+       Box{{1, 0, 128}, {1, 16, 256}}, 1, 16 * 256 * 4},
+      {"the same columns of all three: one call per matrix",
+       Box{{0, 0, 128}, {3, 16, 256}}, 3, 3 * 16 * 256 * 4},
+      {"one column (rows of 4 bytes): the span, once",
+       Box{{0, 0, 7}, {1, 16, 1}}, 1, (15 * 512 + 1) * 4},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    absl::StatusOr<TensorView> view = buf.View(shape).Slice(c.box);
+    ASSERT_TRUE(view.ok()) << view.status();
+    const int64_t calls = runtime_.copies();
+    const int64_t bytes = runtime_.to_host_bytes();
+    absl::StatusOr<Tensor> t = internal_cuda::CopyToHostTensor("w", *view);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(runtime_.copies() - calls, c.calls);
+    EXPECT_EQ(runtime_.to_host_bytes() - bytes, c.bytes);
+    EXPECT_EQ(runtime_.pending(), 0);
+    EXPECT_EQ(t->shape(), c.box.sizes);
+    expect_values(*t, shape, c.box);
+  }
+  // A failing copy names the tensor and leaves nothing in flight.
+  runtime_.fail_copy = absl::InternalError("dma error");
+  absl::StatusOr<TensorView> block =
+      buf.View(shape).Slice(Box{{0, 0, 128}, {3, 16, 256}});
+  ASSERT_TRUE(block.ok());
+  absl::Status s = internal_cuda::CopyToHostTensor("opt.m", *block).status();
+  runtime_.fail_copy = absl::OkStatus();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("opt.m: dma error"));
+  EXPECT_EQ(runtime_.pending(), 0);
+}
+
 TEST_F(QueueCopyToDeviceTest, EmptyViewQueuesNothing) {
   DeviceBuffer buf(runtime_, 0, 8, 0);
   const float src = 1;

@@ -113,33 +113,16 @@ class CudaDeviceRuntime final : public DeviceRuntime {
                                      void* dst, size_t row_bytes, size_t rows,
                                      size_t dst_pitch) override {
     CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, dst));
-    // cudaMemcpy2DAsync takes pitches up to the device's maximum
-    // (cudaDevAttrMaxPitch, 2^31 - 1 on current GPUs); wider ones go row
-    // by row.
-    constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
-    if (rows == 1 || dst_pitch > kMaxPitch || row_bytes > kMaxPitch) {
-      const auto* from = static_cast<const char*>(src);
-      auto* to = static_cast<char*>(dst);
-      for (size_t k = 0; k < rows; ++k) {
-        CAIRN_RETURN_IF_ERROR(QueueCopy(device, from + k * row_bytes,
-                                        to + k * dst_pitch, row_bytes,
-                                        cudaMemcpyHostToDevice));
-      }
-      return absl::OkStatus();
-    }
-    DeviceScope scope(device);
-    if (scope.status() != cudaSuccess) {
-      return CudaError(scope.status(), "cudaSetDevice", device);
-    }
-    absl::StatusOr<cudaStream_t> stream = StreamFor(device);
-    if (!stream.ok()) return stream.status();
-    if (cudaError_t err =
-            cudaMemcpy2DAsync(dst, dst_pitch, src, row_bytes, row_bytes, rows,
-                              cudaMemcpyHostToDevice, *stream);
-        err != cudaSuccess) {
-      return CudaError(err, "cudaMemcpy2DAsync", device);
-    }
-    return absl::OkStatus();
+    return QueueRows(device, src, row_bytes, dst, dst_pitch, row_bytes, rows,
+                     cudaMemcpyHostToDevice);
+  }
+
+  absl::Status CopyRowsToHostAsync(Device device, const void* src,
+                                   size_t src_pitch, void* dst,
+                                   size_t row_bytes, size_t rows) override {
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, src));
+    return QueueRows(device, src, src_pitch, dst, row_bytes, row_bytes, rows,
+                     cudaMemcpyDeviceToHost);
   }
 
   absl::Status Synchronize(Device device) override {
@@ -188,6 +171,36 @@ class CudaDeviceRuntime final : public DeviceRuntime {
     if (cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, *stream);
         err != cudaSuccess) {
       return CudaError(err, "cudaMemcpyAsync", device);
+    }
+    return absl::OkStatus();
+  }
+
+  // Queues cudaMemcpy2DAsync of `rows` rows of `row_bytes` on cairn's
+  // stream for `device`. Pitches over the device's maximum
+  // (cudaDevAttrMaxPitch, 2^31 - 1 on current GPUs) go row by row.
+  absl::Status QueueRows(Device device, const void* src, size_t src_pitch,
+                         void* dst, size_t dst_pitch, size_t row_bytes,
+                         size_t rows, cudaMemcpyKind kind) {
+    constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+    if (rows == 1 || src_pitch > kMaxPitch || dst_pitch > kMaxPitch) {
+      const auto* from = static_cast<const char*>(src);
+      auto* to = static_cast<char*>(dst);
+      for (size_t k = 0; k < rows; ++k) {
+        CAIRN_RETURN_IF_ERROR(QueueCopy(device, from + k * src_pitch,
+                                        to + k * dst_pitch, row_bytes, kind));
+      }
+      return absl::OkStatus();
+    }
+    DeviceScope scope(device);
+    if (scope.status() != cudaSuccess) {
+      return CudaError(scope.status(), "cudaSetDevice", device);
+    }
+    absl::StatusOr<cudaStream_t> stream = StreamFor(device);
+    if (!stream.ok()) return stream.status();
+    if (cudaError_t err = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch,
+                                            row_bytes, rows, kind, *stream);
+        err != cudaSuccess) {
+      return CudaError(err, "cudaMemcpy2DAsync", device);
     }
     return absl::OkStatus();
   }

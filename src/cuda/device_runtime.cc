@@ -46,6 +46,50 @@ absl::StatusOr<DeviceRuntime*> RuntimeFor(Device device) {
   return runtime;
 }
 
+namespace {
+
+// A strided view's elements as blocks of rows for 2-D copies: contiguous
+// runs of `row_bytes` (the innermost dimensions, joined for as long as each
+// one's stride equals the elements already in the run; dimensions of size 1
+// do not matter), `rows` of them `pitch` bytes apart (the next dimension
+// out, when its runs do not overlap), and the blocks at the byte offsets
+// `outer` visits, in the view's row-major order.
+struct RowBlocks {
+  size_t row_bytes = 0;
+  size_t rows = 1;
+  size_t pitch = 0;
+  internal_core::RunPattern outer;
+};
+
+RowBlocks RowBlocksOf(const TensorView& view) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(view.dtype()));
+  int64_t run_elements = 1;
+  int d = view.rank() - 1;
+  for (; d >= 0; --d) {
+    if (view.shape()[d] == 1) continue;
+    if (view.strides()[d] != run_elements) break;
+    run_elements *= view.shape()[d];
+  }
+  RowBlocks b;
+  b.row_bytes = static_cast<size_t>(run_elements * es);
+  b.pitch = b.row_bytes;
+  b.outer.run_bytes = run_elements * es;
+  for (int i = 0; i <= d; ++i) {
+    if (view.shape()[i] == 1) continue;
+    b.outer.counts.push_back(view.shape()[i]);
+    b.outer.strides.push_back(view.strides()[i] * es);
+  }
+  if (!b.outer.counts.empty() && b.outer.strides.back() >= b.outer.run_bytes) {
+    b.rows = static_cast<size_t>(b.outer.counts.back());
+    b.pitch = static_cast<size_t>(b.outer.strides.back());
+    b.outer.counts.pop_back();
+    b.outer.strides.pop_back();
+  }
+  return b;
+}
+
+}  // namespace
+
 absl::StatusOr<Tensor> CopyToHostTensor(const std::string& where,
                                         const TensorView& view) {
   auto fail = [&](const absl::Status& s) {
@@ -80,8 +124,28 @@ absl::StatusOr<Tensor> CopyToHostTensor(const std::string& where,
     if (!s.ok()) return fail(s);
     return out;
   }
-  // Strided: copy the whole span once (one large DMA beats many small
-  // ones), then gather the elements on the host.
+  // Strided with rows of 512 bytes or more (a block of columns): one 2-D
+  // copy per block straight into the packed tensor, moving only the view's
+  // bytes. Shorter rows: copy the whole span once (one large DMA beats many
+  // tiny rows), then gather the elements on the host.
+  constexpr size_t kMinRowBytes = 512;
+  if (const RowBlocks b = RowBlocksOf(view);
+      b.rows > 1 && b.row_bytes >= kMinRowBytes) {
+    const auto* base = static_cast<const char*>(view.data());
+    auto* to = static_cast<char*>(out.data());
+    absl::Status s;
+    internal_core::ForEachRun(b.outer, [&](int64_t offset) {
+      if (!s.ok()) return;  // ForEachRun cannot stop early
+      s = (*runtime)->CopyRowsToHostAsync(device, base + offset, b.pitch, to,
+                                          b.row_bytes, b.rows);
+      to += b.rows * b.row_bytes;
+    });
+    // Queued copies finish before `out` is returned or freed.
+    absl::Status synced = (*runtime)->Synchronize(device);
+    if (s.ok()) s = synced;
+    if (!s.ok()) return fail(s);
+    return out;
+  }
   CAIRN_ASSIGN_OR_RETURN(
       Tensor staging, Tensor::Empty(DType::kU8, {static_cast<int64_t>(span)}));
   absl::Status s =
@@ -114,52 +178,23 @@ absl::Status QueueCopyToDeviceView(DeviceRuntime& runtime,
         dst.num_elements(), dst.device().ToString(),
         dst.data() == nullptr ? "destination" : "source")));
   }
-  // Each cudaMemcpyAsync costs microseconds, so copy in runs as long as the
-  // view allows: the innermost dimensions join the run for as long as each
-  // one's stride equals the elements already in it. The dimensions left
-  // outside are loops over runs. Dimensions of size 1 do not matter (their
-  // stride is never used).
-  const int64_t es = static_cast<int64_t>(DTypeSize(dst.dtype()));
-  int64_t run_elements = 1;
-  int d = dst.rank() - 1;
-  for (; d >= 0; --d) {
-    if (dst.shape()[d] == 1) continue;
-    if (dst.strides()[d] != run_elements) break;
-    run_elements *= dst.shape()[d];
-  }
-  internal_core::RunPattern runs;
-  runs.run_bytes = run_elements * es;
-  for (int i = 0; i <= d; ++i) {
-    if (dst.shape()[i] == 1) continue;
-    runs.counts.push_back(dst.shape()[i]);
-    runs.strides.push_back(dst.strides()[i] * es);
-  }
-  // The innermost loop over runs becomes rows of one CopyRowsToDeviceAsync
-  // (cudaMemcpy2DAsync) when its runs do not overlap: a column slice of a
-  // matrix is one call, not one per row. ForEachRun nests the loops left
-  // outermost first, so it visits the rows in the view's row-major order:
-  // the order they lie in, packed, in `src`.
+  // Each cudaMemcpyAsync costs microseconds: one CopyRowsToDeviceAsync
+  // (cudaMemcpy2DAsync) per block of rows, so a column slice of a matrix is
+  // one call, not one per row. ForEachRun visits the blocks in the view's
+  // row-major order: the order they lie in, packed, in `src`.
+  const RowBlocks b = RowBlocksOf(dst);
   const auto* from = static_cast<const char*>(src);
   auto* base = static_cast<char*>(dst.data());
-  const size_t run_bytes = static_cast<size_t>(runs.run_bytes);
-  size_t rows = 1;
-  size_t pitch = run_bytes;
-  if (!runs.counts.empty() && runs.strides.back() >= runs.run_bytes) {
-    rows = static_cast<size_t>(runs.counts.back());
-    pitch = static_cast<size_t>(runs.strides.back());
-    runs.counts.pop_back();
-    runs.strides.pop_back();
-  }
   absl::Status status;
-  internal_core::ForEachRun(runs, [&](int64_t offset) {
+  internal_core::ForEachRun(b.outer, [&](int64_t offset) {
     if (!status.ok()) return;  // ForEachRun cannot stop early
-    status = rows == 1
+    status = b.rows == 1
                  ? runtime.CopyToDeviceAsync(dst.device(), from, base + offset,
-                                             run_bytes)
+                                             b.row_bytes)
                  : runtime.CopyRowsToDeviceAsync(dst.device(), from,
-                                                 base + offset, run_bytes,
-                                                 rows, pitch);
-    from += rows * run_bytes;
+                                                 base + offset, b.row_bytes,
+                                                 b.rows, b.pitch);
+    from += b.rows * b.row_bytes;
   });
   return fail(status);
 }

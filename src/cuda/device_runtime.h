@@ -50,6 +50,14 @@ class DeviceRuntime {
   virtual absl::Status CopyToHostAsync(Device device, const void* src,
                                        void* dst, size_t bytes) = 0;
 
+  // Queues a copy of `rows` rows of `row_bytes` each from device memory,
+  // where row k starts at src + k * src_pitch (src_pitch >= row_bytes), to
+  // host memory at `dst`, packed one after another; otherwise as
+  // CopyToHostAsync. One call for a strided block (columns of a matrix).
+  virtual absl::Status CopyRowsToHostAsync(Device device, const void* src,
+                                           size_t src_pitch, void* dst,
+                                           size_t row_bytes, size_t rows) = 0;
+
   // Queues a copy of `bytes` from host memory at `src` to device memory at
   // `dst` on `device`, on this runtime's own stream for `device`. `src` must
   // stay valid and unchanged until Synchronize(device) returns (the copy may

@@ -98,6 +98,31 @@ class FakeDeviceRuntime : public DeviceRuntime {
     CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, src, bytes));
     pending_[device.index].push_back({src, dst, bytes});
     ++copies_;
+    to_host_bytes_ += static_cast<int64_t>(bytes);
+    return absl::OkStatus();
+  }
+
+  // Counted as one copy (one call), landing row by row at Synchronize.
+  absl::Status CopyRowsToHostAsync(Device device, const void* src,
+                                   size_t src_pitch, void* dst,
+                                   size_t row_bytes, size_t rows) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fail_copy.ok()) return fail_copy;
+    if (src_pitch < row_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rows of %d bytes %d bytes apart overlap", row_bytes, src_pitch));
+    }
+    if (rows == 0) return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(
+        device, src, (rows - 1) * src_pitch + row_bytes));
+    const auto* from = static_cast<const char*>(src);
+    auto* to = static_cast<char*>(dst);
+    for (size_t k = 0; k < rows; ++k) {
+      pending_[device.index].push_back(
+          {from + k * src_pitch, to + k * row_bytes, row_bytes});
+    }
+    ++copies_;
+    to_host_bytes_ += static_cast<int64_t>(rows * row_bytes);
     return absl::OkStatus();
   }
 
@@ -152,8 +177,9 @@ class FakeDeviceRuntime : public DeviceRuntime {
   // The largest pinned allocation asked for.
   int64_t largest_pinned_bytes() const { return Read(largest_pinned_); }
   int64_t live_pinned() const { return live_pinned_->load(); }
-  // Device-to-host copies queued.
+  // Device-to-host copies queued (calls), and their bytes in total.
   int64_t copies() const { return Read(copies_); }
+  int64_t to_host_bytes() const { return Read(to_host_bytes_); }
   // Host-to-device copies queued, and their bytes in total: a load that
   // wrote the "device" memory directly (it is host memory here) shows none.
   int64_t to_device_copies() const { return Read(to_device_copies_); }
@@ -216,6 +242,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
   std::shared_ptr<std::atomic<int64_t>> live_pinned_ =
       std::make_shared<std::atomic<int64_t>>(0);
   int64_t copies_ = 0;
+  int64_t to_host_bytes_ = 0;
   int64_t to_device_copies_ = 0;
   int64_t to_device_bytes_ = 0;
   std::vector<const void*> to_device_sources_;
