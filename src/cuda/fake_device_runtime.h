@@ -93,13 +93,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
 
   absl::Status CopyToHostAsync(Device device, const void* src, void* dst,
                                size_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!fail_copy.ok()) return fail_copy;
-    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, src, bytes));
-    pending_[device.index].push_back({src, dst, bytes});
-    ++copies_;
-    to_host_bytes_ += static_cast<int64_t>(bytes);
-    return absl::OkStatus();
+    return CopyRowsToHostAsync(device, src, bytes, dst, bytes, 1);
   }
 
   // Counted as one copy (one call), landing row by row at Synchronize.
@@ -108,19 +102,9 @@ class FakeDeviceRuntime : public DeviceRuntime {
                                    size_t row_bytes, size_t rows) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fail_copy.ok()) return fail_copy;
-    if (src_pitch < row_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "rows of %d bytes %d bytes apart overlap", row_bytes, src_pitch));
-    }
-    if (rows == 0) return absl::OkStatus();
-    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(
-        device, src, (rows - 1) * src_pitch + row_bytes));
-    const auto* from = static_cast<const char*>(src);
-    auto* to = static_cast<char*>(dst);
-    for (size_t k = 0; k < rows; ++k) {
-      pending_[device.index].push_back(
-          {from + k * src_pitch, to + k * row_bytes, row_bytes});
-    }
+    CAIRN_RETURN_IF_ERROR(QueueRows(device, /*to_device=*/false, src,
+                                    src_pitch, dst, row_bytes, row_bytes,
+                                    rows));
     ++copies_;
     to_host_bytes_ += static_cast<int64_t>(rows * row_bytes);
     return absl::OkStatus();
@@ -128,14 +112,7 @@ class FakeDeviceRuntime : public DeviceRuntime {
 
   absl::Status CopyToDeviceAsync(Device device, const void* src, void* dst,
                                  size_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!fail_copy_to_device.ok()) return fail_copy_to_device;
-    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, dst, bytes));
-    pending_[device.index].push_back({src, dst, bytes});
-    ++to_device_copies_;
-    to_device_bytes_ += static_cast<int64_t>(bytes);
-    to_device_sources_.push_back(src);
-    return absl::OkStatus();
+    return CopyRowsToDeviceAsync(device, src, dst, bytes, 1, bytes);
   }
 
   // Counted as one copy (one call), landing row by row at Synchronize.
@@ -144,19 +121,9 @@ class FakeDeviceRuntime : public DeviceRuntime {
                                      size_t dst_pitch) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fail_copy_to_device.ok()) return fail_copy_to_device;
-    if (dst_pitch < row_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "rows of %d bytes %d bytes apart overlap", row_bytes, dst_pitch));
-    }
-    if (rows == 0) return absl::OkStatus();
-    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(
-        device, dst, (rows - 1) * dst_pitch + row_bytes));
-    const auto* from = static_cast<const char*>(src);
-    auto* to = static_cast<char*>(dst);
-    for (size_t k = 0; k < rows; ++k) {
-      pending_[device.index].push_back(
-          {from + k * row_bytes, to + k * dst_pitch, row_bytes});
-    }
+    CAIRN_RETURN_IF_ERROR(QueueRows(device, /*to_device=*/true, src,
+                                    row_bytes, dst, dst_pitch, row_bytes,
+                                    rows));
     ++to_device_copies_;
     to_device_bytes_ += static_cast<int64_t>(rows * row_bytes);
     to_device_sources_.push_back(src);
@@ -230,6 +197,30 @@ class FakeDeviceRuntime : public DeviceRuntime {
     }
     return absl::InvalidArgumentError(absl::StrFormat(
         "%p (+%d bytes) is not memory of %s", p, bytes, device.ToString()));
+  }
+
+  // Checks that the rows on the device side (dst when `to_device`, else src)
+  // lie in memory of `device` and do not overlap, and queues a copy per
+  // row, to land at Synchronize. mu_ must be held.
+  absl::Status QueueRows(Device device, bool to_device, const void* src,
+                         size_t src_pitch, void* dst, size_t dst_pitch,
+                         size_t row_bytes, size_t rows) {
+    const void* device_side = to_device ? dst : src;
+    const size_t pitch = to_device ? dst_pitch : src_pitch;
+    if (pitch < row_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rows of %d bytes %d bytes apart overlap", row_bytes, pitch));
+    }
+    if (rows == 0) return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(CheckDeviceMemory(device, device_side,
+                                            (rows - 1) * pitch + row_bytes));
+    const auto* from = static_cast<const char*>(src);
+    auto* to = static_cast<char*>(dst);
+    for (size_t k = 0; k < rows; ++k) {
+      pending_[device.index].push_back(
+          {from + k * src_pitch, to + k * dst_pitch, row_bytes});
+    }
+    return absl::OkStatus();
   }
 
   const int num_devices_;
