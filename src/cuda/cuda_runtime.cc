@@ -6,7 +6,9 @@
 // application's work on the legacy default stream. Calls switch to the
 // device they concern and switch the calling thread back afterwards.
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 
@@ -74,6 +76,7 @@ class CudaDeviceRuntime final : public DeviceRuntime {
   }
 
   absl::StatusOr<std::shared_ptr<void>> AllocatePinned(size_t bytes) override {
+    if (std::shared_ptr<void> huge = AllocatePinnedHuge(bytes)) return huge;
     void* p = nullptr;
     // Portable: usable from every device's stream.
     const cudaError_t err =
@@ -157,6 +160,40 @@ class CudaDeviceRuntime final : public DeviceRuntime {
           device.ToString(), p, static_cast<int>(attr.type), attr.device));
     }
     return absl::OkStatus();
+  }
+
+  // A buffer of 2 MiB or more: anonymous memory on 2 MiB boundaries that
+  // asks for transparent huge pages, then pinned with cudaHostRegister
+  // (portable). Reads from the page cache into it (a load's staging) and
+  // the driver's pinning then walk 2 MiB pages instead of 4 KiB ones where
+  // the kernel grants them. Null where any step fails (the caller falls
+  // back to cudaHostAlloc).
+  static std::shared_ptr<void> AllocatePinnedHuge(size_t bytes) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    if (bytes < kHuge) return nullptr;
+    const size_t len = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* raw = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    // Trim to a 2 MiB-aligned [p, p + len).
+    const auto start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = start + len + kHuge;
+    if (end > aligned + len) {
+      munmap(reinterpret_cast<void*>(aligned + len), end - (aligned + len));
+    }
+    void* p = reinterpret_cast<void*>(aligned);
+    madvise(p, len, MADV_HUGEPAGE);  // advice: no error matters
+    if (cudaHostRegister(p, len, cudaHostRegisterPortable) != cudaSuccess) {
+      cudaGetLastError();  // so that a later call does not report it again
+      munmap(p, len);
+      return nullptr;
+    }
+    return std::shared_ptr<void>(p, [len](void* q) {
+      cudaHostUnregister(q);
+      munmap(q, len);
+    });
   }
 
   // Queues cudaMemcpyAsync on cairn's stream for `device`.
