@@ -1275,7 +1275,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   }
   // Staging: with device destinations, two pinned buffers used in turn
   // (each as large as the largest batch that uses it); else one pageable.
-  // (Pinning is slow, about 0.05 s for 2 x 64 MiB on an H200 machine. Pinning
+  // (Pinning is slow: 0.03-0.06 s for 2 x 64 MiB on an H200 machine. Pinning
   // the second buffer on another thread during the first batch's reads
   // slowed those reads by as much and was dropped: bench/RESULTS.md.)
   const int buffers = devices.empty() ? 1 : 2;
