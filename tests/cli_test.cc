@@ -110,10 +110,34 @@ TEST_F(CliTest, DemoJsonVerifiesEveryElement) {
   }
   EXPECT_EQ(j["elements_verified"], j["elements"]);
   EXPECT_EQ(j["kept"], false);
+  // The disk beside the checkpoint was probed (or the reason it was not is
+  // given: a RAM filesystem, say).
+  ASSERT_TRUE(j.contains("disk_probe"));
+  const nlohmann::json& disk = j["disk_probe"];
+  EXPECT_GE(disk["bytes"].get<double>(), 32.0 * (1 << 20));
+  if (disk.contains("skipped")) {
+    EXPECT_FALSE(disk["skipped"].get<std::string>().empty());
+  } else {
+    EXPECT_GT(disk["write_gbps"].get<double>(), 0);
+    EXPECT_GT(disk["read_gbps"].get<double>(), 0);
+  }
   // The default temporary directory is gone afterwards.
   EXPECT_FALSE(fs::exists(j["dir"].get<std::string>()));
   // Progress lines go to stderr.
   EXPECT_THAT(r.err, HasSubstr("cairn demo: "));
+}
+
+TEST_F(CliTest, DemoDiskProbeCanBeTurnedOff) {
+  Result r = Run("demo -q --size 2MiB --layers 2 --no-disk-probe --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_FALSE(ParseJson(r).contains("disk_probe"));
+  // The table has a disk line with the probe on, none without.
+  r = Run("demo -q --size 2MiB --layers 2");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("disk: "));
+  r = Run("demo -q --size 2MiB --layers 2 --no-disk-probe");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, Not(HasSubstr("disk: ")));
 }
 
 TEST_F(CliTest, DemoTableSaysVerified) {

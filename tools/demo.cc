@@ -79,11 +79,16 @@
 //      storage bytes read and the slowest rank's load phase times.
 //  7. Rank 0 prints the table or the JSON; under MPI it then broadcasts the
 //     exit status, which is the final barrier.
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <stdlib.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -92,6 +97,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -138,6 +144,7 @@ struct DemoOptions {
   bool no_broadcast = false;
   int layers = 0;
   bool json = false;
+  bool no_disk_probe = false;
   bool keep = false;
   bool overwrite = false;
   bool quiet = false;
@@ -205,7 +212,102 @@ struct DemoResult {
   std::vector<int> async_save_steps;
   std::vector<double> blocked_seconds;
   std::optional<double> sync_save_seconds;
+  // What the checkpoint directory's disk does (ProbeDisk), beside the save.
+  struct DiskProbe {
+    uint64_t bytes = 0;
+    double write_gbps = 0;  // direct writes, then fdatasync
+    double read_gbps = 0;   // direct reads
+    std::string skipped;    // why it was not measured, or ""
+  };
+  std::optional<DiskProbe> disk;
 };
+
+// A short sequential direct-I/O probe of `dir`'s disk: a file of up to
+// 256 MiB (about the state's size) written by 4 threads in 8 MiB requests
+// then fdatasync'd, then read back the same way, then removed. Direct I/O
+// skips the page cache both ways, so these are the disk's speeds, as fio's
+// direct jobs in bench/run.sh measure them (more thoroughly).
+DemoResult::DiskProbe ProbeDisk(const std::string& dir, uint64_t state_bytes) {
+  DemoResult::DiskProbe p;
+  constexpr uint64_t kBlock = uint64_t{8} << 20;
+  constexpr int kThreads = 4;
+  const uint64_t blocks = std::clamp<uint64_t>(
+      (state_bytes + kBlock - 1) / kBlock, kThreads, 32);
+  p.bytes = blocks * kBlock;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    p.skipped = "the checkpoint is not in a local directory";
+    return p;
+  }
+  struct statfs fs {};
+  if (statfs(dir.c_str(), &fs) == 0 &&
+      (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)) {
+    p.skipped = "the checkpoint is on a RAM filesystem (no disk to probe)";
+    return p;
+  }
+  const std::string path = dir + "/.cairn-disk-probe";
+  const int fd =
+      open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_DIRECT | O_CLOEXEC,
+           0600);
+  if (fd < 0) {
+    p.skipped = errno == EINVAL
+                    ? "its filesystem refuses direct I/O (a RAM disk?)"
+                    : absl::StrCat("cannot create ", path, ": ",
+                                   std::strerror(errno));
+    return p;
+  }
+  absl::Cleanup close_and_remove = [&] {
+    close(fd);
+    unlink(path.c_str());
+  };
+  // Allocated up front: ext4 runs direct writes past the end one at a time.
+  if (posix_fallocate(fd, 0, static_cast<off_t>(p.bytes)) != 0) {
+    p.skipped = absl::StrFormat("no room for a %s probe file",
+                                HumanBytes(p.bytes));
+    return p;
+  }
+  std::unique_ptr<std::byte, decltype(&std::free)> buffer(
+      static_cast<std::byte*>(std::aligned_alloc(4096, kBlock * kThreads)),
+      &std::free);
+  if (buffer == nullptr) {
+    p.skipped = "out of memory";
+    return p;
+  }
+  std::memset(buffer.get(), 0x5a, kBlock * kThreads);
+  // Seconds for every block written (or read) once; 0 on an I/O error.
+  auto pass = [&](bool write) -> double {
+    std::atomic<bool> failed{false};
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::byte* b = buffer.get() + static_cast<uint64_t>(t) * kBlock;
+        for (uint64_t i = static_cast<uint64_t>(t); i < blocks;
+             i += kThreads) {
+          const off_t at = static_cast<off_t>(i * kBlock);
+          const ssize_t n = write ? pwrite(fd, b, kBlock, at)
+                                  : pread(fd, b, kBlock, at);
+          if (n != static_cast<ssize_t>(kBlock)) failed = true;
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    if (write && fdatasync(fd) != 0) failed = true;
+    if (failed) return 0;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         t0)
+        .count();
+  };
+  const double w = pass(/*write=*/true);
+  const double r = w > 0 ? pass(/*write=*/false) : 0;
+  if (w <= 0 || r <= 0) {
+    p.skipped = absl::StrCat("an I/O error in ", path);
+    return p;
+  }
+  p.write_gbps = GigabytesPerSecond(p.bytes, w);
+  p.read_gbps = GigabytesPerSecond(p.bytes, r);
+  return p;
+}
 
 // What a checkpoint's "cairn_demo" user metadata says.
 struct SavedDemo {
@@ -1070,6 +1172,15 @@ void Demo::PrintJson() const {
   j["step"] = r_.step;
   j["ranks"] = r_.save_ranks;
   j["load_ranks"] = load_ranks;
+  if (r_.disk) {
+    j["disk_probe"] = {{"bytes", r_.disk->bytes}};
+    if (r_.disk->skipped.empty()) {
+      j["disk_probe"]["write_gbps"] = r_.disk->write_gbps;
+      j["disk_probe"]["read_gbps"] = r_.disk->read_gbps;
+    } else {
+      j["disk_probe"]["skipped"] = r_.disk->skipped;
+    }
+  }
   j["save_seconds"] = opt(r_.save_seconds);
   j["load_seconds"] = opt(r_.load_seconds);
   j["save_gbps"] = gbps(r_.save_seconds);
@@ -1160,6 +1271,27 @@ void Demo::Print() const {
     std::cout << absl::StrFormat(
         "%-6s %5d %14d %10.3f %8.2f\n", "load", load_world, r_.bytes,
         *r_.load_seconds, GigabytesPerSecond(r_.bytes, *r_.load_seconds));
+  }
+  if (r_.disk && r_.disk->skipped.empty()) {
+    std::cout << absl::StrFormat(
+        "disk: a %s direct-I/O probe beside the checkpoint (4 threads, 8 MiB "
+        "requests) wrote %.2f GB/s with fdatasync and read %.2f GB/s\n",
+        HumanBytes(r_.disk->bytes), r_.disk->write_gbps, r_.disk->read_gbps);
+    // cairn writes data files with direct I/O, so they are not in the page
+    // cache when the load runs (fincore shows none of their pages).
+    std::cout << absl::StrFormat(
+        "disk: the save ran at %.2fx the probe's write",
+        GigabytesPerSecond(r_.bytes, *r_.save_seconds) / r_.disk->write_gbps);
+    if (r_.load_seconds) {
+      std::cout << absl::StrFormat(
+          ", the load at %.2fx its read (from the disk: the save writes with "
+          "direct I/O; with more threads and the kernel's readahead)",
+          GigabytesPerSecond(r_.bytes, *r_.load_seconds) /
+              r_.disk->read_gbps);
+    }
+    std::cout << "; bench/run.sh measures the disk with fio\n";
+  } else if (r_.disk) {
+    std::cout << "disk: not probed: " << r_.disk->skipped << "\n";
   }
   if (r_.save_replicas > 1 || o_.replicas > 1) {
     std::cout << absl::StrFormat(
@@ -1288,6 +1420,15 @@ int Demo::Finish(const absl::Status& status) {
   if (!status.ok()) {
     PrintError("demo", status);
     return 1;
+  }
+  // The disk's own speed beside the save's (with the checkpoint still
+  // there, so the probe's file sits on the same disk).
+  if (r_.save_seconds && !o_.no_disk_probe) {
+    if (!o_.quiet) {
+      std::cerr << "cairn demo: probing the disk of " << r_.dir
+                << " (direct I/O)" << std::endl;
+    }
+    r_.disk = ProbeDisk(r_.dir, r_.bytes);
   }
   Print();
   if (r_.load_seconds && !r_.verified) {
@@ -1654,6 +1795,10 @@ void RegisterDemo(CLI::App& app) {
           ->capture_default_str()
           ->check(CLI::Range(1, 1000000));
   cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
+  cmd->add_flag("--no-disk-probe", o->no_disk_probe,
+                "after a save, do not probe the disk beside the checkpoint "
+                "(by default a direct-I/O write and read of up to 256 MiB, "
+                "shown next to the save's throughput)");
   cmd->add_flag("--keep", o->keep, "keep the default temporary directory");
   cmd->add_flag("--overwrite", o->overwrite,
                 "replace a checkpoint already in --dir (global or "
