@@ -52,6 +52,7 @@
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "cli_util.h"
 #include "synthetic_model.h"
 
 namespace cairn::bench {
@@ -114,19 +115,11 @@ struct DeviceTensor {
   Box box;
 };
 
-// "4GiB", "64MiB" or plain bytes.
+// A size as the cairn CLI takes it ("4GiB", "64MiB", "1G", plain bytes).
 bool ParseBytes(const std::string& v, uint64_t* out) {
-  uint64_t mult = 1;
-  std::string digits = v;
-  if (v.ends_with("GiB")) {
-    mult = uint64_t{1} << 30;
-    digits = v.substr(0, v.size() - 3);
-  } else if (v.ends_with("MiB")) {
-    mult = uint64_t{1} << 20;
-    digits = v.substr(0, v.size() - 3);
-  }
-  if (!absl::SimpleAtoi(digits, out) || *out == 0) return false;
-  *out *= mult;
+  absl::StatusOr<uint64_t> n = tools::ParseByteSize(v);
+  if (!n.ok() || *n == 0) return false;
+  *out = *n;
   return true;
 }
 

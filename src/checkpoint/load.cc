@@ -96,38 +96,55 @@ struct Check {
   bool carried = false;
 };
 
+// A checksummed, contiguous piece of a stored chunk (or object): where it
+// starts in the chunk, its bytes and their CRC32C.
+struct CrcPiece {
+  uint64_t offset;
+  uint64_t bytes;
+  uint32_t crc;
+};
+
+// OK when `pieces` (in any order) tile `loc`'s bytes and their combined
+// CRC32C is its stored one; kDataLoss naming `what`, the file and offset
+// when it is not; an internal error when they do not tile. `note` follows
+// the offset in messages (", read in 3 pieces").
+absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
+                         std::vector<CrcPiece> pieces, std::string_view note) {
+  std::sort(pieces.begin(), pieces.end(),
+            [](const CrcPiece& a, const CrcPiece& b) {
+              return a.offset < b.offset;
+            });
+  uint32_t crc = 0;
+  uint64_t covered = 0;
+  uint64_t total = 0;
+  for (const CrcPiece& p : pieces) {
+    total += p.bytes;
+    if (p.offset != covered) continue;  // a gap or an overlap: no tiling
+    crc = covered == 0 ? p.crc
+                       : internal_format::Crc32cCombine(crc, p.crc, p.bytes);
+    covered += p.bytes;
+  }
+  if (covered != loc.nbytes || total != loc.nbytes) {
+    return absl::InternalError(absl::StrFormat(
+        "%s (%s, offset %d%s): checksummed %d of its %d bytes in order, %d "
+        "in all",
+        what, loc.file, loc.offset, note, covered, loc.nbytes, total));
+  }
+  if (crc != loc.crc32c) {
+    return absl::DataLossError(absl::StrFormat(
+        "crc32c mismatch in %s (%s, offset %d%s): stored %s, computed %s",
+        what, loc.file, loc.offset, note,
+        internal_format::Crc32cToHex(loc.crc32c),
+        internal_format::Crc32cToHex(crc)));
+  }
+  return absl::OkStatus();
+}
+
 // The checksummed pieces so far of a chunk read over several Read calls.
 struct CarriedCheck {
   std::string what;  // "model.wq [0:1024, 0:512]"
-  struct Piece {
-    uint64_t offset;  // in the chunk
-    uint64_t bytes;
-    uint32_t crc;
-  };
-  std::vector<Piece> pieces;
+  std::vector<CrcPiece> pieces;
 };
-
-// The row-major index in `box` of the first element of `part` (inside it).
-uint64_t FirstIndex(const Box& box, const Box& part) {
-  uint64_t index = 0;
-  for (int d = 0; d < box.rank(); ++d) {
-    index = index * static_cast<uint64_t>(box.sizes[d]) +
-            static_cast<uint64_t>(part.offsets[d] - box.offsets[d]);
-  }
-  return index;
-}
-
-// FirstIndex(box, part) when part's elements follow each other in box's
-// row-major layout (sizes 1 before some dimension k, the box's whole extent
-// after it).
-std::optional<uint64_t> ContiguousStart(const Box& box, const Box& part) {
-  int k = 0;
-  while (k < part.rank() && part.sizes[k] == 1) ++k;
-  for (int d = k + 1; d < part.rank(); ++d) {
-    if (part.sizes[d] != box.sizes[d]) return std::nullopt;
-  }
-  return FirstIndex(box, part);
-}
 
 struct ReadTask {
   enum class Mode : uint8_t { kDirect, kSpan, kRuns, kObject };
@@ -313,9 +330,14 @@ class Loader {
   // and checked there, as always.)
   void CheckAcrossReads(std::span<const ReadItem> items) {
     if (!options_.verify_checksums) return;
-    std::map<const ChunkMetadata*, std::vector<std::pair<uint64_t, uint64_t>>>
-        ranges;  // elements [start, start + n) of each chunk's items
-    std::map<const ChunkMetadata*, std::string> what;
+    struct Ranges {
+      uint64_t chunk_bytes = 0;
+      // Bytes [start, start + n) of each of the chunk's items in the chunk;
+      // {1, 0} for an item that is not contiguous there (never tiles).
+      std::vector<std::pair<uint64_t, uint64_t>> parts;
+      std::string what;
+    };
+    std::map<const ChunkMetadata*, Ranges> ranges;
     for (const ReadItem& item : items) {
       if (item.kind != ItemKind::kTensor) continue;
       auto it = metadata_.tensors.find(item.fqn);
@@ -327,25 +349,28 @@ class Loader {
       if (!Contains(chunk.box, item.overlap) || item.overlap == chunk.box) {
         continue;
       }
-      std::optional<uint64_t> start = ContiguousStart(chunk.box, item.overlap);
-      if (!start) {
-        ranges[&chunk].push_back({1, 0});  // never tiles: not checked
-        continue;
+      const size_t es = DTypeSize(it->second.dtype);
+      const internal_core::RunPattern runs =
+          internal_core::SubBoxRuns(chunk.box, item.overlap, es);
+      Ranges& r = ranges[&chunk];
+      if (r.what.empty()) {
+        r.chunk_bytes = static_cast<uint64_t>(chunk.box.num_elements()) * es;
+        r.what = absl::StrCat(item.fqn, " ", chunk.box.ToString());
       }
-      ranges[&chunk].push_back(
-          {*start, static_cast<uint64_t>(item.overlap.num_elements())});
-      what.try_emplace(&chunk,
-                       absl::StrCat(item.fqn, " ", chunk.box.ToString()));
+      r.parts.push_back(runs.num_runs() == 1
+                            ? std::pair<uint64_t, uint64_t>(
+                                  runs.first_offset, runs.run_bytes)
+                            : std::pair<uint64_t, uint64_t>(1, 0));
     }
     for (auto& [chunk, r] : ranges) {
-      std::sort(r.begin(), r.end());
+      std::sort(r.parts.begin(), r.parts.end());
       uint64_t covered = 0;
-      for (const auto& [start, n] : r) {
+      for (const auto& [start, n] : r.parts) {
         if (start != covered || n == 0) break;
         covered += n;
       }
-      if (covered == static_cast<uint64_t>(chunk->box.num_elements())) {
-        carried_[&chunk->location].what = std::move(what[chunk]);
+      if (covered == r.chunk_bytes) {
+        carried_[&chunk->location].what = std::move(r.what);
       }
     }
   }
@@ -356,7 +381,7 @@ class Loader {
     if (carried_.empty()) return absl::OkStatus();
     const auto& [location, carried] = *carried_.begin();
     uint64_t bytes = 0;
-    for (const CarriedCheck::Piece& p : carried.pieces) bytes += p.bytes;
+    for (const CrcPiece& p : carried.pieces) bytes += p.bytes;
     return absl::InternalError(absl::StrFormat(
         "%s (%s, offset %d): read in pieces, but only %d of its %d bytes "
         "were read and none checked",
@@ -789,31 +814,12 @@ class Loader {
     }
     for (size_t c = 0; c < checks_.size(); ++c) {
       if (checks_[c].carried) continue;
-      std::vector<size_t>& p = pieces[c];
-      std::sort(p.begin(), p.end(), [&](size_t a, size_t b) {
-        return tasks_[a].check_offset < tasks_[b].check_offset;
-      });
-      uint32_t crc = 0;
-      uint64_t covered = 0;
-      for (size_t i : p) {
-        crc = covered == 0 ? crcs[i]
-                           : internal_format::Crc32cCombine(crc, crcs[i],
-                                                            tasks_[i].span);
-        covered += tasks_[i].span;
+      std::vector<CrcPiece> p;
+      for (size_t i : pieces[c]) {
+        p.push_back({tasks_[i].check_offset, tasks_[i].span, crcs[i]});
       }
-      const ByteLocation& loc = *checks_[c].location;
-      if (covered != loc.nbytes) {
-        return absl::InternalError(absl::StrFormat(
-            "%s: checksummed %d of %d bytes", checks_[c].what, covered,
-            loc.nbytes));
-      }
-      if (crc != loc.crc32c) {
-        return absl::DataLossError(absl::StrFormat(
-            "crc32c mismatch in %s (%s, offset %d): stored %s, computed %s",
-            checks_[c].what, loc.file, loc.offset,
-            internal_format::Crc32cToHex(loc.crc32c),
-            internal_format::Crc32cToHex(crc)));
-      }
+      CAIRN_RETURN_IF_ERROR(
+          CheckPieces(checks_[c].what, *checks_[c].location, std::move(p), ""));
       ++result_.chunks_verified;
     }
     return absl::OkStatus();
@@ -824,36 +830,14 @@ class Loader {
   absl::Status CheckCarried(const ByteLocation* loc) {
     auto it = carried_.find(loc);
     if (it == carried_.end()) return absl::OkStatus();
-    CarriedCheck& c = it->second;
     uint64_t bytes = 0;
-    for (const CarriedCheck::Piece& p : c.pieces) bytes += p.bytes;
+    for (const CrcPiece& p : it->second.pieces) bytes += p.bytes;
     if (bytes < loc->nbytes) return absl::OkStatus();  // more to come
-    std::sort(c.pieces.begin(), c.pieces.end(),
-              [](const auto& a, const auto& b) { return a.offset < b.offset; });
-    uint32_t crc = 0;
-    uint64_t covered = 0;
-    for (const CarriedCheck::Piece& p : c.pieces) {
-      if (p.offset != covered) break;
-      crc = covered == 0 ? p.crc
-                         : internal_format::Crc32cCombine(crc, p.crc, p.bytes);
-      covered += p.bytes;
-    }
-    const CarriedCheck done = std::move(c);
+    const CarriedCheck done = std::move(it->second);
     carried_.erase(it);
-    if (covered != loc->nbytes || bytes != loc->nbytes) {
-      return absl::InternalError(absl::StrFormat(
-          "%s (%s, offset %d): its pieces do not tile its %d bytes (%d read, "
-          "%d in order from the start)",
-          done.what, loc->file, loc->offset, loc->nbytes, bytes, covered));
-    }
-    if (crc != loc->crc32c) {
-      return absl::DataLossError(absl::StrFormat(
-          "crc32c mismatch in %s (%s, offset %d, read in %d pieces): stored "
-          "%s, computed %s",
-          done.what, loc->file, loc->offset, done.pieces.size(),
-          internal_format::Crc32cToHex(loc->crc32c),
-          internal_format::Crc32cToHex(crc)));
-    }
+    CAIRN_RETURN_IF_ERROR(CheckPieces(
+        done.what, *loc, done.pieces,
+        absl::StrFormat(", read in %d pieces", done.pieces.size())));
     ++result_.chunks_verified;
     return absl::OkStatus();
   }
@@ -1057,10 +1041,11 @@ class DeviceRuntimes {
 
 // Splits every tensor item with a device destination larger than `limit`
 // bytes into pieces of at most `limit` bytes (or one element, if larger):
-// ForEachSlab over the item packed as it is staged, so that each piece is
-// contiguous in its chunk and the pieces of a whole chunk follow each other
-// in its file (Loader::CheckAcrossReads checks them). Items and
-// destinations stay parallel.
+// ForEachSlab over the item packed as it is staged. The pieces of an item
+// contiguous in its chunk (the whole chunk, or whole rows of it) are
+// contiguous too and follow each other in its file, so
+// Loader::CheckAcrossReads checks them. Items and destinations stay
+// parallel.
 absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
                              std::vector<ReadItem>& items,
                              std::vector<Destination>& dsts) {
@@ -1245,10 +1230,12 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     if (bytes[i] < kAlignFrom) return used;
     const TensorMetadata& tm = *stored[i];
     const ChunkMetadata& chunk = tm.chunks[items[i].chunk];
-    const uint64_t want = (chunk.location.offset +
-                           FirstIndex(chunk.box, items[i].overlap) *
-                               DTypeSize(tm.dtype)) %
-                          kPage;
+    const uint64_t want =
+        (chunk.location.offset +
+         internal_core::SubBoxRuns(chunk.box, items[i].overlap,
+                                   DTypeSize(tm.dtype))
+             .first_offset) %
+        kPage;
     return used + (want + kPage - used % kPage) % kPage;
   };
   struct Batch {
