@@ -626,7 +626,7 @@ class Loader {
     // Files an earlier Read opened are open already.
     const size_t opened = files_.size();
     files_.resize(file_names_.size());
-    absl::Status open = internal_core::ParallelFor(
+    absl::Status open = pool_.ParallelFor(
         static_cast<int64_t>(file_names_.size() - opened), options_.io_threads,
         [&](int64_t k) -> absl::Status {
           const size_t i = opened + static_cast<size_t>(k);
@@ -782,7 +782,7 @@ class Loader {
                                        internal_core::kIoAlignment),
                     threads);
     std::vector<uint32_t> crcs(tasks_.size(), 0);
-    CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+    CAIRN_RETURN_IF_ERROR(pool_.ParallelFor(
         static_cast<int64_t>(order.size()), threads,
         [&](int64_t i) -> absl::Status {
           const size_t t = order[i];
@@ -863,6 +863,10 @@ class Loader {
   std::map<const TensorMetadata*, const std::string*> fqn_of_;
   // Chunks read in pieces over several Reads, until checked.
   std::map<const ByteLocation*, CarriedCheck> carried_;
+  // The IO threads, kept from Read to Read: a staged load reads batch by
+  // batch, and starting the threads for every batch cost 0.34-0.47 ms a
+  // batch on the 2-core VM.
+  internal_core::WorkerPool pool_;
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -9,17 +10,14 @@
 
 namespace cairn::internal_core {
 
-absl::Status ParallelFor(int64_t n, int threads,
-                         absl::FunctionRef<absl::Status(int64_t)> fn) {
-  if (n <= 0) return absl::OkStatus();
-  const int64_t workers = std::clamp<int64_t>(threads, 1, n);
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> failed{false};
-  absl::Mutex mu;
-  int64_t failed_index = n;
-  absl::Status failure;
+// One loop's shared state: indices handed out in increasing order, the
+// lowest failure kept, no index started after a failure is seen.
+struct ParallelLoop {
+  ParallelLoop(int64_t n, absl::FunctionRef<absl::Status(int64_t)> fn)
+      : n(n), fn(fn) {}
 
-  auto work = [&] {
+  // Runs indices until none is left or one has failed.
+  void Work() {
     while (!failed.load(std::memory_order_relaxed)) {
       const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= n) return;
@@ -33,14 +31,87 @@ absl::Status ParallelFor(int64_t n, int threads,
         failed.store(true, std::memory_order_relaxed);
       }
     }
-  };
+  }
 
+  const int64_t n;
+  const absl::FunctionRef<absl::Status(int64_t)> fn;
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  int64_t failed_index = n;
+  absl::Status failure;
+};
+
+absl::Status ParallelFor(int64_t n, int threads,
+                         absl::FunctionRef<absl::Status(int64_t)> fn) {
+  if (n <= 0) return absl::OkStatus();
+  const int64_t workers = std::clamp<int64_t>(threads, 1, n);
+  ParallelLoop loop(n, fn);
   std::vector<std::thread> pool;
   pool.reserve(workers - 1);
-  for (int64_t t = 1; t < workers; ++t) pool.emplace_back(work);
-  work();
+  for (int64_t t = 1; t < workers; ++t) pool.emplace_back([&] { loop.Work(); });
+  loop.Work();
   for (auto& t : pool) t.join();
-  return failure;
+  return std::move(loop.failure);
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+size_t WorkerPool::started() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return threads_.size();
+}
+
+absl::Status WorkerPool::ParallelFor(
+    int64_t n, int threads, absl::FunctionRef<absl::Status(int64_t)> fn) {
+  if (n <= 0) return absl::OkStatus();
+  const int helpers =
+      static_cast<int>(std::clamp<int64_t>(threads, 1, n)) - 1;
+  ParallelLoop loop(n, fn);
+  if (helpers == 0) {
+    loop.Work();
+    return std::move(loop.failure);
+  }
+  std::lock_guard<std::mutex> call(call_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (threads_.size() < static_cast<size_t>(helpers)) {
+      threads_.emplace_back([this] { Serve(); });
+    }
+    loop_ = &loop;
+    tickets_ = helpers;
+  }
+  wake_.notify_all();
+  loop.Work();
+  // Every index has been handed out: workers that have not joined yet need
+  // not, and the loop ends when the ones in it leave.
+  std::unique_lock<std::mutex> lock(mu_);
+  tickets_ = 0;
+  done_.wait(lock, [&] { return running_ == 0; });
+  loop_ = nullptr;
+  return std::move(loop.failure);
+}
+
+void WorkerPool::Serve() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    wake_.wait(lock, [&] { return stop_ || tickets_ > 0; });
+    if (stop_) return;
+    --tickets_;
+    ++running_;
+    ParallelLoop* loop = loop_;
+    lock.unlock();
+    loop->Work();
+    lock.lock();
+    if (--running_ == 0) done_.notify_all();
+  }
 }
 
 int ThreadsFor(size_t items) {
