@@ -649,8 +649,9 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
 // the text, giving the result or the error it always gave.
 class FastDecoder : private PlainJsonCursor {
  public:
-  FastDecoder(std::string_view text, std::string_view source)
-      : PlainJsonCursor(text), source_(source) {}
+  FastDecoder(std::string_view text, std::string_view source,
+              DecodeThreads threads = {})
+      : PlainJsonCursor(text), source_(source), threads_(threads) {}
 
   std::optional<Metadata> Decode();
 
@@ -736,9 +737,12 @@ class FastDecoder : private PlainJsonCursor {
   bool Location(ByteLocation* loc);
   bool Chunk(ChunkMetadata* chunk);
   bool Tensor(TensorMetadata* tensor);
+  bool Tensors(std::map<std::string, TensorMetadata>* tensors);
+  bool TensorsInParallel(std::map<std::string, TensorMetadata>* tensors);
   bool Scalars(std::map<std::string, Scalar>* scalars);
 
   std::string_view source_;
+  DecodeThreads threads_;
   // The previous tensor's chunk count, reserved for the next one's (every
   // tensor usually has as many chunks as ranks saved it).
   size_t chunks_hint_ = 0;
@@ -844,6 +848,112 @@ bool FastDecoder::Tensor(TensorMetadata* tensor) {
   return true;
 }
 
+bool FastDecoder::Tensors(std::map<std::string, TensorMetadata>* tensors) {
+  if (threads_.threads > 1 &&
+      static_cast<size_t>(end_ - p_) >= threads_.min_bytes) {
+    const char* const start = p_;
+    if (TensorsInParallel(tensors)) return true;
+    // Not split (or not plain where it was split): the whole member again,
+    // in one pass, which decides.
+    tensors->clear();
+    p_ = start;
+  }
+  if (threads_.parts_used != nullptr) *threads_.parts_used = 1;
+  return Members([&](std::string_view fqn) {
+    auto [it, inserted] = tensors->try_emplace(std::string(fqn));
+    return inserted && Tensor(&it->second);
+  });
+}
+
+// The members of "tensors" decoded in parts, one per thread, then put in
+// the map in text order: the same map, or false. The text is split where
+// a tensor's member seems to end and the next one's to begin: after `]},`
+// and before `"` (EncodeMetadata ends every tensor with its "shape" array),
+// guesses taken at even steps through the text. Each part decodes members
+// from its start until it has passed the next part's start, and a guess is
+// only trusted when the part before it (itself starting at a trusted
+// place, the first at the object's start) ended a member exactly there.
+// So a `]},"` inside a name, or a text written with other member orders,
+// makes this return false, never a different result. Tensors are not
+// split, so a text with few tensors gets few parts.
+bool FastDecoder::TensorsInParallel(
+    std::map<std::string, TensorMetadata>* tensors) {
+  if (!Take('{')) return false;
+  SkipSpace();
+  const char* const first = p_;
+  const size_t bytes = static_cast<size_t>(end_ - first);
+  const size_t max_parts = std::clamp<size_t>(
+      bytes / std::max<size_t>(threads_.min_part_bytes, 1), 1,
+      static_cast<size_t>(threads_.threads));
+  constexpr std::string_view kBoundary = "]},\"";
+  std::vector<const char*> starts = {first};
+  for (size_t k = 1; k < max_parts; ++k) {
+    const char* from = first + bytes / max_parts * k;
+    if (from <= starts.back()) continue;
+    const void* hit = memmem(from, static_cast<size_t>(end_ - from),
+                             kBoundary.data(), kBoundary.size());
+    if (hit == nullptr) break;
+    const char* start = static_cast<const char*>(hit) + kBoundary.size() - 1;
+    if (start > starts.back()) starts.push_back(start);
+  }
+  if (starts.size() < 2) return false;
+
+  struct Part {
+    std::vector<std::pair<std::string_view, TensorMetadata>> members;
+    const char* end = nullptr;  // after the object's '}' (the last part)
+    bool ok = false;
+  };
+  std::vector<Part> parts(starts.size());
+  const std::string_view text(first, bytes);
+  (void)internal_core::ParallelFor(
+      static_cast<int64_t>(parts.size()), static_cast<int>(parts.size()),
+      [&](int64_t k) {
+        Part& part = parts[k];
+        const bool last = static_cast<size_t>(k) + 1 == starts.size();
+        const char* const stop = last ? nullptr : starts[k + 1];
+        FastDecoder decoder(text, source_);
+        decoder.p_ = starts[k];
+        while (true) {
+          std::string_view fqn;
+          auto& member = part.members.emplace_back();
+          if (!decoder.String(&fqn) || !decoder.Take(':') ||
+              !decoder.Tensor(&member.second)) {
+            break;
+          }
+          member.first = fqn;
+          if (decoder.Take(',')) {
+            decoder.SkipSpace();
+            if (stop != nullptr && decoder.p_ >= stop) {
+              part.ok = decoder.p_ == stop;
+              break;
+            }
+            continue;
+          }
+          if (last && decoder.Take('}')) {
+            part.end = decoder.p_;
+            part.ok = true;
+          }
+          break;
+        }
+        return absl::OkStatus();
+      });
+  for (const Part& part : parts) {
+    if (!part.ok) return false;
+  }
+  // In text order, as the one-pass decode inserts them; a repeated name is
+  // refused as there.
+  for (Part& part : parts) {
+    for (auto& [fqn, tensor] : part.members) {
+      const size_t before = tensors->size();
+      tensors->try_emplace(tensors->end(), std::string(fqn), std::move(tensor));
+      if (tensors->size() == before) return false;
+    }
+  }
+  p_ = parts.back().end;
+  if (threads_.parts_used != nullptr) *threads_.parts_used = parts.size();
+  return true;
+}
+
 bool FastDecoder::Scalars(std::map<std::string, Scalar>* scalars) {
   std::string_view raw;
   if (!RawValue(&raw)) return false;
@@ -883,13 +993,7 @@ std::optional<Metadata> FastDecoder::Decode() {
     }
     if (key == "world_size") return once(kWorldSize) && Uint(&world_size);
     if (key == "rank") return once(kRank) && Uint(&rank);
-    if (key == "tensors") {
-      return once(kTensors) && Members([&](std::string_view fqn) {
-               auto [it, inserted] =
-                   md.tensors.try_emplace(std::string(fqn));
-               return inserted && Tensor(&it->second);
-             });
-    }
+    if (key == "tensors") return once(kTensors) && Tensors(&md.tensors);
     if (key == "objects") {
       return once(kObjects) && Members([&](std::string_view fqn) {
                auto [it, inserted] =
@@ -1137,8 +1241,16 @@ Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat) {
 
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
                                         std::string_view source) {
+  return DecodeMetadata(json_text, source,
+                        DecodeThreads{internal_core::CpuThreads()});
+}
+
+absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
+                                        std::string_view source,
+                                        DecodeThreads threads) {
   if (json_text.size() <= kMaxMetadataBytes) {
-    if (std::optional<Metadata> md = FastDecoder(json_text, source).Decode()) {
+    if (std::optional<Metadata> md =
+            FastDecoder(json_text, source, threads).Decode()) {
       return *std::move(md);
     }
   }

@@ -679,6 +679,159 @@ TEST(MetadataCodecTest, FastDecoderMatchesTheTreeDecoder) {
   }
 }
 
+// ------------------------------------------------- decoding in parts
+
+// Every part of a split decode starts where the part before it ended a
+// tensor, so splitting never changes the result: the same Metadata, or the
+// same error, as the one-pass decode (and hence as the tree decoder).
+// Returns the parts used.
+size_t ExpectSameInParts(const std::string& text, int threads = 4) {
+  size_t parts = 0;
+  absl::StatusOr<Metadata> split = DecodeMetadata(
+      text, kSource, DecodeThreads{threads, 0, 1, &parts});
+  size_t one_parts = 0;
+  absl::StatusOr<Metadata> one =
+      DecodeMetadata(text, kSource, DecodeThreads{1, 0, 1, &one_parts});
+  EXPECT_LE(one_parts, 1u);
+  EXPECT_EQ(split.ok(), one.ok())
+      << "split: " << split.status() << "\none: " << one.status();
+  if (split.ok() && one.ok()) {
+    EXPECT_TRUE(*split == *one);
+  } else {
+    EXPECT_EQ(split.status(), one.status());
+  }
+  return parts;
+}
+
+// Tensors with a few row chunks each, named `prefix` + index, beside the
+// sample's plain-ASCII ones (the fast decoder leaves other names to the
+// tree decoder).
+Metadata ManyTensors(int tensors, const std::string& prefix = "layer.") {
+  Metadata md = SampleMetadata();
+  EXPECT_EQ(md.tensors.erase("ünïcode.ключ"), 1u);
+  for (int t = 0; t < tensors; ++t) {
+    md.tensors[prefix + std::to_string(1000 + t)] = RowSharded(
+        DType::kF32, {8 + t % 5, 3}, 1 + t % 4,
+        "data-0000" + std::to_string(t % 4) + ".safetensors");
+  }
+  return md;
+}
+
+TEST(MetadataCodecTest, TensorsDecodeTheSameInParts) {
+  const Metadata md = ManyTensors(300);
+  const std::string text = Encoded(md);
+  for (int threads : {2, 3, 4, 16}) {
+    size_t parts = 0;
+    absl::StatusOr<Metadata> back =
+        DecodeMetadata(text, kSource, DecodeThreads{threads, 0, 1, &parts});
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, md);
+    // It did split: as many parts as threads (300 tensors to split at).
+    EXPECT_EQ(parts, static_cast<size_t>(threads)) << threads;
+  }
+  // Below the size bound, or with parts of at least the whole text: one.
+  size_t parts = 0;
+  ASSERT_TRUE(DecodeMetadata(text, kSource,
+                             DecodeThreads{4, text.size() + 1, 1, &parts})
+                  .ok());
+  EXPECT_EQ(parts, 1u);
+  ASSERT_TRUE(
+      DecodeMetadata(text, kSource, DecodeThreads{4, 0, text.size(), &parts})
+          .ok());
+  EXPECT_EQ(parts, 1u);
+  // The default: the machine's cores, from 16 MiB of text.
+  absl::StatusOr<Metadata> plain = DecodeMetadata(text, kSource);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(*plain, md);
+}
+
+// Names holding the text the split looks for (`]},"` cannot be inside a
+// plain name, which has no quote, but `]},` can, right before the name's
+// closing quote), and texts written with other layouts: the guesses that
+// land there are not trusted, and the result is the one-pass result.
+TEST(MetadataCodecTest, MisleadingSplitPlacesDoNotChangeTheResult) {
+  for (const std::string prefix : {"x]},", "]},", "a]}", "q]},{"}) {
+    Metadata md = ManyTensors(200, prefix);
+    const std::string text = Encoded(md);
+    for (int threads : {2, 4, 7}) ExpectSameInParts(text, threads);
+    size_t parts = 0;
+    absl::StatusOr<Metadata> back =
+        DecodeMetadata(text, kSource, DecodeThreads{4, 0, 1, &parts});
+    ASSERT_TRUE(back.ok()) << prefix << ": " << back.status();
+    EXPECT_EQ(*back, md) << prefix;
+  }
+  const std::string text = Encoded(ManyTensors(200));
+  // Indented: `]},"` is never found, and the text is decoded in one pass.
+  json j = json::parse(text);
+  EXPECT_EQ(ExpectSameInParts(j.dump(1)), 1u);
+  // Members in another order (chunks last, so a tensor ends in `]}]}`):
+  // still split at tensor ends.
+  nlohmann::ordered_json reordered = nlohmann::ordered_json::parse(text);
+  for (auto& [fqn, t] : reordered["tensors"].items()) {
+    nlohmann::ordered_json moved;
+    moved["shape"] = t["shape"];
+    moved["dtype"] = t["dtype"];
+    moved["chunks"] = t["chunks"];
+    t = moved;
+  }
+  EXPECT_GT(ExpectSameInParts(reordered.dump()), 1u);
+  // A user object after the tensors that holds the boundary text many
+  // times: guesses that land in it are after the tensors' end.
+  Metadata md = ManyTensors(20);
+  json user = json::object();
+  for (int i = 0; i < 2000; ++i) {
+    user["k" + std::to_string(i)] = json::array({json::object({{"a", 1}}), "s"});
+  }
+  md.user = user.dump();
+  const std::string with_user = Encoded(md);
+  ASSERT_NE(with_user.find("]},\"", with_user.find("\"user\"")),
+            std::string::npos);
+  ExpectSameInParts(with_user, 8);
+  absl::StatusOr<Metadata> back = DecodeMetadata(
+      with_user, kSource, DecodeThreads{8, 0, 1});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, md);
+}
+
+// Damage anywhere gives the one-pass error: a bad value in the first or
+// last part, a name repeated across parts, every truncation and single-byte
+// corruptions of the tensors member.
+TEST(MetadataCodecTest, DamageInAnyPartGivesTheOnePassError) {
+  const std::string text = Encoded(ManyTensors(120));
+  const size_t tensors_at = text.find("\"tensors\"");
+  const size_t user_at = text.find("\"user\"");
+  ASSERT_NE(tensors_at, std::string::npos);
+  ASSERT_NE(user_at, std::string::npos);
+  // A bad CRC in the first tensor and in the last one.
+  for (size_t at : {text.find("\"crc32c\":\"", tensors_at),
+                    text.rfind("\"crc32c\":\"", user_at)}) {
+    std::string bad = text;
+    bad[at + 10] = 'g';
+    ExpectSameInParts(bad);
+    EXPECT_FALSE(DecodeMetadata(bad, kSource).ok());
+  }
+  // A name that repeats one of another part (layer.1119 renamed
+  // layer.1000): the fast decoders refuse it, and the tree decoder's rule
+  // (the last value wins) decides, whether or not the text was split.
+  std::string repeated = text;
+  const size_t name_at = repeated.find("\"layer.1119\"");
+  ASSERT_NE(name_at, std::string::npos);
+  repeated.replace(name_at, 12, "\"layer.1000\"");
+  ExpectSameInParts(repeated);
+  const size_t step = (user_at - tensors_at) / 50;
+  for (size_t n = tensors_at; n < user_at; n += step) {
+    ExpectSameInParts(text.substr(0, n));
+  }
+  const char kBytes[] = {'"', '{', '}', ',', ']', '9', ' ', 'x'};
+  for (size_t i = tensors_at; i < user_at; i += step + 1) {
+    for (char b : kBytes) {
+      std::string t = text;
+      t[i] = b;
+      ExpectSameInParts(t);
+    }
+  }
+}
+
 // The direct text encoder writes what nlohmann's dump writes of the same
 // document (compact, keys sorted, its escaping).
 TEST(MetadataCodecTest, EncoderWritesCanonicalJson) {
