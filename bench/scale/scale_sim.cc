@@ -79,6 +79,10 @@
 namespace cairn::bench {
 namespace {
 
+// --decode-threads: threads for parse_metadata (0: DecodeMetadata's
+// default, the machine's cores). A global, so the forked runs see it.
+int g_decode_threads = 0;
+
 using Clock = std::chrono::steady_clock;
 
 // 3d: tensor parallel x pipeline parallel model-parallel ranks; the rest of
@@ -483,7 +487,11 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
   Metadata decoded;
   CAIRN_RETURN_IF_ERROR(Timed(load, "parse_metadata", [&] {
     absl::StatusOr<Metadata> m =
-        internal_format::DecodeMetadata(read_back, "metadata.json");
+        g_decode_threads > 0
+            ? internal_format::DecodeMetadata(
+                  read_back, "metadata.json",
+                  internal_format::DecodeThreads{g_decode_threads})
+            : internal_format::DecodeMetadata(read_back, "metadata.json");
     if (!m.ok()) return m.status();
     decoded = *std::move(m);
     return absl::OkStatus();
@@ -768,6 +776,8 @@ OrderedJson AllJson(const std::vector<Result>& results, bool warm) {
   OrderedJson out;
   out["inputs_outside_timers"] = true;
   out["warm"] = warm;
+  // 0: DecodeMetadata's default (the machine's cores).
+  out["decode_threads"] = g_decode_threads;
   out["target_seconds"] = kTargetSeconds;
   out["target_ranks"] = kTargetRanks;
   out["runs"] = OrderedJson::array();
@@ -848,7 +858,8 @@ int Usage(const char* argv0, bool help = false) {
       help ? stdout : stderr,
       "usage: %s [--ranks 1024,4096,16384] [--tensors 500] "
       "[--layout 3d|fsdp|both] [--dir PATH | --no-io] [--warm] "
-      "[--repeat N] [--max-memory-gib N] [--json] [--json-out FILE]\n"
+      "[--repeat N] [--max-memory-gib N] [--decode-threads N] [--json] "
+      "[--json-out FILE]\n"
       "  --ranks    world sizes to simulate (3d: multiples of %d)\n"
       "  --tensors  tensor shards per rank\n"
       "  --dir      where metadata.json is written and read back (default: "
@@ -861,6 +872,8 @@ int Usage(const char* argv0, bool help = false) {
       "slowest total\n"
       "  --max-memory-gib  cap each run's address space (a run that needs "
       "more fails)\n"
+      "  --decode-threads  threads for parse_metadata (default: the "
+      "machine's cores,\n             DecodeMetadata's default; 1: one pass)\n"
       "  --json     one JSON object instead of the table\n"
       "  --json-out also write that JSON object to FILE\n"
       "Each configuration runs in a child process; the table goes to stdout, "
@@ -913,6 +926,11 @@ int Main(int argc, char** argv) {
       } else if (v == "fsdp") {
         layouts = {Layout::kFsdp};
       } else if (v != "both") {
+        return Usage(argv[0]);
+      }
+    } else if (arg == "--decode-threads" && has_value) {
+      if (!absl::SimpleAtoi(argv[++i], &g_decode_threads) ||
+          g_decode_threads < 1) {
         return Usage(argv[0]);
       }
     } else if (arg == "--json-out" && has_value) {
