@@ -508,10 +508,7 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     }
   }
   CAIRN_RETURN_IF_ERROR(Timed(load, "coverage", [&] {
-    for (const auto& [fqn, tensor] : decoded.tensors) {
-      CAIRN_RETURN_IF_ERROR(internal_format::ValidateCoverage(fqn, tensor));
-    }
-    return absl::OkStatus();
+    return internal_format::ValidateAllCoverage(decoded);
   }));
   StateDict dest = RankState(layout, world, tensors, 0);
   CAIRN_RETURN_IF_ERROR(Timed(load, "load_plan_rank0", [&] {

@@ -905,10 +905,8 @@ absl::StatusOr<Metadata> DecodeAndValidate(std::string_view text,
   CAIRN_ASSIGN_OR_RETURN(Metadata metadata,
                          internal_format::DecodeMetadata(text, source));
   if (coverage && metadata.rank < 0) {
-    for (const auto& [fqn, tensor] : metadata.tensors) {
-      CAIRN_RETURN_IF_ERROR(
-          Annotate(internal_format::ValidateCoverage(fqn, tensor), source));
-    }
+    CAIRN_RETURN_IF_ERROR(
+        Annotate(internal_format::ValidateAllCoverage(metadata), source));
   }
   return metadata;
 }

@@ -1278,6 +1278,21 @@ absl::Status ValidateCoverage(std::string_view fqn,
   return ValidateCoverage(fqn, tensor.shape, boxes);
 }
 
+absl::Status ValidateAllCoverage(const Metadata& metadata) {
+  std::vector<const std::pair<const std::string, TensorMetadata>*> tensors;
+  tensors.reserve(metadata.tensors.size());
+  size_t chunks = 0;
+  for (const auto& entry : metadata.tensors) {
+    tensors.push_back(&entry);
+    chunks += entry.second.chunks.size();
+  }
+  return internal_core::ParallelFor(
+      static_cast<int64_t>(tensors.size()), internal_core::ThreadsFor(chunks),
+      [&](int64_t t) {
+        return ValidateCoverage(tensors[t]->first, tensors[t]->second);
+      });
+}
+
 namespace {
 
 // A box of FlatChunks, in place: what Coverage reads of a Box.

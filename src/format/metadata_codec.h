@@ -116,6 +116,10 @@ absl::StatusOr<Metadata> DecodeMetadataWithTreeForTesting(
 
 absl::Status ValidateCoverage(std::string_view fqn,
                               const TensorMetadata& tensor);
+// ValidateCoverage of every tensor of `metadata`, on several threads when
+// there are many chunks (ThreadsFor); the error is the first failing
+// tensor's in name order, as a loop over the tensors would give.
+absl::Status ValidateAllCoverage(const Metadata& metadata);
 // The same check of the boxes of a tensor of `shape` (same errors), for
 // callers that hold boxes and not chunks: the save coordinator checks the
 // final plans' boxes in place instead of copying millions of them.

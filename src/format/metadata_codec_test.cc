@@ -912,6 +912,31 @@ TEST(MetadataCodecTest, FlatCoverageAgreesWithChunkCoverage) {
   check({Box{{0, 0}, {6, 4}}, Box{{-1, 0}, {1, 4}}}, false);  // negative
 }
 
+// Every tensor's coverage, on several threads past 65536 chunks: the error
+// is the first failing tensor's in name order, as a loop would give.
+TEST(MetadataCodecTest, AllCoverageReportsTheFirstFailingTensor) {
+  for (int64_t chunks : {int64_t{10}, int64_t{1000}}) {  // inline, threaded
+    Metadata md;
+    for (int t = 0; t < 70; ++t) {
+      TensorMetadata& tm = md.tensors[absl::StrCat("t.", 10 + t)];
+      tm.dtype = DType::kF32;
+      tm.shape = {chunks * 2};
+      for (int64_t c = 0; c < chunks; ++c) {
+        tm.chunks.push_back({Box{{c * 2}, {2}},
+                             ByteLocation{"data-00000.safetensors", 0, 8, 0}});
+      }
+    }
+    EXPECT_TRUE(ValidateAllCoverage(md).ok()) << chunks;
+    md.tensors["t.70"].chunks.pop_back();  // a gap at its end
+    md.tensors["t.30"].chunks[3].box.offsets[0] = 5;  // overlaps the next
+    md.tensors["t.75"].chunks.pop_back();
+    absl::Status s = ValidateAllCoverage(md);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("t.30")) << s;
+    EXPECT_EQ(s, ValidateCoverage("t.30", md.tensors["t.30"]));
+  }
+}
+
 TEST(MetadataCodecTest, CoverageAcceptsExactTilings) {
   EXPECT_TRUE(
       ValidateCoverage("w", RowSharded(DType::kF32, {10, 3}, 1, "f")).ok());
