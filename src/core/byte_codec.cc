@@ -17,7 +17,9 @@ void ByteWriter::U32(uint32_t v) {
 }
 
 void ByteWriter::U64(uint64_t v) {
-  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  char bytes[8];
+  StoreLittleU64(v, bytes);
+  out_.append(bytes, 8);
 }
 
 void ByteWriter::Str(std::string_view s) {
@@ -80,10 +82,8 @@ uint32_t ByteReader::U32() {
 
 uint64_t ByteReader::U64() {
   if (!Need(8)) return 0;
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) {
-    v |= static_cast<uint64_t>(static_cast<uint8_t>(data_[pos_++])) << (8 * i);
-  }
+  const uint64_t v = LoadLittleU64(data_.data() + pos_);
+  pos_ += 8;
   return v;
 }
 

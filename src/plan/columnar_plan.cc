@@ -33,11 +33,7 @@ constexpr size_t kHeader = 1 + 8;
 // Fields of a message the ByteReader has already bounds-checked, read
 // again in place: little-endian, as ByteWriter wrote them.
 inline uint64_t LoadU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) {
-    v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
-  }
-  return v;
+  return internal_core::LoadLittleU64(p);
 }
 // An encoded Ints list (count, then values) at `p`.
 inline void LoadInts(const char* p, std::vector<int64_t>& out) {
