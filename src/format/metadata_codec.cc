@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -65,11 +66,17 @@ std::string Quote(std::string_view s_std) {
 // then each part at its offset in a string of the whole size (the tensors
 // on several threads when there are many chunks).
 
-// Sink that counts the bytes it is given.
+// Sink that counts the bytes it is given. (Each sink takes literals as
+// arrays, so that their copies have a size known when compiling.)
 class CountingSink {
  public:
   void Put(char) { ++size_; }
   void Put(std::string_view s) { size_ += s.size(); }
+  template <size_t N>
+  void Put(const char (&)[N]) {
+    size_ += N - 1;
+  }
+  void Skip(size_t n) { size_ += n; }
   size_t size() const { return size_; }
 
  private:
@@ -81,6 +88,20 @@ void PutInt(Sink& sink, Int v) {
   char buf[24];
   const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   sink.Put(std::string_view(buf, end - buf));
+}
+// Counting needs only the number of characters.
+template <typename Int>
+void PutInt(CountingSink& sink, Int v) {
+  uint64_t u = static_cast<uint64_t>(v);
+  size_t n = 1;
+  if constexpr (std::is_signed_v<Int>) {
+    if (v < 0) {
+      u = uint64_t{0} - u;  // the magnitude, INT64_MIN included
+      ++n;                  // '-'
+    }
+  }
+  for (; u >= 10; u /= 10) ++n;
+  sink.Skip(n);
 }
 
 // A JSON string as nlohmann's dump writes it. Printable ASCII other than
@@ -111,8 +132,8 @@ absl::Status PutString(Sink& sink, std::string_view s) {
 }
 
 // `"key":`; keys are literals here, plain ASCII.
-template <typename Sink>
-void PutKey(Sink& sink, std::string_view key) {
+template <typename Sink, size_t N>
+void PutKey(Sink& sink, const char (&key)[N]) {
   sink.Put('"');
   sink.Put(key);
   sink.Put("\":");
@@ -129,32 +150,45 @@ void PutDims(Sink& sink, std::span<const int64_t> dims) {
 }
 
 // The members of a location, without braces; ",offsets..." may follow.
-template <typename Sink>
-absl::Status PutLocationMembers(Sink& sink, uint32_t crc32c,
-                                std::string_view file, uint64_t nbytes,
-                                uint64_t offset) {
+// `put_file()` writes the file's name as a JSON string.
+template <typename Sink, typename PutFile>
+absl::Status PutLocationMembers(Sink& sink, uint32_t crc32c, PutFile put_file,
+                                uint64_t nbytes, uint64_t offset) {
+  sink.Put("\"crc32c\":\"");
   // Crc32cToHex's "%08x", without a format call per chunk.
   static constexpr char kHex[] = "0123456789abcdef";
   char crc[8];
   for (int i = 0; i < 8; ++i) crc[i] = kHex[(crc32c >> (28 - 4 * i)) & 0xf];
-  PutKey(sink, "crc32c");
-  sink.Put('"');
-  sink.Put(std::string_view(crc, 8));
-  sink.Put("\",");
-  PutKey(sink, "file");
-  CAIRN_RETURN_IF_ERROR(PutString(sink, file));
-  sink.Put(',');
-  PutKey(sink, "nbytes");
+  sink.Put(std::string_view(crc, sizeof crc));
+  sink.Put("\",\"file\":");
+  CAIRN_RETURN_IF_ERROR(put_file());
+  sink.Put(",\"nbytes\":");
   PutInt(sink, nbytes);
-  sink.Put(',');
-  PutKey(sink, "offset");
+  sink.Put(",\"offset\":");
   PutInt(sink, offset);
   return absl::OkStatus();
 }
+// Sink that appends to a string.
+class StringSink {
+ public:
+  void Put(char c) { text_.push_back(c); }
+  void Put(std::string_view s) { text_.append(s); }
+  std::string Take() { return std::move(text_); }
+
+ private:
+  std::string text_;
+};
+// PutString's text of `s`, or its error.
+absl::StatusOr<std::string> Quoted(std::string_view s) {
+  StringSink sink;
+  CAIRN_RETURN_IF_ERROR(PutString(sink, s));
+  return sink.Take();
+}
 template <typename Sink>
 absl::Status PutLocationMembers(Sink& sink, const ByteLocation& loc) {
-  return PutLocationMembers(sink, loc.crc32c, loc.file, loc.nbytes,
-                            loc.offset);
+  return PutLocationMembers(
+      sink, loc.crc32c, [&] { return PutString(sink, loc.file); }, loc.nbytes,
+      loc.offset);
 }
 
 // The parts of the document that are already text.
@@ -174,17 +208,24 @@ class PointerSink {
     std::memcpy(at_, s.data(), s.size());
     at_ += s.size();
   }
+  template <size_t N>
+  void Put(const char (&s)[N]) {
+    std::memcpy(at_, s, N - 1);
+    at_ += N - 1;
+  }
 
  private:
   char* at_;
 };
 
 // One member of "tensors": `"fqn":{...}`, with a leading ',' unless first;
-// its chunks from `tensor`, or with `flat`, flat's chunks of tensor `t`.
+// its chunks from `tensor`, or with `flat`, flat's chunks of tensor `t`
+// (their files' names quoted in `flat_files`, one per flat->files).
 template <typename Sink>
-absl::Status PutTensor(Sink& sink, const std::string& fqn,
-                       const TensorMetadata& tensor, bool first,
-                       const FlatChunks* flat, size_t t) {
+absl::Status PutTensor(
+    Sink& sink, const std::string& fqn, const TensorMetadata& tensor,
+    bool first, const FlatChunks* flat, size_t t,
+    const std::vector<absl::StatusOr<std::string>>& flat_files) {
   if (!first) sink.Put(',');
   CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
   sink.Put(":{");
@@ -207,15 +248,19 @@ absl::Status PutTensor(Sink& sink, const std::string& fqn,
     const size_t rank = tensor.shape.size();
     const int64_t* dims = flat->dims.data() + flat->dims_at[t];
     for (size_t c = flat->first[t]; c < flat->first[t + 1]; ++c) {
-      sink.Put(c == flat->first[t] ? "{" : ",{");
+      if (c != flat->first[t]) sink.Put(',');
+      sink.Put('{');
+      const absl::StatusOr<std::string>& file = flat_files[flat->file[c]];
       CAIRN_RETURN_IF_ERROR(PutLocationMembers(
-          sink, flat->crc32c[c], flat->files[flat->file[c]], flat->nbytes[c],
-          flat->offset[c]));
-      sink.Put(',');
-      PutKey(sink, "offsets");
+          sink, flat->crc32c[c],
+          [&] {
+            if (file.ok()) sink.Put(std::string_view(*file));
+            return file.status();
+          },
+          flat->nbytes[c], flat->offset[c]));
+      sink.Put(",\"offsets\":");
       PutDims(sink, std::span<const int64_t>(dims, rank));
-      sink.Put(',');
-      PutKey(sink, "sizes");
+      sink.Put(",\"sizes\":");
       PutDims(sink, std::span<const int64_t>(dims + rank, rank));
       sink.Put('}');
       dims += 2 * rank;
@@ -1153,6 +1198,14 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
   }
   if (flat != nullptr) chunks = flat->num_chunks();
   const int threads = internal_core::ThreadsFor(chunks);
+  // Each data file's name quoted once, not once per chunk and pass.
+  std::vector<absl::StatusOr<std::string>> flat_files;
+  if (flat != nullptr) {
+    flat_files.reserve(flat->files.size());
+    for (const std::string& file : flat->files) {
+      flat_files.push_back(Quoted(file));
+    }
+  }
   CountingSink head_counter;
   CAIRN_RETURN_IF_ERROR(PutHead(head_counter, metadata, prepared));
   std::vector<size_t> at(tensors.size() + 1, 0);
@@ -1161,7 +1214,7 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
         CountingSink c;
         CAIRN_RETURN_IF_ERROR(PutTensor(c, tensors[t]->first,
                                         tensors[t]->second, t == 0, flat,
-                                        static_cast<size_t>(t)));
+                                        static_cast<size_t>(t), flat_files));
         at[t + 1] = c.size();
         return absl::OkStatus();
       }));
@@ -1184,7 +1237,7 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
       static_cast<int64_t>(tensors.size()), threads, [&](int64_t t) {
         PointerSink sink(text.data() + at[t]);
         return PutTensor(sink, tensors[t]->first, tensors[t]->second, t == 0,
-                         flat, static_cast<size_t>(t));
+                         flat, static_cast<size_t>(t), flat_files);
       }));
   PointerSink tail(text.data() + at.back());
   PutTail(tail, metadata, prepared);

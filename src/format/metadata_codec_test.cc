@@ -881,6 +881,52 @@ TEST(MetadataCodecTest, ManyChunksEncodeTheSameOnSeveralThreads) {
   EXPECT_THAT(bad.status().message(), HasSubstr("FE")) << bad.status();
 }
 
+// The flat chunks' text is the text of the same chunks in the tensors,
+// byte for byte, for plain file names and ones that need escaping; a file
+// name that cannot be written fails both alike, and only when a chunk
+// names it.
+TEST(MetadataCodecTest, FlatChunksEncodeLikeTheirTensors) {
+  for (int64_t chunks : {int64_t{7}, int64_t{70000}}) {  // inline, threaded
+    Metadata md;
+    md.world_size = 3;
+    md.tensors["a"].dtype = DType::kF32;
+    md.tensors["a"].shape = {chunks, 2};
+    md.tensors["b \"x\""].dtype = DType::kI64;
+    md.tensors["b \"x\""].shape = {chunks};
+    FlatChunks flat;
+    flat.files = {"data-00000.safetensors", "we\"ird\\name",
+                  "caf\xc3\xa9.st", "bad\xff"};
+    flat.dims_at = {0, static_cast<size_t>(4 * chunks)};
+    for (int64_t c = 0; c < chunks; ++c) {
+      flat.dims.insert(flat.dims.end(), {c, 0, 1, 2});
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      flat.dims.insert(flat.dims.end(), {c, 1});
+    }
+    flat.first = {0, static_cast<size_t>(chunks),
+                  static_cast<size_t>(2 * chunks)};
+    flat.ResizeLocations();
+    for (size_t c = 0; c < flat.num_chunks(); ++c) {
+      flat.file[c] = static_cast<uint32_t>(c % 3);
+      flat.offset[c] = 4096 + 977 * c;
+      flat.nbytes[c] = 8;
+      flat.crc32c[c] = static_cast<uint32_t>(c * 2654435761u);
+    }
+    absl::StatusOr<std::string> from_flat = EncodeMetadata(md, flat);
+    absl::StatusOr<std::string> from_tensors =
+        EncodeMetadata(WithFlatChunks(md, flat));
+    ASSERT_TRUE(from_flat.ok()) << from_flat.status();
+    ASSERT_TRUE(from_tensors.ok()) << from_tensors.status();
+    EXPECT_EQ(*from_flat, *from_tensors);
+    // The unwritable name, once a chunk of the second tensor names it.
+    flat.file[chunks + 5] = 3;
+    from_flat = EncodeMetadata(md, flat);
+    from_tensors = EncodeMetadata(WithFlatChunks(md, flat));
+    EXPECT_EQ(from_flat.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(from_flat.status(), from_tensors.status());
+  }
+}
+
 // ------------------------------------------------------------ coverage
 
 // The flat form of one tensor's boxes gives the same verdicts and, but for
