@@ -191,6 +191,21 @@ absl::Status PutLocationMembers(Sink& sink, const ByteLocation& loc) {
       loc.offset);
 }
 
+// metadata.tensors' entries in name order, for loops by index over them
+// (on several threads), and their chunks in all.
+using TensorEntry = std::pair<const std::string, TensorMetadata>;
+std::vector<const TensorEntry*> TensorList(const Metadata& metadata,
+                                           size_t* chunks) {
+  std::vector<const TensorEntry*> tensors;
+  tensors.reserve(metadata.tensors.size());
+  *chunks = 0;
+  for (const TensorEntry& entry : metadata.tensors) {
+    tensors.push_back(&entry);
+    *chunks += entry.second.chunks.size();
+  }
+  return tensors;
+}
+
 // The parts of the document that are already text.
 struct Prepared {
   // In metadata.scalars order: the value's text, or why it has none.
@@ -1189,13 +1204,8 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
   // Each tensor's text is counted, then written at its offset, on several
   // threads when there are many chunks (a 16k-rank job's metadata.json is
   // a GB): errors are the first in document order either way.
-  std::vector<const std::pair<const std::string, TensorMetadata>*> tensors;
-  tensors.reserve(metadata.tensors.size());
   size_t chunks = 0;
-  for (const auto& entry : metadata.tensors) {
-    tensors.push_back(&entry);
-    chunks += entry.second.chunks.size();
-  }
+  const std::vector<const TensorEntry*> tensors = TensorList(metadata, &chunks);
   if (flat != nullptr) chunks = flat->num_chunks();
   const int threads = internal_core::ThreadsFor(chunks);
   // Each data file's name quoted once, not once per chunk and pass.
@@ -1332,13 +1342,8 @@ absl::Status ValidateCoverage(std::string_view fqn,
 }
 
 absl::Status ValidateAllCoverage(const Metadata& metadata) {
-  std::vector<const std::pair<const std::string, TensorMetadata>*> tensors;
-  tensors.reserve(metadata.tensors.size());
   size_t chunks = 0;
-  for (const auto& entry : metadata.tensors) {
-    tensors.push_back(&entry);
-    chunks += entry.second.chunks.size();
-  }
+  const std::vector<const TensorEntry*> tensors = TensorList(metadata, &chunks);
   return internal_core::ParallelFor(
       static_cast<int64_t>(tensors.size()), internal_core::ThreadsFor(chunks),
       [&](int64_t t) {
