@@ -477,48 +477,17 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
   Metadata& md = out.metadata;
   md.world_size = static_cast<int>(world);
   out.refs.resize(world);
-  // The final tensor items grouped by FQN, in (rank, item) order, as
-  // BuildMetadataSkeleton lists them before sorting by box.
-  struct Chunk {
-    int64_t first_offset;  // the sort key, but for ties
-    const char* box;
-    uint32_t rank;
-    uint32_t index;  // in the rank's final plan
-  };
+  // Each FQN's final tensor items: start[f + 1] - start[f] of them.
   std::vector<size_t> start(s.fqns.size() + 1, 0);
   for (size_t f = 0; f < s.fqns.size(); ++f) {
     const bool tensor = s.fqns[f].kind == ItemKind::kTensor;
     start[f + 1] = start[f] + (tensor ? s.fqns[f].kept : 0);
   }
-  BigVector<Chunk> chunks(start.back());
-  std::vector<size_t> next(start.begin(), start.end() - 1);
-  std::vector<ByteLocation*> object_location(s.fqns.size(), nullptr);
-  for (size_t r = 0; r < world; ++r) {
-    out.refs[r].resize(s.kept[r]);
-    const char* m = s.messages[r].data();
-    for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
-      const uint32_t index = s.final_index[i];
-      if (index == kNone) continue;
-      const Item& item = s.items[i];
-      const Fqn& f = s.fqns[item.fqn];
-      if (f.kind == ItemKind::kObject) {
-        ByteLocation*& loc = object_location[item.fqn];
-        if (loc == nullptr) loc = &md.objects[std::string(f.name)];
-        out.refs[r][index] = loc;
-        continue;
-      }
-      const char* box = m + item.box;
-      chunks[next[item.fqn]++] = Chunk{
-          BoxRank(box) > 0 ? static_cast<int64_t>(LoadU64(box + 8)) : 0, box,
-          static_cast<uint32_t>(r), index};
-    }
-  }
-  // The tensors' map entries first (the map is not thread-safe); the
-  // chunks go flat, tensor by tensor in the map's (name) order, each
-  // tensor's sorted, boxed and referenced on its own (its part of every
-  // array, and each ref slot, is its chunks' alone).
+  // The tensors' map entries (the map is not thread-safe); the chunks go
+  // flat, tensor by tensor in the map's (name) order.
   // fqn_of[t]: the FQN of tensor t, in name order (the map's: names are
-  // distinct, and std::string orders as string_view does).
+  // distinct, and std::string orders as string_view does); tensor_of[f]:
+  // the other way.
   std::vector<size_t> fqn_of;
   for (size_t f = 0; f < s.fqns.size(); ++f) {
     if (start[f] != start[f + 1]) fqn_of.push_back(f);
@@ -526,10 +495,13 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
   std::sort(fqn_of.begin(), fqn_of.end(), [&](size_t a, size_t b) {
     return s.fqns[a].name < s.fqns[b].name;
   });
+  std::vector<size_t> tensor_of(s.fqns.size(), 0);
   internal_format::FlatChunks& flat = out.flat;
   out.uses_flat = true;
   size_t dims = 0;
-  for (size_t f : fqn_of) {
+  for (size_t t = 0; t < fqn_of.size(); ++t) {
+    const size_t f = fqn_of[t];
+    tensor_of[f] = t;
     TensorMetadata& tm =
         md.tensors.emplace_hint(md.tensors.end(), std::string(s.fqns[f].name),
                                 TensorMetadata{})
@@ -545,40 +517,104 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
   flat.files.assign(world + 1, std::string());
   flat.ResizeLocations();
   out.chunk_refs.resize(world);
-  for (size_t r = 0; r < world; ++r) out.chunk_refs[r].resize(s.kept[r]);
-  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
-      static_cast<int64_t>(fqn_of.size()),
-      internal_core::ThreadsFor(start.back()),
-      [&](int64_t t) {
-        const size_t f = fqn_of[t];
-        const size_t rank = s.fqns[f].shape.size();
-        // BuildMetadataSkeleton's std::sort, on the same sequence with the
-        // same comparisons' outcomes (equal offsets included), so the same
-        // order. Chunks listed in rank order are often in order already
-        // (a dimension split over consecutive ranks): a strictly increasing
-        // sequence is what any sort returns, so it is left as it is.
-        const auto less = [](const Chunk& a, const Chunk& b) {
-          if (a.first_offset != b.first_offset) {
-            return a.first_offset < b.first_offset;
-          }
-          return OffsetsLess(a.box, b.box);
-        };
-        const auto begin = chunks.begin() + start[f];
-        const auto end = chunks.begin() + start[f + 1];
-        if (std::adjacent_find(begin, end, [&](const Chunk& a, const Chunk& b) {
-              return !less(a, b);
-            }) != end) {
+
+  // BuildMetadataSkeleton lists each FQN's items in (rank, item) order and
+  // sorts them by box (offsets). Listed in rank order they are often in
+  // order already (a dimension split over consecutive ranks), and a
+  // strictly increasing sequence is what any sort returns. So one pass in
+  // rank order, reading the plans front to back, puts every item at its
+  // place in that order (its box's dimensions, its chunk ref) and notes
+  // each FQN whose items are not strictly increasing; only those are
+  // gathered again and sorted, on the same sequence with the same
+  // comparisons' outcomes (equal offsets included) as there.
+  struct Chunk {
+    int64_t first_offset;  // the sort key, but for ties
+    const char* box;
+    uint32_t rank;
+    uint32_t index;  // in the rank's final plan
+  };
+  const auto less = [](const Chunk& a, const Chunk& b) {
+    if (a.first_offset != b.first_offset) {
+      return a.first_offset < b.first_offset;
+    }
+    return OffsetsLess(a.box, b.box);
+  };
+  auto chunk_at = [](const char* box, size_t r, uint32_t index) {
+    return Chunk{BoxRank(box) > 0 ? static_cast<int64_t>(LoadU64(box + 8)) : 0,
+                 box, static_cast<uint32_t>(r), index};
+  };
+  std::vector<size_t> next(start.begin(), start.end() - 1);
+  std::vector<const char*> last_box(s.fqns.size(), nullptr);
+  std::vector<uint8_t> unsorted(s.fqns.size(), 0);
+  std::vector<ByteLocation*> object_location(s.fqns.size(), nullptr);
+  for (size_t r = 0; r < world; ++r) {
+    out.chunk_refs[r].resize(s.kept[r]);
+    out.refs[r].resize(s.kept[r]);
+    uint32_t* refs = out.chunk_refs[r].data();
+    const char* m = s.messages[r].data();
+    for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+      const uint32_t index = s.final_index[i];
+      if (index == kNone) continue;
+      const Item& item = s.items[i];
+      const Fqn& f = s.fqns[item.fqn];
+      if (f.kind == ItemKind::kObject) {
+        ByteLocation*& loc = object_location[item.fqn];
+        if (loc == nullptr) loc = &md.objects[std::string(f.name)];
+        out.refs[r][index] = loc;
+        continue;
+      }
+      const char* box = m + item.box;
+      const char*& last = last_box[item.fqn];
+      if (last != nullptr && !less(chunk_at(last, 0, 0), chunk_at(box, 0, 0))) {
+        unsorted[item.fqn] = 1;
+      }
+      last = box;
+      const size_t t = tensor_of[item.fqn];
+      const size_t k = next[item.fqn]++ - start[item.fqn];
+      const size_t rank = f.shape.size();
+      LoadBoxDims(box, rank, flat.dims.data() + flat.dims_at[t] + 2 * rank * k);
+      refs[index] = static_cast<uint32_t>(flat.first[t] + k);
+    }
+  }
+  // The FQNs out of order: their items gathered again, sorted, and their
+  // dimensions and refs written again in that order.
+  std::vector<size_t> sort_fqns;
+  for (size_t f = 0; f < s.fqns.size(); ++f) {
+    if (unsorted[f]) sort_fqns.push_back(f);
+  }
+  if (!sort_fqns.empty()) {
+    std::vector<size_t> at(s.fqns.size() + 1, 0);  // in `chunks`
+    for (size_t f = 0; f < s.fqns.size(); ++f) {
+      at[f + 1] = at[f] + (unsorted[f] ? start[f + 1] - start[f] : 0);
+    }
+    BigVector<Chunk> chunks(at.back());
+    std::vector<size_t> put(at.begin(), at.end() - 1);
+    for (size_t r = 0; r < world; ++r) {
+      const char* m = s.messages[r].data();
+      for (size_t i = s.base[r]; i < s.base[r + 1]; ++i) {
+        const uint32_t index = s.final_index[i];
+        if (index == kNone || !unsorted[s.items[i].fqn]) continue;
+        chunks[put[s.items[i].fqn]++] = chunk_at(m + s.items[i].box, r, index);
+      }
+    }
+    CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+        static_cast<int64_t>(sort_fqns.size()),
+        internal_core::ThreadsFor(at.back()), [&](int64_t j) {
+          const size_t f = sort_fqns[j];
+          const size_t t = tensor_of[f];
+          const size_t rank = s.fqns[f].shape.size();
+          const auto begin = chunks.begin() + at[f];
+          const auto end = chunks.begin() + at[f + 1];
           std::sort(begin, end, less);
-        }
-        int64_t* d = flat.dims.data() + flat.dims_at[t];
-        size_t c = flat.first[t];
-        for (size_t k = start[f]; k < start[f + 1]; ++k, ++c, d += 2 * rank) {
-          LoadBoxDims(chunks[k].box, rank, d);
-          out.chunk_refs[chunks[k].rank][chunks[k].index] =
-              static_cast<uint32_t>(c);
-        }
-        return absl::OkStatus();
-      }));
+          int64_t* d = flat.dims.data() + flat.dims_at[t];
+          size_t c = flat.first[t];
+          for (auto it = begin; it != end; ++it, ++c, d += 2 * rank) {
+            LoadBoxDims(it->box, rank, d);
+            out.chunk_refs[it->rank][it->index] = static_cast<uint32_t>(c);
+          }
+          return absl::OkStatus();
+        }));
+  }
   CAIRN_ASSIGN_OR_RETURN(md.structure, MergeStructureViews(s.structures));
   return out;
 }
