@@ -544,7 +544,7 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
                  box, static_cast<uint32_t>(r), index};
   };
   std::vector<size_t> next(start.begin(), start.end() - 1);
-  std::vector<const char*> last_box(s.fqns.size(), nullptr);
+  std::vector<Chunk> last(s.fqns.size(), Chunk{0, nullptr, 0, 0});
   std::vector<uint8_t> unsorted(s.fqns.size(), 0);
   std::vector<ByteLocation*> object_location(s.fqns.size(), nullptr);
   for (size_t r = 0; r < world; ++r) {
@@ -564,11 +564,10 @@ absl::StatusOr<MetadataSkeleton> ColumnarPlans::BuildSkeleton() const {
         continue;
       }
       const char* box = m + item.box;
-      const char*& last = last_box[item.fqn];
-      if (last != nullptr && !less(chunk_at(last, 0, 0), chunk_at(box, 0, 0))) {
-        unsorted[item.fqn] = 1;
-      }
-      last = box;
+      const Chunk chunk = chunk_at(box, r, index);
+      Chunk& before = last[item.fqn];
+      if (before.box != nullptr && !less(before, chunk)) unsorted[item.fqn] = 1;
+      before = chunk;
       const size_t t = tensor_of[item.fqn];
       const size_t k = next[item.fqn]++ - start[item.fqn];
       const size_t rank = f.shape.size();
