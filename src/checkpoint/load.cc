@@ -23,6 +23,9 @@
 //        gaps) goes through a bounce buffer and a strided copy. Only bytes
 //        of rows/runs that overlap are read. Several destination boxes in
 //        one chunk share one read when that wastes at most half the bytes.
+//        A region whose read would cover nearly its whole chunk anyway (a
+//        column reshard's coalesced span) is read whole, so that the
+//        chunk's CRC32C is checked (NearlyWhole).
 //     d. Run the reads on IO threads in file order. A chunk read whole is
 //        checksummed as its slabs land (pieces combined afterwards) and
 //        compared with its CRC32C; so is a chunk read in contiguous pieces
@@ -485,15 +488,49 @@ class Loader {
     }
     // (Not for a chunk read in pieces over several Reads unless this Read
     // has all of it: its pieces must stay contiguous, see CheckAcrossReads.)
+    const size_t es = DTypeSize(tm.dtype);
     if (targets.size() > 1 && 2 * needed >= region.num_elements() &&
         (region == chunk.box || !carried_.contains(&chunk.location))) {
+      if (NearlyWhole(chunk, region, es)) region = chunk.box;
       return PlanRegion(fqn, tm, chunk, region, targets);
+    }
+    if (targets.size() == 1 && NearlyWhole(chunk, region, es)) {
+      return PlanRegion(fqn, tm, chunk, chunk.box, targets);
     }
     for (const Target& tg : targets) {
       CAIRN_RETURN_IF_ERROR(PlanRegion(fqn, tm, chunk, tg.overlap,
                                        std::span<const Target>(&tg, 1)));
     }
     return absl::OkStatus();
+  }
+
+  // True when reading `region` of `chunk` would read nearly the whole chunk
+  // anyway, so it is read whole instead and its CRC32C checked (a part read
+  // alone cannot be): the columns of a column reshard, whose coalesced span
+  // runs from the first row's first needed byte to the last row's last, are
+  // the case this is for. Nearly: the bytes the region's reads would cover
+  // (its span when the gaps between its runs are coalesced, else its runs)
+  // plus at most an eighth more. Not for a chunk read in pieces over
+  // several Reads (CheckAcrossReads checks those), nor without checksums.
+  bool NearlyWhole(const ChunkMetadata& chunk, const Box& region,
+                   size_t es) const {
+    if (!options_.verify_checksums || region == chunk.box ||
+        carried_.contains(&chunk.location)) {
+      return false;
+    }
+    const internal_core::RunPattern runs =
+        internal_core::SubBoxRuns(chunk.box, region, es);
+    uint64_t read = static_cast<uint64_t>(runs.total_bytes());
+    if (!runs.strides.empty() &&
+        runs.strides.back() - runs.run_bytes <=
+            static_cast<int64_t>(options_.coalesce_gap_bytes)) {
+      read = static_cast<uint64_t>(runs.run_bytes);
+      for (size_t i = 0; i < runs.counts.size(); ++i) {
+        read += static_cast<uint64_t>((runs.counts[i] - 1) * runs.strides[i]);
+      }
+    }
+    const uint64_t whole = static_cast<uint64_t>(chunk.box.num_elements()) * es;
+    return whole - std::min(whole, read) <= read / 8;
   }
 
   int FileIndex(const std::string& name) {
@@ -582,7 +619,9 @@ class Loader {
       task.copied += bytes;
       task.copies.push_back(std::move(copy));
     }
-    if (task.copies.empty()) return absl::OkStatus();
+    // (A slab of a checked chunk that no target needs is still read: its
+    // bytes are part of the chunk's CRC32C.)
+    if (task.copies.empty() && task.check < 0) return absl::OkStatus();
     if (task.copies.size() == 1 && runs.num_runs() == 1 &&
         task.copies[0].shape == slab.sizes &&
         IsDense(task.copies[0].shape, task.copies[0].dst_strides, es)) {

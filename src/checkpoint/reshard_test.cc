@@ -438,6 +438,96 @@ TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
   EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status();
 }
 
+// A part of a chunk whose read would cover nearly the whole chunk anyway
+// (the columns of a column reshard, or all but a few rows) is read whole and
+// checked against the chunk's CRC32C, so a changed byte is an error even
+// where it lies outside this rank's part; a smaller part is read alone,
+// as before, and cannot be checked.
+TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 1024;
+  constexpr uint64_t kChunkBytes = (kRows / 4) * kCols * 4;
+  std::vector<float> full = Arange(kRows * kCols);
+  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+
+  // Loads `box` of "w" into a fresh buffer and compares every element.
+  auto load = [&](const Box& box,
+                  const LoadOptions& options) -> absl::StatusOr<LoadResult> {
+    std::vector<float> out(box.num_elements(), -1.0f);
+    StateDict dst;
+    dst["w"] = ShardedTensor(
+        DType::kF32, {kRows, kCols},
+        {{box, TensorView(out.data(), DType::kF32, box.sizes)}});
+    absl::StatusOr<LoadResult> r = Load(dst, tmp.path(), options);
+    if (!r.ok()) return r;
+    for (int64_t i = 0; i < box.sizes[0]; ++i) {
+      for (int64_t j = 0; j < box.sizes[1]; ++j) {
+        if (out[i * box.sizes[1] + j] !=
+            full[(box.offsets[0] + i) * kCols + box.offsets[1] + j]) {
+          return absl::InternalError(
+              absl::StrCat("wrong element ", i, ",", j));
+        }
+      }
+    }
+    return r;
+  };
+  LoadOptions small;
+  small.bounce_buffer_bytes = 16384;  // 4 rows per slab: many per chunk
+
+  // A quarter of the columns, from every chunk: each read whole, checked.
+  const Box quarter{{0, 256}, {kRows, 256}};
+  absl::StatusOr<LoadResult> r = load(quarter, small);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chunks_verified, 4u);
+  EXPECT_EQ(r->bytes_read, 4 * kChunkBytes);
+  // Without checksums, only the span from the first needed byte to the last.
+  LoadOptions unchecked = small;
+  unchecked.verify_checksums = false;
+  r = load(quarter, unchecked);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chunks_verified, 0u);
+  EXPECT_LT(r->bytes_read, 4 * kChunkBytes);
+  // Rows 0..60 of the first 64-row chunk (and its last 4 rows, which no
+  // target needs, read for the check in slabs of their own): checked.
+  r = load(Box{{0, 0}, {60, kCols}}, small);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chunks_verified, 1u);
+  EXPECT_EQ(r->bytes_read, kChunkBytes);
+  // Rows 0..40 of it: reading the rest would cost 60% more; read alone.
+  r = load(Box{{0, 0}, {40, kCols}}, small);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chunks_verified, 0u);
+  EXPECT_EQ(r->bytes_read, 40 * kCols * 4);
+
+  // One byte of the third chunk changed, in a column the quarter does not
+  // hold: the column load fails naming the chunk's file.
+  const ByteLocation& third = md->tensors.at("w").chunks.at(2).location;
+  {
+    const std::string path = tmp.path() + "/" + third.file;
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(third.offset + 10 * kCols * 4 + 8),
+                         SEEK_SET),
+              0);
+    ASSERT_EQ(std::fputc(0x7f, f), 0x7f);
+    ASSERT_EQ(std::fclose(f), 0);
+  }
+  r = load(quarter, small);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("crc32c mismatch"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find(third.file), std::string::npos)
+      << r.status();
+  // The same with the default buffers (one slab per chunk), and the other
+  // columns, which hold the changed byte.
+  r = load(Box{{0, 0}, {kRows, 256}}, LoadOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+}
+
 // A load whose bytes are all in the page cache reads on one thread per core
 // (copies gain nothing from more); one that needs the device reads on
 // LoadOptions::io_threads, its queue depth. Both bit-exact.
