@@ -510,12 +510,17 @@ class Loader {
   // runs from the first row's first needed byte to the last row's last, are
   // the case this is for. Nearly: the bytes the region's reads would cover
   // (its span when the gaps between its runs are coalesced, else its runs)
-  // plus at most an eighth more. Not for a chunk read in pieces over
-  // several Reads (CheckAcrossReads checks those), nor without checksums.
+  // plus at most an eighth more. Of the ranks reading parts of one chunk,
+  // only the one whose region holds its check point (HoldsCheckPoint) does
+  // this, so the chunk is checksummed once, not once per rank (a failed
+  // check fails the load on every rank). Not for a chunk read in pieces
+  // over several Reads (CheckAcrossReads checks those), nor without
+  // checksums.
   bool NearlyWhole(const ChunkMetadata& chunk, const Box& region,
                    size_t es) const {
     if (!options_.verify_checksums || region == chunk.box ||
-        carried_.contains(&chunk.location)) {
+        carried_.contains(&chunk.location) ||
+        !HoldsCheckPoint(chunk, region)) {
       return false;
     }
     const internal_core::RunPattern runs =
@@ -531,6 +536,32 @@ class Loader {
     }
     const uint64_t whole = static_cast<uint64_t>(chunk.box.num_elements()) * es;
     return whole - std::min(whole, read) <= read / 8;
+  }
+
+  // True when `region` holds the check point of `chunk`: one of its
+  // elements, picked by a hash of where the chunk lies in its file (the
+  // same on every rank), so that the ranks' parts of a chunk give it to
+  // exactly one of them when they partition it, and the chunks of a tensor
+  // fall to the ranks in proportion to the parts they hold.
+  static bool HoldsCheckPoint(const ChunkMetadata& chunk, const Box& region) {
+    const Box& box = chunk.box;
+    const int64_t n = box.num_elements();
+    if (n <= 0) return true;
+    uint64_t h = chunk.location.offset * 0x9e3779b97f4a7c15ULL ^
+                 chunk.location.crc32c;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;  // splitmix64's finalizer
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+    uint64_t index = h % static_cast<uint64_t>(n);
+    for (int d = box.rank() - 1; d >= 0; --d) {
+      const uint64_t size = static_cast<uint64_t>(box.sizes[d]);
+      const int64_t at = box.offsets[d] + static_cast<int64_t>(index % size);
+      index /= size;
+      if (at < region.offsets[d] || at >= region.offsets[d] + region.sizes[d]) {
+        return false;
+      }
+    }
+    return true;
   }
 
   int FileIndex(const std::string& name) {

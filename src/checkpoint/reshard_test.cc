@@ -440,9 +440,10 @@ TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
 
 // A part of a chunk whose read would cover nearly the whole chunk anyway
 // (the columns of a column reshard, or all but a few rows) is read whole and
-// checked against the chunk's CRC32C, so a changed byte is an error even
-// where it lies outside this rank's part; a smaller part is read alone,
-// as before, and cannot be checked.
+// checked against the chunk's CRC32C by the one rank whose part holds the
+// chunk's check point, so a changed byte fails the load on every rank even
+// where it lies outside that rank's part; a smaller part is read alone, as
+// before, and cannot be checked.
 TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
   TempDir tmp;
   constexpr int64_t kRows = 256, kCols = 1024;
@@ -453,13 +454,14 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
   ASSERT_TRUE(md.ok()) << md.status();
 
   // Loads `box` of "w" into a fresh buffer and compares every element.
-  auto load = [&](const Box& box,
-                  const LoadOptions& options) -> absl::StatusOr<LoadResult> {
+  auto load = [&](const Box& box, LoadOptions options,
+                  Communicator* comm = nullptr) -> absl::StatusOr<LoadResult> {
     std::vector<float> out(box.num_elements(), -1.0f);
     StateDict dst;
     dst["w"] = ShardedTensor(
         DType::kF32, {kRows, kCols},
         {{box, TensorView(out.data(), DType::kF32, box.sizes)}});
+    options.comm = comm;
     absl::StatusOr<LoadResult> r = Load(dst, tmp.path(), options);
     if (!r.ok()) return r;
     for (int64_t i = 0; i < box.sizes[0]; ++i) {
@@ -475,57 +477,95 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
   };
   LoadOptions small;
   small.bounce_buffer_bytes = 16384;  // 4 rows per slab: many per chunk
+  // Four ranks, a quarter of the columns each; returns each rank's result.
+  auto quarters = [&](const LoadOptions& options) {
+    std::vector<absl::StatusOr<LoadResult>> results(
+        4, absl::UnknownError("not run"));
+    std::vector<absl::Status> st =
+        RunInProcess(4, [&](Communicator& comm) -> absl::Status {
+          const int r = comm.rank();
+          results[r] = load(Box{{0, 256 * r}, {kRows, 256}}, options, &comm);
+          return results[r].status();
+        });
+    return results;
+  };
 
-  // A quarter of the columns, from every chunk: each read whole, checked.
-  const Box quarter{{0, 256}, {kRows, 256}};
-  absl::StatusOr<LoadResult> r = load(quarter, small);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->chunks_verified, 4u);
-  EXPECT_EQ(r->bytes_read, 4 * kChunkBytes);
-  // Without checksums, only the span from the first needed byte to the last.
+  // Every chunk read whole and checked by exactly one of the four ranks.
+  uint64_t verified = 0, read = 0;
+  for (const auto& r : quarters(small)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    verified += r->chunks_verified;
+    read += r->bytes_read;
+  }
+  EXPECT_EQ(verified, 4u);
+  // A quarter's reads of a chunk without the check: 16 slabs of 4 rows, each
+  // read from its first row's needed bytes to its last row's.
+  constexpr uint64_t kSpans = 16 * (3 * kCols * 4 + 256 * 4);
+  // Each chunk whole once, and three quarters' spans of it.
+  EXPECT_EQ(read, 4 * kChunkBytes + 3 * 4 * kSpans);
+  // Without checksums, only the spans.
   LoadOptions unchecked = small;
   unchecked.verify_checksums = false;
-  r = load(quarter, unchecked);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->chunks_verified, 0u);
-  EXPECT_LT(r->bytes_read, 4 * kChunkBytes);
-  // Rows 0..60 of the first 64-row chunk (and its last 4 rows, which no
-  // target needs, read for the check in slabs of their own): checked.
-  r = load(Box{{0, 0}, {60, kCols}}, small);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->chunks_verified, 1u);
-  EXPECT_EQ(r->bytes_read, kChunkBytes);
+  verified = 0;
+  read = 0;
+  for (const auto& r : quarters(unchecked)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    verified += r->chunks_verified;
+    read += r->bytes_read;
+  }
+  EXPECT_EQ(verified, 0u);
+  EXPECT_EQ(read, 4 * 4 * kSpans);
+
+  // Rows 0..60 and rows 4..64 of the first 64-row chunk: one of them, or
+  // both, hold its check point, and read all of it (the 4 rows no target of
+  // that load needs in a slab of their own) and check it.
+  verified = 0;
+  for (const Box& rows : {Box{{0, 0}, {60, kCols}}, Box{{4, 0}, {60, kCols}}}) {
+    absl::StatusOr<LoadResult> r = load(rows, small);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes_read, r->chunks_verified == 1
+                                 ? kChunkBytes
+                                 : 60 * kCols * 4) << rows.ToString();
+    verified += r->chunks_verified;
+  }
+  EXPECT_GE(verified, 1u);
   // Rows 0..40 of it: reading the rest would cost 60% more; read alone.
-  r = load(Box{{0, 0}, {40, kCols}}, small);
+  absl::StatusOr<LoadResult> r = load(Box{{0, 0}, {40, kCols}}, small);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->chunks_verified, 0u);
   EXPECT_EQ(r->bytes_read, 40 * kCols * 4);
 
-  // One byte of the third chunk changed, in a column the quarter does not
-  // hold: the column load fails naming the chunk's file.
-  const ByteLocation& third = md->tensors.at("w").chunks.at(2).location;
-  {
-    const std::string path = tmp.path() + "/" + third.file;
-    std::FILE* f = std::fopen(path.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fseek(f, static_cast<long>(third.offset + 10 * kCols * 4 + 8),
-                         SEEK_SET),
-              0);
-    ASSERT_EQ(std::fputc(0x7f, f), 0x7f);
-    ASSERT_EQ(std::fclose(f), 0);
+  // One byte of each chunk in turn changed (in the second column of its
+  // 11th row): the column load fails on every rank, naming the file,
+  // whichever rank checked the chunk.
+  for (int c = 0; c < 4; ++c) {
+    SCOPED_TRACE(absl::StrCat("chunk ", c));
+    const ByteLocation& at = md->tensors.at("w").chunks.at(c).location;
+    const std::string path = tmp.path() + "/" + at.file;
+    const long offset = static_cast<long>(at.offset + 10 * kCols * 4 + 5);
+    auto poke = [&](int value) {
+      std::FILE* f = std::fopen(path.c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+      const int old = std::fgetc(f);
+      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+      ASSERT_EQ(std::fputc(value < 0 ? old ^ 0x40 : value, f),
+                value < 0 ? old ^ 0x40 : value);
+      ASSERT_EQ(std::fclose(f), 0);
+    };
+    poke(-1);
+    for (const auto& q : quarters(small)) {
+      ASSERT_FALSE(q.ok());
+      EXPECT_NE(q.status().message().find("crc32c mismatch"), std::string::npos)
+          << q.status();
+      EXPECT_NE(q.status().message().find(at.file), std::string::npos)
+          << q.status();
+    }
+    poke(-1);  // back as it was
+    for (const auto& q : quarters(LoadOptions{})) {
+      ASSERT_TRUE(q.ok()) << q.status();
+    }
   }
-  r = load(quarter, small);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(r.status().message().find("crc32c mismatch"), std::string::npos)
-      << r.status();
-  EXPECT_NE(r.status().message().find(third.file), std::string::npos)
-      << r.status();
-  // The same with the default buffers (one slab per chunk), and the other
-  // columns, which hold the changed byte.
-  r = load(Box{{0, 0}, {kRows, 256}}, LoadOptions{});
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
 }
 
 // A load whose bytes are all in the page cache reads on one thread per core
