@@ -133,7 +133,8 @@ struct LoadOptions {
   // Check the CRC32C of every chunk and object that is read whole. A part
   // of a chunk whose reads would cover nearly all of it anyway (within an
   // eighth more bytes: the columns of a column reshard) is read whole for
-  // this; a smaller part is read alone and not checked. Default: true.
+  // this by one of the ranks reading parts of it; a smaller part is read
+  // alone and not checked. Default: true.
   bool verify_checksums = true;
   // Needed byte runs of one file closer than this are read with one request.
   // Default: 64 KiB.

@@ -25,7 +25,8 @@
 //        one chunk share one read when that wastes at most half the bytes.
 //        A region whose read would cover nearly its whole chunk anyway (a
 //        column reshard's coalesced span) is read whole, so that the
-//        chunk's CRC32C is checked (NearlyWhole).
+//        chunk's CRC32C is checked, by the one rank whose part holds the
+//        chunk's check point (NearlyWhole, HoldsCheckPoint).
 //     d. Run the reads on IO threads in file order. A chunk read whole is
 //        checksummed as its slabs land (pieces combined afterwards) and
 //        compared with its CRC32C; so is a chunk read in contiguous pieces
