@@ -419,6 +419,12 @@ TEST(MetadataCodecTest, UnsafeFileNames) {
         DecodeEdited([name](json& j) { Chunk0(j)["file"] = name; }).status();
     ExpectRejected(status, "\"model.wq\" chunk 0");
     EXPECT_THAT(std::string(status.message()), HasSubstr("unsafe file name"));
+    // After chunks naming a good file (which the fast decoder checks once).
+    status = DecodeEdited([name](json& j) {
+               j["tensors"]["model.wq"]["chunks"][2]["file"] = name;
+             }).status();
+    ExpectRejected(status, "\"model.wq\" chunk 2");
+    EXPECT_THAT(std::string(status.message()), HasSubstr("unsafe file name"));
     ExpectRejected(DecodeEdited([name](json& j) {
                      j["objects"]["rng.rank3"]["file"] = name;
                    }).status(),
