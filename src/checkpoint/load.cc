@@ -187,6 +187,17 @@ std::vector<int64_t> RowMajorByteStrides(const Shape& sizes, size_t es) {
   return s;
 }
 
+// Bytes from the first to the last byte of a block of `sizes` (none of
+// them 0) laid out with `byte_strides`.
+uint64_t SpanBytes(const std::vector<int64_t>& sizes,
+                   const std::vector<int64_t>& byte_strides, size_t es) {
+  uint64_t span = es;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    span += (sizes[d] - 1) * byte_strides[d];
+  }
+  return span;
+}
+
 // Cuts `region` into slabs whose span under `byte_strides` (the layout the
 // bytes are in: a chunk's in its file, or the region's own when packed)
 // fits `limit` bytes, and calls `fn` with each, in row-major order: one
@@ -200,19 +211,13 @@ absl::Status ForEachSlab(const Box& region,
                          uint64_t limit,
                          absl::FunctionRef<absl::Status(const Box&)> fn) {
   const int rank = region.rank();
-  // Span of a box with `sizes`, from its first to last byte.
-  auto span_of = [&](const std::vector<int64_t>& sizes) {
-    uint64_t span = es;
-    for (int d = 0; d < rank; ++d) span += (sizes[d] - 1) * byte_strides[d];
-    return span;
-  };
   int k = 0;
   int64_t n = 1;
   if (rank > 0) {
     std::vector<int64_t> slice = region.sizes;
     for (k = 0; k < rank; ++k) {
       slice[k] = 1;  // dims <= k now have size 1
-      const uint64_t slice_span = span_of(slice);
+      const uint64_t slice_span = SpanBytes(slice, byte_strides, es);
       // The innermost slice is one element, which always fits.
       if (slice_span <= limit || k == rank - 1) {
         // n slices along dim k span slice_span + (n - 1) * stride bytes.
@@ -489,14 +494,11 @@ class Loader {
     }
     // (Not for a chunk read in pieces over several Reads unless this Read
     // has all of it: its pieces must stay contiguous, see CheckAcrossReads.)
-    const size_t es = DTypeSize(tm.dtype);
-    if (targets.size() > 1 && 2 * needed >= region.num_elements() &&
-        (region == chunk.box || !carried_.contains(&chunk.location))) {
-      if (NearlyWhole(chunk, region, es)) region = chunk.box;
+    if (targets.size() == 1 ||
+        (2 * needed >= region.num_elements() &&
+         (region == chunk.box || !carried_.contains(&chunk.location)))) {
+      if (NearlyWhole(chunk, region, DTypeSize(tm.dtype))) region = chunk.box;
       return PlanRegion(fqn, tm, chunk, region, targets);
-    }
-    if (targets.size() == 1 && NearlyWhole(chunk, region, es)) {
-      return PlanRegion(fqn, tm, chunk, chunk.box, targets);
     }
     for (const Target& tg : targets) {
       CAIRN_RETURN_IF_ERROR(PlanRegion(fqn, tm, chunk, tg.overlap,
@@ -526,15 +528,11 @@ class Loader {
     }
     const internal_core::RunPattern runs =
         internal_core::SubBoxRuns(chunk.box, region, es);
-    uint64_t read = static_cast<uint64_t>(runs.total_bytes());
-    if (!runs.strides.empty() &&
-        runs.strides.back() - runs.run_bytes <=
-            static_cast<int64_t>(options_.coalesce_gap_bytes)) {
-      read = static_cast<uint64_t>(runs.run_bytes);
-      for (size_t i = 0; i < runs.counts.size(); ++i) {
-        read += static_cast<uint64_t>((runs.counts[i] - 1) * runs.strides[i]);
-      }
-    }
+    const uint64_t read =
+        Coalesced(runs)
+            ? SpanBytes(region.sizes, RowMajorByteStrides(chunk.box.sizes, es),
+                        es)
+            : static_cast<uint64_t>(runs.total_bytes());
     const uint64_t whole = static_cast<uint64_t>(chunk.box.num_elements()) * es;
     return whole - std::min(whole, read) <= read / 8;
   }
@@ -615,15 +613,13 @@ class Loader {
     internal_core::RunPattern runs =
         internal_core::SubBoxRuns(chunk.box, slab, es);
     uint64_t in_chunk = 0;
-    uint64_t span = es;
     for (int d = 0; d < rank; ++d) {
       in_chunk += (slab.offsets[d] - chunk.box.offsets[d]) * cs[d];
-      span += (slab.sizes[d] - 1) * cs[d];
     }
     ReadTask task;
     task.file = file;
     task.file_offset = chunk.location.offset + in_chunk;
-    task.span = span;
+    task.span = SpanBytes(slab.sizes, cs, es);
     task.what = what;
     task.elem_size = es;
     task.check = check;
@@ -662,12 +658,8 @@ class Loader {
       task.dst = task.copies[0].dst;
       task.copies.clear();
     } else {
-      const int64_t gap = runs.strides.empty()
-                              ? 0
-                              : runs.strides.back() - runs.run_bytes;
       // (A checked slab is contiguous, one run: its span is all it reads.)
-      if (task.copies.size() > 1 || task.check >= 0 ||
-          gap <= static_cast<int64_t>(options_.coalesce_gap_bytes)) {
+      if (task.copies.size() > 1 || task.check >= 0 || Coalesced(runs)) {
         task.mode = ReadTask::Mode::kSpan;
       } else {
         // Far-apart runs of one destination: read each run, packed.
@@ -679,6 +671,14 @@ class Loader {
     }
     tasks_.push_back(std::move(task));
     return absl::OkStatus();
+  }
+
+  // True when the gaps between the runs are small enough to read the span
+  // they lie in with one request (LoadOptions::coalesce_gap_bytes).
+  bool Coalesced(const internal_core::RunPattern& runs) const {
+    return runs.strides.empty() ||
+           runs.strides.back() - runs.run_bytes <=
+               static_cast<int64_t>(options_.coalesce_gap_bytes);
   }
 
   // True when a block of `shape` with byte `strides` is row-major dense.

@@ -481,12 +481,11 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
   auto quarters = [&](const LoadOptions& options) {
     std::vector<absl::StatusOr<LoadResult>> results(
         4, absl::UnknownError("not run"));
-    std::vector<absl::Status> st =
-        RunInProcess(4, [&](Communicator& comm) -> absl::Status {
-          const int r = comm.rank();
-          results[r] = load(Box{{0, 256 * r}, {kRows, 256}}, options, &comm);
-          return results[r].status();
-        });
+    RunInProcess(4, [&](Communicator& comm) -> absl::Status {
+      const int r = comm.rank();
+      results[r] = load(Box{{0, 256 * r}, {kRows, 256}}, options, &comm);
+      return results[r].status();
+    });
     return results;
   };
 
@@ -543,17 +542,17 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
     const ByteLocation& at = md->tensors.at("w").chunks.at(c).location;
     const std::string path = tmp.path() + "/" + at.file;
     const long offset = static_cast<long>(at.offset + 10 * kCols * 4 + 5);
-    auto poke = [&](int value) {
+    // Flips one bit of that byte.
+    auto flip = [&] {
       std::FILE* f = std::fopen(path.c_str(), "r+b");
       ASSERT_NE(f, nullptr);
       ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      const int old = std::fgetc(f);
+      const int flipped = std::fgetc(f) ^ 0x40;
       ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      ASSERT_EQ(std::fputc(value < 0 ? old ^ 0x40 : value, f),
-                value < 0 ? old ^ 0x40 : value);
+      ASSERT_EQ(std::fputc(flipped, f), flipped);
       ASSERT_EQ(std::fclose(f), 0);
     };
-    poke(-1);
+    flip();
     for (const auto& q : quarters(small)) {
       ASSERT_FALSE(q.ok());
       EXPECT_NE(q.status().message().find("crc32c mismatch"), std::string::npos)
@@ -561,7 +560,7 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
       EXPECT_NE(q.status().message().find(at.file), std::string::npos)
           << q.status();
     }
-    poke(-1);  // back as it was
+    flip();  // back as it was
     for (const auto& q : quarters(LoadOptions{})) {
       ASSERT_TRUE(q.ok()) << q.status();
     }

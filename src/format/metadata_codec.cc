@@ -246,38 +246,45 @@ absl::Status PutTensor(
   sink.Put(":{");
   PutKey(sink, "chunks");
   sink.Put('[');
+  // One chunk: `{location,"offsets":[..],"sizes":[..]}`, after a ','
+  // unless first.
+  auto put_chunk = [&sink](bool first, uint32_t crc32c, auto put_file,
+                           uint64_t nbytes, uint64_t offset,
+                           std::span<const int64_t> offsets,
+                           std::span<const int64_t> sizes) -> absl::Status {
+    if (!first) sink.Put(',');
+    sink.Put('{');
+    CAIRN_RETURN_IF_ERROR(
+        PutLocationMembers(sink, crc32c, put_file, nbytes, offset));
+    sink.Put(",\"offsets\":");
+    PutDims(sink, offsets);
+    sink.Put(",\"sizes\":");
+    PutDims(sink, sizes);
+    sink.Put('}');
+    return absl::OkStatus();
+  };
   if (flat == nullptr) {
     for (size_t c = 0; c < tensor.chunks.size(); ++c) {
       const ChunkMetadata& chunk = tensor.chunks[c];
-      sink.Put(c == 0 ? "{" : ",{");
-      CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, chunk.location));
-      sink.Put(',');
-      PutKey(sink, "offsets");
-      PutDims(sink, chunk.box.offsets);
-      sink.Put(',');
-      PutKey(sink, "sizes");
-      PutDims(sink, chunk.box.sizes);
-      sink.Put('}');
+      const ByteLocation& loc = chunk.location;
+      CAIRN_RETURN_IF_ERROR(put_chunk(
+          c == 0, loc.crc32c, [&] { return PutString(sink, loc.file); },
+          loc.nbytes, loc.offset, chunk.box.offsets, chunk.box.sizes));
     }
   } else {
     const size_t rank = tensor.shape.size();
     const int64_t* dims = flat->dims.data() + flat->dims_at[t];
     for (size_t c = flat->first[t]; c < flat->first[t + 1]; ++c) {
-      if (c != flat->first[t]) sink.Put(',');
-      sink.Put('{');
       const absl::StatusOr<std::string>& file = flat_files[flat->file[c]];
-      CAIRN_RETURN_IF_ERROR(PutLocationMembers(
-          sink, flat->crc32c[c],
+      CAIRN_RETURN_IF_ERROR(put_chunk(
+          c == flat->first[t], flat->crc32c[c],
           [&] {
             if (file.ok()) sink.Put(std::string_view(*file));
             return file.status();
           },
-          flat->nbytes[c], flat->offset[c]));
-      sink.Put(",\"offsets\":");
-      PutDims(sink, std::span<const int64_t>(dims, rank));
-      sink.Put(",\"sizes\":");
-      PutDims(sink, std::span<const int64_t>(dims + rank, rank));
-      sink.Put('}');
+          flat->nbytes[c], flat->offset[c],
+          std::span<const int64_t>(dims, rank),
+          std::span<const int64_t>(dims + rank, rank)));
       dims += 2 * rank;
     }
   }
