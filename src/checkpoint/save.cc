@@ -144,12 +144,27 @@ struct FileLayout {
   uint64_t file_size = 0;
 };
 
+// Entries of at least this many bytes start at a multiple of kAlignment in
+// the byte buffer (which itself starts at one), so that a load can read
+// them with O_DIRECT straight into an aligned destination. Smaller ones
+// are packed: a direct read of them would not pay off.
+constexpr uint64_t kAlignedEntryBytes = uint64_t{64} << 10;
+
+// The name of a padding entry at buffer offset `begin`, unlike every name
+// in `taken` (a tensor's FQN could be anything).
+std::string PaddingName(uint64_t begin, const std::set<std::string>& taken) {
+  std::string name = absl::StrCat("__cairn_pad_", begin);
+  while (taken.contains(name)) name += "_";
+  return name;
+}
+
+// The rank's data file: its entries in plan order, each large one aligned
+// by a zero-filled U8 padding entry before it (safetensors allows no holes
+// in the byte buffer), and the header that lists them all.
 absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
                                   const std::string& file_name) {
   FileLayout layout;
   std::set<std::string> names;
-  uint64_t offset = 0;
-  std::vector<internal_format::SafetensorsEntry> st;
   for (const WriteItem& item : plan.items) {
     auto e = std::make_unique<Entry>();
     e->item = &item;
@@ -165,14 +180,26 @@ absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
     e->st.dtype = object ? DType::kU8 : item.dtype;
     e->st.shape = object ? Shape{static_cast<int64_t>(item.nbytes)}
                          : item.box.sizes;
+    layout.entries.push_back(std::move(e));
+  }
+  uint64_t offset = 0;
+  std::vector<internal_format::SafetensorsEntry> st;
+  for (auto& e : layout.entries) {
+    const uint64_t nbytes = e->item->nbytes;
+    const uint64_t aligned = internal_core::RoundUp(offset, kAlignment);
+    if (nbytes >= kAlignedEntryBytes && aligned != offset) {
+      st.push_back({PaddingName(offset, names), DType::kU8,
+                    Shape{static_cast<int64_t>(aligned - offset)}, offset,
+                    aligned});
+      offset = aligned;
+    }
     e->st.begin = offset;
-    if (__builtin_add_overflow(offset, item.nbytes, &e->st.end)) {
+    if (__builtin_add_overflow(offset, nbytes, &e->st.end)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: data file size overflows", file_name));
     }
     offset = e->st.end;
     st.push_back(e->st);
-    layout.entries.push_back(std::move(e));
   }
   layout.header = internal_format::EncodeSafetensorsHeader(
       st, {{"format", "cairn"}, {"version", std::to_string(kFormatVersion)}},
@@ -241,6 +268,13 @@ absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
   auto it = std::upper_bound(
       layout.entries.begin(), layout.entries.end(), rel,
       [](uint64_t v, const std::unique_ptr<Entry>& e) { return v < e->st.end; });
+  // Bytes between the entries (padding) are zeros; `filled` is where the
+  // block's bytes so far end.
+  uint64_t filled = pos;
+  auto zero_until = [&](uint64_t until) {
+    if (until > filled) std::memset(buf + (filled - begin), 0, until - filled);
+    filled = std::max(filled, until);
+  };
   for (; it != layout.entries.end() && layout.data_start + (*it)->st.begin < end;
        ++it) {
     Entry& e = **it;
@@ -248,6 +282,8 @@ absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
     const uint64_t lo = std::max(pos, eb) - eb;
     const uint64_t hi = std::min(end, layout.data_start + e.st.end) - eb;
     if (hi <= lo) continue;
+    zero_until(eb + lo);
+    filled = eb + hi;
     std::byte* dst = buf + (eb + lo - begin);
     CAIRN_ASSIGN_OR_RETURN(const ResolvedData* data, Acquire(e, planner));
     if (e.item->kind == ItemKind::kObject) {
@@ -260,6 +296,7 @@ absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
         CrcPiece{static_cast<size_t>(it - layout.entries.begin()), hi - lo,
                  internal_format::Crc32c(dst, hi - lo)});
   }
+  zero_until(end);
   return absl::OkStatus();
 }
 

@@ -294,6 +294,8 @@ class FileReadableFile final : public ReadableFile {
     // Ended views' pages are unmapped once this many bytes of them (or of
     // the blocks between them) are waiting.
     uint64_t release_batch = uint64_t{8} << 20;
+    // Tests: counts the bytes read with O_DIRECT.
+    std::atomic<uint64_t>* direct_bytes_read = nullptr;
   };
 
   // `direct_fd`: the same file opened with O_DIRECT, or -1.
@@ -304,6 +306,7 @@ class FileReadableFile final : public ReadableFile {
         copy_mapped_(options.copy_mapped),
         cachestat_(options.cachestat),
         release_batch_(std::max<uint64_t>(options.release_batch, 1)),
+        direct_bytes_read_(options.direct_bytes_read),
         path_(std::move(path)),
         size_(size) {
     if ((direct_fd_ >= 0 || copy_mapped_) && size_ > 0) {
@@ -383,6 +386,7 @@ class FileReadableFile final : public ReadableFile {
     CAIRN_RETURN_IF_ERROR(ReadAll(direct_fd_, a,
                                   data.subspan(a - offset, b - a), offset,
                                   data.size()));
+    if (direct_bytes_read_ != nullptr) *direct_bytes_read_ += b - a;
     return ReadAll(fd_, b, data.subspan(b - offset), offset, data.size());
   }
 
@@ -560,6 +564,7 @@ class FileReadableFile final : public ReadableFile {
   const bool copy_mapped_;
   const bool cachestat_;
   const uint64_t release_batch_;
+  std::atomic<uint64_t>* const direct_bytes_read_;
   const std::string path_;
   const uint64_t size_;
   // The whole file, mapped read-only: asked by mincore() where cachestat
@@ -729,6 +734,7 @@ class FileStorage final : public Storage {
     FileReadableFile::Options read_options;
     read_options.copy_mapped = options_.map_cached_reads;
     read_options.cachestat = !test_options_.probe_cache_with_mincore;
+    read_options.direct_bytes_read = test_options_.direct_bytes_read;
     if (test_options_.view_release_batch > 0) {
       read_options.release_batch = test_options_.view_release_batch;
     }

@@ -7,6 +7,8 @@
 #ifndef CAIRN_STORAGE_FILE_STORAGE_H_
 #define CAIRN_STORAGE_FILE_STORAGE_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,6 +34,8 @@ struct FileStorageTestOptions {
   // Ended views' pages are unmapped once this many bytes of them wait
   // (0: the default, 8 MiB).
   uint64_t view_release_batch = 0;
+  // When set, counts the bytes read files read with O_DIRECT.
+  std::atomic<uint64_t>* direct_bytes_read = nullptr;
 };
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorageForTesting(
     std::string path, const StorageOptions& options,
