@@ -214,9 +214,14 @@ def drop_caches():
         f.write("3\n")
 
 
-def prewarm(path):
-    """Reads every file under `path` (or the file `path`) once, so that the
-    following timed read finds it in the page cache."""
+def prewarm(path, drop):
+    """Reads every file under `path` (or the file `path`) twice, so that the
+    following timed read finds it in the page cache and on the kernel's
+    active list (a page read a second time moves there), whatever the load
+    before did; with `drop`, the page cache is dropped first. As cairn
+    bench's warm rows (tools/bench.cc, Prewarm)."""
+    if drop:
+        drop_caches()
     files = []
     if os.path.isdir(path):
         for root, _, names in os.walk(path):
@@ -224,10 +229,11 @@ def prewarm(path):
     else:
         files.append(path)
     buf = bytearray(8 << 20)
-    for fn in files:
-        with open(fn, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
+    for _ in range(2):
+        for fn in files:
+            with open(fn, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
 
 
 def fsync_dir(path):
@@ -325,7 +331,7 @@ def rank_body(spec, rank, world, port):
             if spec.get("cache") == "cold":
                 drop_caches()
             elif spec.get("cache") == "warm":
-                prewarm(spec["path"])
+                prewarm(spec["path"], spec.get("drop", False))
         sync_point()
 
     if kind == "torch_save":
@@ -717,7 +723,8 @@ def main():
         for i in range(args.repeat):
             for cache in caches:  # cold first, then warm right after
                 spec = dict(base, name=name, kind=kind, path=path,
-                            cache=cache, **extra_spec)
+                            cache=cache,
+                            drop=cold_method == "drop_caches", **extra_spec)
                 sec, res = one_sample(spec, world)
                 if not all(r.get("verified") for r in res):
                     raise PhaseError(f"{name} {cache}: not verified")
@@ -848,9 +855,10 @@ def main():
         f"dim 1 (cols, 1-D tensors fall back to dim 0), from the "
         f"single_file_per_rank checkpoint.",
         "cold: sync + echo 3 > /proc/sys/vm/drop_caches after setup, outside "
-        "the timer; warm: the same load again right after, with the "
-        "checkpoint files read once more before the timer to be sure they "
-        "are cached.",
+        "the timer; warm: the same load again right after, with the page "
+        "cache dropped (where cold rows run) and the checkpoint files read "
+        "twice before the timer, so they are cached and on the kernel's "
+        "active list whatever the cold load did (as cairn bench).",
         f"Ranks are processes (spawn) with gloo on 127.0.0.1; "
         f"{os.cpu_count()} CPUs on this host; each of W processes runs "
         f"cpus // W torch threads (torch_threads_by_world).",
