@@ -538,19 +538,27 @@ class Loader {
   }
 
   // True when `region` holds the check point of `chunk`: one of its
-  // elements, picked by a hash of where the chunk lies in its file (the
-  // same on every rank), so that the ranks' parts of a chunk give it to
-  // exactly one of them when they partition it, and the chunks of a tensor
-  // fall to the ranks in proportion to the parts they hold.
+  // elements, picked by a hash of where the chunk lies in its file and in
+  // its tensor, and of its CRC32C (the same on every rank), so that the
+  // ranks' parts of a chunk give it to exactly one of them when they
+  // partition it, and the chunks of a tensor fall to the ranks in
+  // proportion to the parts they hold. (The box's offsets tell apart the
+  // chunks that each rank's file holds at the same offset with the same
+  // bytes, zeros say, which would otherwise all fall to one rank.)
   static bool HoldsCheckPoint(const ChunkMetadata& chunk, const Box& region) {
     const Box& box = chunk.box;
     const int64_t n = box.num_elements();
     if (n <= 0) return true;
-    uint64_t h = chunk.location.offset * 0x9e3779b97f4a7c15ULL ^
-                 chunk.location.crc32c;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;  // splitmix64's finalizer
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
-    h ^= h >> 31;
+    auto mix = [](uint64_t h) {  // splitmix64's finalizer
+      h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+      return h ^ (h >> 31);
+    };
+    uint64_t h = mix(chunk.location.offset * 0x9e3779b97f4a7c15ULL ^
+                     chunk.location.crc32c);
+    for (const int64_t o : box.offsets) {
+      h = mix(h + static_cast<uint64_t>(o) * 0x9e3779b97f4a7c15ULL);
+    }
     uint64_t index = h % static_cast<uint64_t>(n);
     for (int d = box.rank() - 1; d >= 0; --d) {
       const uint64_t size = static_cast<uint64_t>(box.sizes[d]);

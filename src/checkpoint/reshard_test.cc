@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -565,6 +566,68 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
       ASSERT_TRUE(q.ok()) << q.status();
     }
   }
+}
+
+// Chunks alike in their files (eight ranks each saved its rows of a zeroed
+// tensor: each chunk at the same offset of its own file, with the same
+// CRC32C) still have their check points in different places, so a column
+// reshard on four ranks spreads their checks over the ranks rather than
+// giving all of them to one (which all eight falling to one rank by chance
+// would take odds of 4^-7).
+TEST(ReshardTest, ChecksOfAlikeChunksSpreadOverTheRanks) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 1024;
+  std::vector<float> zeros(kRows * kCols, 0.0f);
+  auto all_ok = [](const std::vector<absl::Status>& statuses) {
+    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    return std::all_of(statuses.begin(), statuses.end(),
+                       [](const absl::Status& s) { return s.ok(); });
+  };
+  ASSERT_TRUE(all_ok(RunInProcess(8, [&](Communicator& comm) -> absl::Status {
+                const int r = comm.rank();
+                StateDict sd;
+                sd["w"] = ShardedTensor(
+                    DType::kF32, {kRows, kCols},
+                    {{Box{{32 * r, 0}, {32, kCols}},
+                      TensorView(zeros.data() + 32 * r * kCols, DType::kF32,
+                                 {32, kCols})}});
+                return Save(sd, tmp.path(), {.comm = &comm}).status();
+              })));
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  std::set<std::string> files;
+  for (const ChunkMetadata& c : md->tensors.at("w").chunks) {
+    files.insert(c.location.file);
+    EXPECT_EQ(c.location.offset, md->tensors.at("w").chunks[0].location.offset);
+    EXPECT_EQ(c.location.crc32c, md->tensors.at("w").chunks[0].location.crc32c);
+  }
+  ASSERT_EQ(files.size(), 8u);
+
+  std::vector<uint64_t> verified(4, 0);
+  ASSERT_TRUE(all_ok(RunInProcess(4, [&](Communicator& comm) -> absl::Status {
+                const int r = comm.rank();
+                std::vector<float> out(kRows * 256, -1.0f);
+                StateDict dst;
+                dst["w"] = ShardedTensor(
+                    DType::kF32, {kRows, kCols},
+                    {{Box{{0, 256 * r}, {kRows, 256}},
+                      TensorView(out.data(), DType::kF32, {kRows, 256})}});
+                LoadOptions options;
+                options.comm = &comm;
+                options.bounce_buffer_bytes = 16384;
+                absl::StatusOr<LoadResult> loaded =
+                    Load(dst, tmp.path(), options);
+                if (!loaded.ok()) return loaded.status();
+                verified[r] = loaded->chunks_verified;
+                for (float v : out) {
+                  if (v != 0.0f) return absl::InternalError("not zero");
+                }
+                return absl::OkStatus();
+              })));
+  EXPECT_EQ(verified[0] + verified[1] + verified[2] + verified[3], 8u);
+  EXPECT_LT(*std::max_element(verified.begin(), verified.end()), 8u)
+      << "every check fell to one rank: " << verified[0] << verified[1]
+      << verified[2] << verified[3];
 }
 
 // A load whose bytes are all in the page cache reads on one thread per core
