@@ -27,7 +27,9 @@
 //        column reshard's coalesced span) is read whole, so that the
 //        chunk's CRC32C is checked, by the one rank whose part holds the
 //        chunk's check point (NearlyWhole, HoldsCheckPoint).
-//     d. Run the reads on IO threads in file order. A chunk read whole is
+//     d. Run the reads on IO threads in file order, small direct reads
+//        that lie back to back in a file as one read through a bounce
+//        buffer (GroupSmallReads). A chunk read whole is
 //        checksummed as its slabs land (pieces combined afterwards) and
 //        compared with its CRC32C; so is a chunk read in contiguous pieces
 //        over several Read calls (CheckAcrossReads), in the call that
@@ -837,6 +839,94 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // Smaller groups are not formed: reads that small gain little from
+  // being one request, and a group reads the bytes between its tasks too.
+  static constexpr uint64_t kMinGroupBytes = uint64_t{256} << 10;
+
+  // order[first, last): tasks read together with one request for file
+  // bytes [begin, end).
+  struct Group {
+    size_t first = 0;
+    size_t last = 0;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+  };
+
+  // The reads in `order` (file order), each in a group of its own, except
+  // runs of direct reads (whole chunks, or their slabs, straight into the
+  // destination) of one file with gaps of at most coalesce_gap_bytes
+  // between them (the padding before an aligned chunk, small entries no one
+  // needs) that fit one bounce buffer together, span kMinGroupBytes or
+  // more, and that the storage does not hold in memory: those go to the
+  // storage as one read into a bounce buffer, and are copied out. A chunk under a few MiB is then not a
+  // device request of its own: on the VM we benchmark on, a cold 256 MiB
+  // load_same (chunks of 0.2 MiB) took 0.17-0.18 s with one direct read
+  // per chunk and 0.10 s grouped, and at 2 GiB 0.96-0.99 s against
+  // 0.65-0.69 s. Buffered reads (whose readahead makes the requests large)
+  // took 0.70 s there, but filled the page cache at a cost in system CPU
+  // that varied from 0.5 to 2.9 s.
+  std::vector<Group> GroupSmallReads(const std::vector<size_t>& order,
+                                     uint64_t buffer_bytes) const {
+    std::vector<Group> groups;
+    auto groupable = [&](const ReadTask& t) {
+      return t.mode == ReadTask::Mode::kDirect && t.span > 0 &&
+             t.span <= buffer_bytes / 2;
+    };
+    for (size_t i = 0; i < order.size();) {
+      const ReadTask& first = tasks_[order[i]];
+      Group g{i, i + 1, first.file_offset, first.file_offset + first.span};
+      if (groupable(first)) {
+        // From the page the first read starts in, so that the bounce
+        // buffer (page-aligned) and the file offset agree on alignment.
+        const uint64_t begin =
+            first.file_offset / internal_core::kIoAlignment *
+            internal_core::kIoAlignment;
+        size_t j = i + 1;
+        uint64_t end = g.end;
+        while (j < order.size()) {
+          const ReadTask& t = tasks_[order[j]];
+          if (!groupable(t) || t.file != first.file || t.file_offset < end ||
+              t.file_offset - end > options_.coalesce_gap_bytes ||
+              t.file_offset + t.span - begin > buffer_bytes) {
+            break;
+          }
+          end = t.file_offset + t.span;
+          ++j;
+        }
+        if (j - i > 1 && end - begin >= kMinGroupBytes &&
+            !files_[first.file].file->InMemory(begin, end - begin)) {
+          g = Group{i, j, begin, end};
+        }
+      }
+      groups.push_back(g);
+      i = g.last;
+    }
+    return groups;
+  }
+
+  // Reads group `g` into a bounce buffer and copies each of its tasks'
+  // bytes to their destination (checksumming the checked ones).
+  absl::Status RunGroup(const Group& g, const std::vector<size_t>& order,
+                        BufferPool& pool, std::vector<uint32_t>& crcs) {
+    const ReadTask& first = tasks_[order[g.first]];
+    const ReadableFile& file = *files_[first.file].file;
+    CAIRN_ASSIGN_OR_RETURN(PooledBuffer buf, pool.Acquire());
+    CAIRN_RETURN_IF_ERROR(Annotate(
+        file.ReadAtIntoReusedBuffer(
+            g.begin, std::span<std::byte>(buf.data(), g.end - g.begin)),
+        absl::StrFormat("reading %d chunks from %s (offset %d, %d bytes; "
+                        "the first %s)",
+                        g.last - g.first, file_names_[first.file], g.begin,
+                        g.end - g.begin, first.what)));
+    for (size_t i = g.first; i < g.last; ++i) {
+      const ReadTask& t = tasks_[order[i]];
+      const std::byte* src = buf.data() + (t.file_offset - g.begin);
+      std::memcpy(t.dst, src, t.span);
+      if (t.check >= 0) crcs[order[i]] = internal_format::Crc32c(src, t.span);
+    }
+    return absl::OkStatus();
+  }
+
   // The strided copies of a kSpan or kRuns task out of `src`, which holds
   // its bytes (the span, or the runs packed).
   static void CopyOut(const ReadTask& t, const std::byte* src) {
@@ -857,19 +947,33 @@ class Loader {
     });
     const int threads = ReadThreads();
     result_.io_threads = threads;
-    BufferPool pool(std::max<uint64_t>(options_.bounce_buffer_bytes,
-                                       internal_core::kIoAlignment),
-                    threads);
+    const uint64_t buffer_bytes = std::max<uint64_t>(
+        options_.bounce_buffer_bytes, internal_core::kIoAlignment);
+    BufferPool pool(buffer_bytes, threads);
     std::vector<uint32_t> crcs(tasks_.size(), 0);
+    const std::vector<Group> groups = GroupSmallReads(order, buffer_bytes);
     CAIRN_RETURN_IF_ERROR(pool_.ParallelFor(
-        static_cast<int64_t>(order.size()), threads,
+        static_cast<int64_t>(groups.size()), threads,
         [&](int64_t i) -> absl::Status {
-          const size_t t = order[i];
-          return RunTask(tasks_[t], pool, &crcs[t]);
+          const Group& g = groups[i];
+          if (g.last - g.first == 1) {
+            const size_t t = order[g.first];
+            return RunTask(tasks_[t], pool, &crcs[t]);
+          }
+          return RunGroup(g, order, pool, crcs);
         }));
     for (const ReadTask& t : tasks_) {
       result_.bytes_read +=
           t.mode == ReadTask::Mode::kRuns ? t.runs.total_bytes() : t.span;
+    }
+    for (const Group& g : groups) {
+      if (g.last - g.first == 1) continue;
+      // The gaps between the tasks (padding, entries no one needs), and
+      // the group's start rounded down to a page.
+      result_.bytes_read += g.end - g.begin;
+      for (size_t i = g.first; i < g.last; ++i) {
+        result_.bytes_read -= tasks_[order[i]].span;
+      }
     }
 
     // Combine each checked chunk's pieces in chunk order and compare. The
