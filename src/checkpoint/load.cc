@@ -736,16 +736,9 @@ class Loader {
     return absl::OkStatus();
   }
 
-  // LoadOptions::io_threads, or one per core (when fewer) when every byte
-  // the tasks read is in memory already: such reads are copies, and threads
-  // beyond the cores only take turns (on a 2-core VM, 4 in-process ranks of
-  // 8 threads each loaded a cached 256 MiB checkpoint's same-split rows
-  // 10-20% slower than of 2 each). Asked per file, of the span from its
-  // first task to its last.
-  int ReadThreads() const {
-    const int threads = std::max(1, options_.io_threads);
-    const int cores = internal_core::CpuThreads(threads);
-    if (cores >= threads || tasks_.empty()) return threads;
+  // Whether every byte the tasks read is in memory already (the page
+  // cache). Asked per file, of the span from its first task to its last.
+  bool AllInMemory() const {
     std::vector<std::pair<uint64_t, uint64_t>> span(
         files_.size(), {std::numeric_limits<uint64_t>::max(), 0});
     for (const ReadTask& t : tasks_) {
@@ -756,10 +749,21 @@ class Loader {
     for (size_t f = 0; f < span.size(); ++f) {
       const auto& [begin, end] = span[f];
       if (end > begin && !files_[f].file->InMemory(begin, end - begin)) {
-        return threads;
+        return false;
       }
     }
-    return cores;
+    return true;
+  }
+
+  // LoadOptions::io_threads, or one per core (when fewer) when everything
+  // is `in_memory`: such reads are copies, and threads beyond the cores
+  // only take turns (on a 2-core VM, 4 in-process ranks of 8 threads each
+  // loaded a cached 256 MiB checkpoint's same-split rows 10-20% slower
+  // than of 2 each).
+  int ReadThreads(bool in_memory) const {
+    const int threads = std::max(1, options_.io_threads);
+    return in_memory ? std::min(threads, internal_core::CpuThreads(threads))
+                     : threads;
   }
 
   // Runs one read task; sets *crc to the CRC32C of the bytes read when the
@@ -865,11 +869,13 @@ class Loader {
   // 0.65-0.69 s. Buffered reads (whose readahead makes the requests large)
   // took 0.70 s there, but filled the page cache at a cost in system CPU
   // that varied from 0.5 to 2.9 s.
+  // (With `group` false, every read is a group of its own: a load that
+  // found everything in memory asks nothing more.)
   std::vector<Group> GroupSmallReads(const std::vector<size_t>& order,
-                                     uint64_t buffer_bytes) const {
+                                     uint64_t buffer_bytes, bool group) const {
     std::vector<Group> groups;
     auto groupable = [&](const ReadTask& t) {
-      return t.mode == ReadTask::Mode::kDirect && t.span > 0 &&
+      return group && t.mode == ReadTask::Mode::kDirect && t.span > 0 &&
              t.span <= buffer_bytes / 2;
     };
     for (size_t i = 0; i < order.size();) {
@@ -945,13 +951,15 @@ class Loader {
       return std::pair(tasks_[a].file, tasks_[a].file_offset) <
              std::pair(tasks_[b].file, tasks_[b].file_offset);
     });
-    const int threads = ReadThreads();
+    const bool in_memory = !tasks_.empty() && AllInMemory();
+    const int threads = ReadThreads(in_memory);
     result_.io_threads = threads;
     const uint64_t buffer_bytes = std::max<uint64_t>(
         options_.bounce_buffer_bytes, internal_core::kIoAlignment);
     BufferPool pool(buffer_bytes, threads);
     std::vector<uint32_t> crcs(tasks_.size(), 0);
-    const std::vector<Group> groups = GroupSmallReads(order, buffer_bytes);
+    const std::vector<Group> groups =
+        GroupSmallReads(order, buffer_bytes, /*group=*/!in_memory);
     CAIRN_RETURN_IF_ERROR(pool_.ParallelFor(
         static_cast<int64_t>(groups.size()), threads,
         [&](int64_t i) -> absl::Status {
