@@ -456,8 +456,9 @@ TEST(CheckpointTest, LargeEntriesAreAlignedForDirectReads) {
   // One buffer of three pages, reused for every block (so padding ends
   // inside blocks): the padding must be zeroed over an earlier block's
   // bytes.
-  ASSERT_TRUE(
-      Save(sd, tmp.path(), {.io_threads = 1, .write_buffer_bytes = 12288}).ok());
+  const SaveOptions one_small_buffer{.io_threads = 1,
+                                     .write_buffer_bytes = 12288};
+  ASSERT_TRUE(Save(sd, tmp.path(), one_small_buffer).ok());
 
   absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
   ASSERT_TRUE(md.ok()) << md.status();

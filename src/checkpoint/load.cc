@@ -862,15 +862,15 @@ class Loader {
   // between them (the padding before an aligned chunk, small entries no one
   // needs) that fit one bounce buffer together, span kMinGroupBytes or
   // more, and that the storage does not hold in memory: those go to the
-  // storage as one read into a bounce buffer, and are copied out. A chunk under a few MiB is then not a
-  // device request of its own: on the VM we benchmark on, a cold 256 MiB
-  // load_same (chunks of 0.2 MiB) took 0.17-0.18 s with one direct read
-  // per chunk and 0.10 s grouped, and at 2 GiB 0.96-0.99 s against
-  // 0.65-0.69 s. Buffered reads (whose readahead makes the requests large)
-  // took 0.70 s there, but filled the page cache at a cost in system CPU
-  // that varied from 0.5 to 2.9 s.
-  // (With `group` false, every read is a group of its own: a load that
-  // found everything in memory asks nothing more.)
+  // storage as one read into a bounce buffer, and are copied out. A chunk
+  // under a few MiB is then not a device request of its own: on the VM we
+  // benchmark on, a cold 256 MiB load_same (chunks of 0.2 MiB) took
+  // 0.17-0.18 s with one direct read per chunk and 0.10 s grouped, and at
+  // 2 GiB 0.96-0.99 s against 0.65-0.69 s. Buffered reads (whose readahead
+  // makes the requests large) took 0.70 s there, but filled the page cache
+  // at a cost in system CPU that varied from 0.5 to 2.9 s. With `group`
+  // false (a load that found everything in memory), every read is a group
+  // of its own and nothing more is asked.
   std::vector<Group> GroupSmallReads(const std::vector<size_t>& order,
                                      uint64_t buffer_bytes, bool group) const {
     std::vector<Group> groups;
