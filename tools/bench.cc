@@ -341,11 +341,12 @@ absl::Status ReadEveryFile(const fs::path& dir) {
 // otherwise fall inside whichever timed load happens to read the page
 // second: a cold load that read through the page cache (the peer's, and
 // cairn's column reshards) leaves it to the prewarm, one that read O_DIRECT
-// (cairn's row loads) to the warm load (a 2 GiB load_same here: 0.146-0.155
-// s after an O_DIRECT cold load, 0.115-0.118 s where the pages were read
-// twice before). The drop also discards the small folios
-// that concurrent buffered reads leave (readahead sees them as random),
-// which make every later mapping of the file cost per 4 KiB page.
+// (cairn's row loads) to the warm load (a 2 GiB load_same here: 0.146-0.203
+// s in four runs after an O_DIRECT cold load, 0.115-0.118 s with --cold
+// none, where every page had been read more than once). The drop also
+// discards the small folios that concurrent buffered reads leave
+// (readahead sees them as random), which make every later mapping of the
+// file cost per 4 KiB page.
 absl::Status Prewarm(const fs::path& dir, bool drop) {
   if (drop) CAIRN_RETURN_IF_ERROR(DropPageCache());
   CAIRN_RETURN_IF_ERROR(ReadEveryFile(dir));

@@ -1,10 +1,5 @@
 #include "cairn/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -22,11 +17,12 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/test_util.h"
 #include "comm/collective.h"
+#include "format/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection.h"
 #include "storage/file_storage.h"
-#include "format/safetensors.h"
+#include "storage/page_cache_test_util.h"
 
 namespace cairn {
 namespace {
@@ -35,6 +31,8 @@ using internal_storage::FaultInjectionStorage;
 using internal_storage::StorageOp;
 using testing::HasSubstr;
 using testing_util::ByteAt;
+using testing_util::DirectIoWorksIn;
+using testing_util::EvictFromPageCache;
 using testing_util::TempDir;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
@@ -401,41 +399,6 @@ TEST(CheckpointTest, LoadOfMissingCheckpointIsNotFound) {
 // The load coordinator sends metadata.json to every rank behind a message
 // header; read with room for it, the text is never copied (988 MB in the
 // 16k-rank FSDP simulation).
-// Makes `path` durable and pushes it out of the page cache; false when that
-// did not work here (the aligned-read test below then skips its load).
-bool EvictFromPageCache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  bool ok = ::fdatasync(fd) == 0 &&
-            ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
-  struct stat st;
-  ok = ok && ::fstat(fd, &st) == 0;
-  if (ok && st.st_size > 0) {
-    void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
-                       MAP_SHARED, fd, 0);
-    ok = map != MAP_FAILED;
-    if (ok) {
-      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-      std::vector<unsigned char> vec((st.st_size + page - 1) / page);
-      ok = ::mincore(map, static_cast<size_t>(st.st_size), vec.data()) == 0;
-      for (unsigned char v : vec) ok = ok && (v & 1) == 0;
-      ::munmap(map, static_cast<size_t>(st.st_size));
-    }
-  }
-  ::close(fd);
-  return ok;
-}
-
-// Whether `dir`'s filesystem accepts O_DIRECT.
-bool DirectIoWorksIn(const std::string& dir) {
-  const std::string probe = dir + "/direct-probe";
-  const int fd =
-      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
-  if (fd >= 0) ::close(fd);
-  ::unlink(probe.c_str());
-  return fd >= 0;
-}
-
 // Entries of 64 KiB or more start at a multiple of 4096 in their file, after
 // a zero-filled U8 padding entry (safetensors allows no holes); smaller ones
 // are packed. So a cold load reads them with O_DIRECT straight into aligned

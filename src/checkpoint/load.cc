@@ -854,6 +854,7 @@ class Loader {
     size_t last = 0;
     uint64_t begin = 0;
     uint64_t end = 0;
+    bool single() const { return last - first == 1; }
   };
 
   // The reads in `order` (file order), each in a group of its own, except
@@ -884,9 +885,8 @@ class Loader {
       if (groupable(first)) {
         // From the page the first read starts in, so that the bounce
         // buffer (page-aligned) and the file offset agree on alignment.
-        const uint64_t begin =
-            first.file_offset / internal_core::kIoAlignment *
-            internal_core::kIoAlignment;
+        const uint64_t begin = internal_core::RoundDown(
+            first.file_offset, internal_core::kIoAlignment);
         size_t j = i + 1;
         uint64_t end = g.end;
         while (j < order.size()) {
@@ -964,24 +964,22 @@ class Loader {
         static_cast<int64_t>(groups.size()), threads,
         [&](int64_t i) -> absl::Status {
           const Group& g = groups[i];
-          if (g.last - g.first == 1) {
+          if (g.single()) {
             const size_t t = order[g.first];
             return RunTask(tasks_[t], pool, &crcs[t]);
           }
           return RunGroup(g, order, pool, crcs);
         }));
-    for (const ReadTask& t : tasks_) {
+    // A group reads its whole range: the gaps between its tasks (padding,
+    // entries no one needs) and its start rounded down to a page too.
+    for (const Group& g : groups) {
+      if (!g.single()) {
+        result_.bytes_read += g.end - g.begin;
+        continue;
+      }
+      const ReadTask& t = tasks_[order[g.first]];
       result_.bytes_read +=
           t.mode == ReadTask::Mode::kRuns ? t.runs.total_bytes() : t.span;
-    }
-    for (const Group& g : groups) {
-      if (g.last - g.first == 1) continue;
-      // The gaps between the tasks (padding, entries no one needs), and
-      // the group's start rounded down to a page.
-      result_.bytes_read += g.end - g.begin;
-      for (size_t i = g.first; i < g.last; ++i) {
-        result_.bytes_read -= tasks_[order[i]].span;
-      }
     }
 
     // Combine each checked chunk's pieces in chunk order and compare. The

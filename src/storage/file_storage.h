@@ -34,7 +34,7 @@ struct FileStorageTestOptions {
   // Ended views' pages are unmapped once this many bytes of them wait
   // (0: the default, 8 MiB).
   uint64_t view_release_batch = 0;
-  // When set, counts the bytes read files read with O_DIRECT.
+  // When set, counts the bytes that the storage's files read with O_DIRECT.
   std::atomic<uint64_t>* direct_bytes_read = nullptr;
 };
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorageForTesting(

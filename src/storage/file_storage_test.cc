@@ -25,12 +25,15 @@
 #include "core/checked.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/page_cache_test_util.h"
 
 namespace cairn::internal_storage {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing_util::CachedPages;
+using testing_util::DirectIoWorksIn;
 
 class TempDir {
  public:
@@ -151,16 +154,6 @@ TEST(FileStorageTest, OpenFileStorageTakesAPath) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Whether `dir`'s filesystem accepts O_DIRECT, asked directly.
-bool DirectIoWorksIn(const std::string& dir) {
-  const std::string probe = dir + "/direct-probe";
-  int fd =
-      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
-  if (fd >= 0) ::close(fd);
-  ::unlink(probe.c_str());
-  return fd >= 0;
-}
-
 // With direct_io, a file in `dir` reports alignment 4096 exactly when the
 // kernel accepts O_DIRECT there, else 1 (the buffered fallback).
 void ExpectAlignmentMatchesKernel(const std::string& dir) {
@@ -193,29 +186,6 @@ TEST(FileStorageTest, BufferedIoReportsAlignment1) {
             std::string("\0\0\0unaligned", 12));
 }
 
-// How many of the pages of `path` in [begin, end) are in the page cache.
-int64_t CachedPages(const std::string& path, uint64_t begin, uint64_t end) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  struct stat st;
-  ::fstat(fd, &st);
-  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
-                     MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return -1;
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  begin = begin / page * page;
-  std::vector<unsigned char> vec((end - begin + page - 1) / page);
-  int64_t cached = -1;
-  if (::mincore(static_cast<char*>(map) + begin, end - begin, vec.data()) ==
-      0) {
-    cached = 0;
-    for (unsigned char v : vec) cached += v & 1;
-  }
-  ::munmap(map, static_cast<size_t>(st.st_size));
-  return cached;
-}
-
 // RssFile of this process (file pages mapped), in KiB; -1 if unknown.
 int64_t RssFileKiB() {
   FILE* f = std::fopen("/proc/self/status", "r");
@@ -235,13 +205,10 @@ bool WriteColdFile(const std::string& path, const std::string& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                         0644);
   if (fd < 0) return false;
-  const bool ok =
-      ::write(fd, bytes.data(), bytes.size()) ==
-          static_cast<ssize_t>(bytes.size()) &&
-      ::fdatasync(fd) == 0 &&
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  const bool written = ::write(fd, bytes.data(), bytes.size()) ==
+                       static_cast<ssize_t>(bytes.size());
   ::close(fd);
-  return ok && CachedPages(path, 0, bytes.size()) == 0;
+  return written && testing_util::EvictFromPageCache(path);
 }
 
 // A 3 MiB file "data" of patterned bytes (the pattern shifted by `shift`),
