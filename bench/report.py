@@ -6,6 +6,8 @@ Usage: python3 bench/report.py RESULTS_DIR
 
 Reads from RESULTS_DIR (what bench/run.sh writes there):
   fio-JOB.json      fio --output-format=json of one sequential job
+  fio-JOB.K.json    the same job's K-th sample (run.sh --repeat K, K >= 2):
+                    a job's figure is the median of its samples
   fio-JOB.skipped   why that job was not run (e.g. io_uring unavailable)
   fio.skipped       why no fio job was run
   cairn-SIZE.json   cairn bench --json
@@ -63,13 +65,22 @@ def fio_limits(out):
     for path in sorted(glob.glob(os.path.join(out, "fio-*.skipped"))):
         job = os.path.basename(path)[len("fio-"):-len(".skipped")]
         res["skipped"].append({"job": job, "reason": read_text(path)})
-    for path in sorted(glob.glob(os.path.join(out, "fio-*.json"))):
+    def sample_order(path):  # fio-JOB.json is sample 1, fio-JOB.K.json K
+        stem = os.path.basename(path)[:-len(".json")]
+        job, _, k = stem.rpartition(".")
+        return (job, int(k)) if job and k.isdigit() else (stem, 1)
+
+    samples = {}  # job name -> its samples, in order
+    for path in sorted(glob.glob(os.path.join(out, "fio-*.json")),
+                       key=sample_order):
         data, err = read_json(path)
         if err:
             res["skipped"].append({"job": os.path.basename(path),
                                    "reason": err})
             continue
-        res["jobs"].append(fio_job(data))
+        one = fio_job(data)
+        samples.setdefault(one["job"], []).append(one)
+    res["jobs"] = [merge_samples(s) for s in samples.values()]
     if not res["jobs"]:
         res["not_measured"] = "no fio-*.json in the results folder"
 
@@ -112,6 +123,28 @@ def fio_job(data):
             "runtime_ms": job.get(rw, {}).get("runtime")}
 
 
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def merge_samples(samples):
+    """One job from its samples (run.sh --repeat runs every fio job that
+    many times, interleaved with the others): the median bandwidth, as
+    cairn's and the peer's rows are the median of theirs. A job with a
+    failed sample counts as failed, its limit unknown."""
+    job = dict(samples[0])
+    job["samples_gb_per_s"] = [j["gb_per_s"] for j in samples]
+    failed = [j for j in samples if j["error"] or not j["gb_per_s"]]
+    if failed:
+        job["error"] = failed[0]["error"]
+        job["gb_per_s"] = None
+    else:
+        job["gb_per_s"] = median(job["samples_gb_per_s"])
+    return job
+
+
 def sizes(out):
     """[(label, cairn JSON or None, reason, torch JSON or None, reason)],
     smallest state first."""
@@ -145,13 +178,15 @@ def by_key(doc):
 
 def memcpy_limit(cairn):
     """(GB/s, which): the parallel figure when cairn measured one."""
+    n = len((cairn.get("memcpy") or {}).get("samples", []))
+    of = f", median of {n} samples" if n > 1 else ""
     par = cairn.get("memcpy_parallel_gb_per_s")
     if par:
         threads = cairn.get("memcpy", {}).get("threads")
-        return par, f"memcpy on {threads} threads" if threads else \
-            "memcpy, parallel"
+        return par, (f"memcpy on {threads} threads" if threads else
+                     "memcpy, parallel") + of
     single = cairn.get("memcpy_gb_per_s")
-    return (single, "memcpy on 1 thread") if single else (None, None)
+    return (single, "memcpy on 1 thread" + of) if single else (None, None)
 
 
 def cold_skip_reason(cairn):
@@ -396,6 +431,13 @@ def fmt_mib(v):
     return "-" if v is None else f"{v / MIB:.0f}"
 
 
+def fmt_samples(values):
+    """The samples of a median, or "-" when there was one."""
+    if len(values) < 2:
+        return "-"
+    return ", ".join(fmt_gbps(v) if v else "failed" for v in values)
+
+
 def md_table(header, rows):
     lines = ["| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
@@ -423,24 +465,36 @@ def limits_md(limits, size_docs, run):
                 gbps = f"**{gbps}** (fastest)"
             elif j["error"]:
                 gbps = f"failed (fio error {j['error']})"
-            table.append((j["label"], j["job"], gbps))
+            table.append((j["label"], j["job"], gbps,
+                          fmt_samples(j.get("samples_gb_per_s", []))))
         for s in limits["skipped"]:
-            table.append(("-", s["job"], f"not measured: {s['reason']}"))
-        md += md_table(["fio sequential, 1 MiB blocks", "job", "GB/s"], table)
+            table.append(("-", s["job"], f"not measured: {s['reason']}",
+                          "-"))
+        md += md_table(["fio sequential, 1 MiB blocks", "job",
+                        "GB/s (median)", "samples GB/s"], table)
         md += ["", "The save limit is the fastest write that reaches the disk "
                "(direct, or buffered with a final fsync); the cold-load limit "
-               "is the fastest direct read."]
+               "is the fastest direct read. With several samples (run.sh "
+               "--repeat) each job ran that many times, the jobs taking "
+               "turns, and its figure is the median of its samples."]
     mem = []
     for label, cairn, _, _, _ in size_docs:
         if cairn and cairn.get("memcpy_gb_per_s"):
             m = cairn.get("memcpy", {})
+            samples = m.get("samples", [])
             mem.append((label, fmt_gbps(cairn["memcpy_gb_per_s"]),
                         f"{fmt_gbps(cairn.get('memcpy_parallel_gb_per_s'))} "
-                        f"({m.get('threads', '?')} threads)"))
+                        f"({m.get('threads', '?')} threads)",
+                        fmt_samples([x.get("parallel_gb_per_s")
+                                     or x.get("gb_per_s")
+                                     for x in samples])))
     if mem:
         md += ["", "Host memcpy bandwidth, measured by `cairn bench` with a "
-               "buffer of the state's size:", ""]
-        md += md_table(["state", "1 thread GB/s", "all cores GB/s"], mem)
+               "buffer of the state's size (the median of its samples, "
+               "each the best of its copies; with --repeat, one sample "
+               "after each warm load_same sample):", ""]
+        md += md_table(["state", "1 thread GB/s", "all cores GB/s",
+                        "samples, all cores GB/s"], mem)
     return md
 
 

@@ -18,7 +18,9 @@ Usage: $PROG [--dir DIR] [--sizes "256MiB 1GiB 2GiB"] [--ranks 4] [--repeat N]
                       must not be tmpfs). Default /var/tmp/cairn-bench
   --sizes "S ..."     state sizes, as cairn takes them. Default "256MiB 1GiB 2GiB"
   --ranks W           ranks that save (loads run on W, W/2 and W-1). Default 4
-  --repeat N          samples of every timed phase; medians are reported. Default 1
+  --repeat N          samples of every timed phase and of every fio job (the
+                      jobs taking turns) and memcpy; medians are reported.
+                      Default 1
   --out DIR           results folder (must be new or empty).
                       Default bench/results/<date>-<hostname>
   --cairn PATH        the cairn binary. Default build/tools/cairn
@@ -187,15 +189,21 @@ json.dump(dict(zip(a[::2], a[1::2])), open(sys.argv[1], "w"), indent=1)' \
   torch_version "${TORCH_VERSION:-skipped}" command "$COMMAND_LINE"
 
 # ---- (a) physical limits: sequential 1 MiB I/O on one file in DIR
-# fio_job NAME OPTIONS...: one job on the test file, its JSON in fio-NAME.json.
+# fio_job NAME OPTIONS...: one job on the test file, its JSON in
+# fio-NAME.json (the first sample) or fio-NAME.K.json (the K-th, K = $REP).
 # Size-bound with a time limit: it stops after the file or FIO_RUNTIME.
+# REP=once: a job run once whatever --repeat says.
 fio_job() {
-  local name=$1
+  local name=$1 file=fio-$1.json label="fio $1"
   shift
+  if [ "$REP" != once ] && [ "$REPEAT" -gt 1 ]; then
+    label="$label (sample $REP of $REPEAT)"
+    if [ "$REP" -gt 1 ]; then file=fio-$name.$REP.json; fi
+  fi
   sync  # earlier dirty data must not be flushed inside this job's time
-  step "fio $name" fio --name="$name" --filename="$FIO_FILE" \
-    --size="$FIO_BYTES" --bs=1M --runtime="$FIO_RUNTIME" \
-    --output-format=json --output="$OUT/fio-$name.json" "$@"
+  step "$label" fio --name="$name" \
+    --filename="$FIO_FILE" --size="$FIO_BYTES" --bs=1M \
+    --runtime="$FIO_RUNTIME" --output-format=json --output="$OUT/$file" "$@"
 }
 
 # An engine the kernel or this fio lacks (io_uring is often disabled in
@@ -223,24 +231,30 @@ else
   for eng in libaio io_uring; do
     if engine_ok "$eng"; then ENGINES="$ENGINES $eng"; fi
   done
-  # Each write job starts from a fresh file, as a checkpoint does.
-  for eng in $ENGINES; do
-    if [ "$eng" = psync ]; then name=write-direct-psync depth=1
-    else name=write-direct-$eng-qd16 depth=16
-    fi
+  # --repeat N runs every job N times, the jobs taking turns, so that
+  # each limit is a median over the same minutes as the others (report.py
+  # takes it), as cairn's and the peer's rows are medians of their samples.
+  for REP in $(seq "$REPEAT"); do
+    # Each write job starts from a fresh file, as a checkpoint does.
+    for eng in $ENGINES; do
+      if [ "$eng" = psync ]; then name=write-direct-psync depth=1
+      else name=write-direct-$eng-qd16 depth=16
+      fi
+      rm -f "$FIO_FILE"
+      fio_job "$name" --rw=write --direct=1 --ioengine="$eng" --iodepth="$depth"
+    done
+    # Buffered writes count only with the final fsync: without it fio
+    # measures the page cache, not the disk.
     rm -f "$FIO_FILE"
-    fio_job "$name" --rw=write --direct=1 --ioengine="$eng" --iodepth="$depth"
+    fio_job write-buffered-psync-fsync --rw=write --direct=0 --ioengine=psync --end_fsync=1
+    for eng in $ENGINES; do
+      if [ "$eng" = psync ]; then name=read-direct-psync depth=1
+      else name=read-direct-$eng-qd16 depth=16
+      fi
+      fio_job "$name" --rw=read --direct=1 --ioengine="$eng" --iodepth="$depth"
+    done
   done
-  # Buffered writes count only with the final fsync: without it fio measures
-  # the page cache, not the disk.
-  rm -f "$FIO_FILE"
-  fio_job write-buffered-psync-fsync --rw=write --direct=0 --ioengine=psync --end_fsync=1
-  for eng in $ENGINES; do
-    if [ "$eng" = psync ]; then name=read-direct-psync depth=1
-    else name=read-direct-$eng-qd16 depth=16
-    fi
-    fio_job "$name" --rw=read --direct=1 --ioengine="$eng" --iodepth="$depth"
-  done
+  REP=once
   # Page-cached: the file is read once, untimed, so the job reads it from
   # memory; --invalidate=0 stops fio from dropping it from the cache first.
   step "fio read-pagecache-psync (prefill)" cat "$FIO_FILE" > /dev/null

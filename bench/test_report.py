@@ -280,6 +280,48 @@ class ReportTest(unittest.TestCase):
         self.assertIn("0.80x of 10.00", warm["measured"])
         self.assertEqual(warm["result"], "met")
 
+    def test_repeated_fio_jobs_and_memcpy_samples_give_their_medians(self):
+        self.full_run()
+        # Two more samples of the libaio write (2 GB/s in FIO): 1.5 and
+        # 2.5 GB/s leave its median at 2.0; the psync write's samples 1.0,
+        # 3.0 and 1.2 GB/s make it the fastest at 1.2 only if the median
+        # were not taken over its samples (its max is 3.0).
+        w = "write-direct-libaio-qd16"
+        self.write(f"fio-{w}.2.json",
+                   fio(w, "write", True, "libaio", 3 * GB // 2, 16))
+        self.write(f"fio-{w}.3.json",
+                   fio(w, "write", True, "libaio", 5 * GB // 2, 16))
+        p = "write-direct-psync"
+        self.write(f"fio-{p}.2.json", fio(p, "write", True, "psync", 3 * GB))
+        self.write(f"fio-{p}.3.json",
+                   fio(p, "write", True, "psync", 6 * GB // 5))
+        # One failed sample of a read: that job's figure is unknown.
+        r = "read-direct-libaio-qd16"
+        failed = fio(r, "read", True, "libaio", 0, 16)
+        failed["jobs"][0]["error"] = 5
+        self.write(f"fio-{r}.2.json", failed)
+        cairn = copy.deepcopy(CAIRN)
+        cairn["memcpy"]["samples"] = [
+            {"gb_per_s": 10.0, "parallel_gb_per_s": 16.0},
+            {"gb_per_s": 9.0, "parallel_gb_per_s": 30.0},
+            {"gb_per_s": 11.0, "parallel_gb_per_s": 15.0}]
+        self.write("cairn-2GB.json", cairn)
+        data, md = self.run_report()
+        write = data["limits"]["write"]
+        self.assertEqual(write["job"], w)
+        self.assertAlmostEqual(write["gb_per_s"], 2.0)
+        self.assertEqual(len(write["samples_gb_per_s"]), 3)
+        psync = next(j for j in data["limits"]["jobs"] if j["job"] == p)
+        self.assertAlmostEqual(psync["gb_per_s"], 1.2)
+        # The failed libaio read leaves psync's 2 GB/s as the cold limit.
+        self.assertAlmostEqual(data["limits"]["cold_read"]["gb_per_s"], 2.0)
+        self.assertIn("failed (fio error 5)", md)
+        self.assertIn("| 2.00, 1.50, 2.50 |", md)
+        self.assertIn("| 16.00, 30.00, 15.00 |", md)
+        warm = self.target(data, "warm load")
+        self.assertEqual(warm["detail"], "memcpy on 2 threads, median of 3 "
+                         "samples")
+
     def test_missing_torch_and_fio(self):
         self.write("fio.skipped", "--skip-fio given")
         self.write("torch.skipped", "--skip-torch given")

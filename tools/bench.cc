@@ -819,6 +819,12 @@ class Bench {
   absl::Status RunAsync();
   absl::Status RunLoads();
   absl::Status RunMemcpy();
+  // One memcpy sample, kept in memcpy_samples_.
+  absl::Status TakeMemcpySample(const std::string& what);
+  bool Wanted(const char* phase) const {
+    return std::find(o_.phases.begin(), o_.phases.end(), phase) !=
+           o_.phases.end();
+  }
   void CheckRss();
   int FillThreads(int ranks) const {
     return std::max(1, DefaultThreads() / ranks);
@@ -840,7 +846,8 @@ class Bench {
   std::vector<std::string> notes_;     // methodology, in the JSON
   std::vector<std::string> findings_;  // in the JSON notes and the table
   std::vector<Row> rows_;
-  json memcpy_;
+  json memcpy_;                       // the median of memcpy_samples_
+  std::vector<json> memcpy_samples_;  // each a MemcpySample
 };
 
 absl::Status Bench::Prepare() {
@@ -1116,6 +1123,13 @@ absl::Status Bench::RunLoads() {
             target.name, *row.cache, i + 1, o_.repeat, s,
             GigabytesPerSecond(bytes_, s), Num(ph, "metadata"),
             Num(ph, "planning"), Num(ph, "read"), MiB(r.peak_rss_bytes));
+        // The warm limit, measured next to the row it bounds: host memory
+        // bandwidth moves between minutes on a shared machine.
+        if (!cold && target.name == "load_same" && Wanted("memcpy")) {
+          CAIRN_RETURN_IF_ERROR(TakeMemcpySample(absl::StrFormat(
+              "memcpy after load_same (warm) sample %d of %d", i + 1,
+              o_.repeat)));
+        }
       }
     }
     for (Row& row : rows) {
@@ -1128,21 +1142,60 @@ absl::Status Bench::RunLoads() {
   return absl::OkStatus();
 }
 
-absl::Status Bench::RunMemcpy() {
+absl::Status Bench::TakeMemcpySample(const std::string& what) {
   const uint64_t bytes = std::min(bytes_, kMemcpyMaxBytes);
   const int threads = DefaultThreads();
   CAIRN_ASSIGN_OR_RETURN(
-      ChildResult r,
-      Sample("memcpy", [&] { return MemcpySample(bytes, threads); }));
-  memcpy_ = r.value;
-  memcpy_["peak_rss_bytes"] = r.peak_rss_bytes;
+      ChildResult r, Sample(what, [&] { return MemcpySample(bytes, threads); }));
+  r.value["peak_rss_bytes"] = r.peak_rss_bytes;
   if (threads > 1) {
-    Log("memcpy: %.2f GB/s on 1 thread, %.2f GB/s on %d threads (%s buffer)",
-        Num(memcpy_, "gb_per_s"), Num(memcpy_, "parallel_gb_per_s"), threads,
+    Log("%s: %.2f GB/s on 1 thread, %.2f GB/s on %d threads (%s buffer)", what,
+        Num(r.value, "gb_per_s"), Num(r.value, "parallel_gb_per_s"), threads,
         HumanBytes(bytes));
   } else {
-    Log("memcpy: %.2f GB/s (%s buffer)", Num(memcpy_, "gb_per_s"),
+    Log("%s: %.2f GB/s (%s buffer)", what, Num(r.value, "gb_per_s"),
         HumanBytes(bytes));
+  }
+  memcpy_samples_.push_back(std::move(r.value));
+  return absl::OkStatus();
+}
+
+// --repeat samples in all: those RunLoads took after its warm load_same
+// samples, and the rest now. The reported figures are their medians, as a
+// row's seconds are the median of its samples.
+absl::Status Bench::RunMemcpy() {
+  for (int i = static_cast<int>(memcpy_samples_.size()); i < o_.repeat; ++i) {
+    CAIRN_RETURN_IF_ERROR(TakeMemcpySample(
+        absl::StrFormat("memcpy sample %d of %d", i + 1, o_.repeat)));
+  }
+  memcpy_ = memcpy_samples_.front();
+  json samples = json::array();
+  std::vector<double> single, parallel, single_s, parallel_s;
+  uint64_t peak = 0;
+  for (const json& m : memcpy_samples_) {
+    samples.push_back({{"gb_per_s", m["gb_per_s"]},
+                       {"parallel_gb_per_s", m["parallel_gb_per_s"]}});
+    single.push_back(Num(m, "gb_per_s"));
+    single_s.push_back(Num(m, "seconds"));
+    if (m["parallel_gb_per_s"].is_number()) {
+      parallel.push_back(Num(m, "parallel_gb_per_s"));
+      parallel_s.push_back(Num(m, "parallel_seconds"));
+    }
+    peak = std::max(peak, static_cast<uint64_t>(Num(m, "peak_rss_bytes")));
+  }
+  memcpy_["gb_per_s"] = Median(single);
+  memcpy_["seconds"] = Median(single_s);
+  if (!parallel.empty()) {
+    memcpy_["parallel_gb_per_s"] = Median(parallel);
+    memcpy_["parallel_seconds"] = Median(parallel_s);
+  }
+  memcpy_["peak_rss_bytes"] = peak;
+  memcpy_["samples"] = std::move(samples);
+  if (memcpy_samples_.size() > 1) {
+    Log("memcpy: median of %d samples %.2f GB/s on 1 thread, %.2f GB/s on "
+        "all cores",
+        memcpy_samples_.size(), Num(memcpy_, "gb_per_s"),
+        Num(memcpy_, "parallel_gb_per_s"));
   }
   return absl::OkStatus();
 }
@@ -1269,13 +1322,18 @@ void Bench::PrintTable() const {
   const int threads = static_cast<int>(Num(memcpy_, "threads"));
   if (memcpy_.is_object()) {
     std::cout << absl::StrFormat(
-        "memcpy: %.2f GB/s on 1 thread%s (best of %d, %s buffer); the "
-        "\"memcpy\" column is a warm load's GB/s relative to %s\n",
+        "memcpy: %.2f GB/s on 1 thread%s (%s the best of %d copies of a %s "
+        "buffer); the \"memcpy\" column is a warm load's GB/s relative to "
+        "%s\n",
         Num(memcpy_, "gb_per_s"),
         threads > 1 ? absl::StrFormat(", %.2f GB/s on %d threads",
                                       Num(memcpy_, "parallel_gb_per_s"),
                                       threads)
                     : "",
+        memcpy_samples_.size() > 1
+            ? absl::StrFormat("the median of %d samples, each",
+                              memcpy_samples_.size())
+            : "one sample,",
         kMemcpyIterations, HumanBytes(static_cast<uint64_t>(
                                Num(memcpy_, "bytes"))),
         threads > 1 ? "the parallel figure" : "it");
@@ -1312,14 +1370,10 @@ int Bench::Run() {
         model_.config.hidden, o_.ranks,
         can_drop_ ? "drop_caches" : "unavailable", work_.string());
   }
-  auto wanted = [&](const char* phase) {
-    return std::find(o_.phases.begin(), o_.phases.end(), phase) !=
-           o_.phases.end();
-  };
-  if (status.ok() && (wanted("save") || wanted("load"))) status = RunSave();
-  if (status.ok() && wanted("async")) status = RunAsync();
-  if (status.ok() && wanted("load")) status = RunLoads();
-  if (status.ok() && wanted("memcpy")) status = RunMemcpy();
+  if (status.ok() && (Wanted("save") || Wanted("load"))) status = RunSave();
+  if (status.ok() && Wanted("async")) status = RunAsync();
+  if (status.ok() && Wanted("load")) status = RunLoads();
+  if (status.ok() && Wanted("memcpy")) status = RunMemcpy();
   if (!status.ok()) {
     PrintError("bench", status);
     if (o_.keep && !work_.empty()) Log("kept %s", work_.string());
@@ -1370,8 +1424,11 @@ int Bench::Run() {
       "active list whatever the cold load before did (as torch_peer.py).",
       absl::StrFormat(
           "memcpy: the best of %d copies of a touched %s buffer, on one "
-          "thread and on all %d cores (each a slice): the limit for a warm "
-          "load, which copies from the page cache.",
+          "thread and on all %d cores (each a slice), in a fresh child; "
+          "--repeat such samples, one right after each warm load_same "
+          "sample when loads run, and the median of each figure reported "
+          "(every sample in memcpy.samples): the limit for a warm load, "
+          "which copies from the page cache.",
           kMemcpyIterations,
           HumanBytes(std::min(bytes_, kMemcpyMaxBytes)), DefaultThreads()),
   };

@@ -199,6 +199,19 @@ TEST_F(BenchCliTest, TwoRanksHaveOneReshardedLayoutAndKeepKeepsIt) {
   for (const auto& row : j["results"]) {
     EXPECT_EQ(row["samples"].size(), 2u) << row;
   }
+  // memcpy: a sample after each warm load_same sample, the median of the
+  // two reported (their mean) and both listed.
+  const nlohmann::json& m = j["memcpy"];
+  ASSERT_EQ(m["samples"].size(), 2u) << m;
+  EXPECT_THAT(r.err, HasSubstr("memcpy after load_same (warm) sample 2 of 2"));
+  for (const char* key : {"gb_per_s", "parallel_gb_per_s"}) {
+    if (m[key].is_null()) continue;  // one core: no parallel figure
+    const double mid = (m["samples"][0][key].get<double>() +
+                        m["samples"][1][key].get<double>()) / 2;
+    EXPECT_DOUBLE_EQ(m[key].get<double>(), mid) << key << ": " << m;
+  }
+  EXPECT_DOUBLE_EQ(j["memcpy_gb_per_s"].get<double>(),
+                   m["gb_per_s"].get<double>());
   const fs::path work = j["work_dir"].get<std::string>();
   EXPECT_TRUE(fs::exists(work / "sync" / "metadata.json"));
   EXPECT_TRUE(fs::exists(work / "async" / "metadata.json"));
