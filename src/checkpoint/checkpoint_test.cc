@@ -512,6 +512,7 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
   if (!DirectIoWorksIn(tmp.path())) GTEST_SKIP() << "no O_DIRECT here";
 
   // Loads every tensor cold through a storage that counts direct bytes.
+  uint64_t bytes_read = 0;  // LoadResult::bytes_read of the last good load
   auto load = [&](StateDict& dst, uint64_t* direct_bytes) {
     if (!EvictFromPageCache(path)) {
       return absl::FailedPreconditionError("cannot evict " + path);
@@ -525,6 +526,7 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
     absl::StatusOr<LoadResult> loaded =
         internal_checkpoint::LoadFromStorage(dst, counted->get(), {});
     *direct_bytes = direct.load();
+    if (loaded.ok()) bytes_read = loaded->bytes_read;
     return loaded.status();
   };
   std::vector<Tensor> out;
@@ -543,8 +545,12 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
   // The data, 64 x 20000 bytes from a page boundary, direct up to its last
   // whole page (whichever way the 8 MiB buffers cut it).
   EXPECT_EQ(direct, 64 * 20000 / 4096 * 4096);
+  // One group, from the first chunk (on a page boundary) to the end of the
+  // last: the bytes read are the data's, nothing counted twice.
+  EXPECT_EQ(bytes_read, 64 * 20000);
 
-  // A changed byte in one chunk is still caught, naming it.
+  // A changed byte in one chunk is still caught, naming it (through the
+  // page cache, where fputc left it, if the file cannot be evicted again).
   {
     std::FILE* f = std::fopen(path.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
@@ -555,6 +561,10 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
     ASSERT_EQ(std::fclose(f), 0);
   }
   s = load(dst, &direct);
+  if (absl::IsFailedPrecondition(s)) {
+    absl::StatusOr<LoadResult> cached = Load(dst, tmp.path());
+    s = cached.status();
+  }
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(Msg(s), HasSubstr("crc32c mismatch in t10"));
   EXPECT_THAT(Msg(s), HasSubstr(t10.file));
