@@ -490,7 +490,8 @@ def limits_md(limits, size_docs, run):
                                      for x in samples])))
     if mem:
         md += ["", "Host memcpy bandwidth, measured by `cairn bench` with a "
-               "buffer of the state's size (the median of its samples, "
+               "buffer of the state's size, 1 GiB at most (the median of its "
+               "samples, "
                "each the best of its copies; with --repeat, one sample "
                "after each warm load_same sample):", ""]
         md += md_table(["state", "1 thread GB/s", "all cores GB/s",
