@@ -1,6 +1,8 @@
 #!/bin/sh
 # Installs cairn's build and test dependencies from Debian 12 packages.
 # Run as root (or with sudo). Safe to run again: apt-get skips what is there.
+# fio is the benchmark harness's (bench/run.sh), whose end-to-end test
+# (bench_run_test) runs with the suite.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -8,7 +10,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake ninja-build pkg-config \
   libabsl-dev nlohmann-json3-dev libisal-dev libcli11-dev \
   libopenmpi-dev openmpi-bin liburing-dev libdlpack-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev"
+  libgtest-dev libgmock-dev libbenchmark-dev \
+  fio"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
