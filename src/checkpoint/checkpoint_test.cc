@@ -396,9 +396,24 @@ TEST(CheckpointTest, LoadOfMissingCheckpointIsNotFound) {
   EXPECT_THAT(Msg(s), HasSubstr("metadata.json"));
 }
 
-// The load coordinator sends metadata.json to every rank behind a message
-// header; read with room for it, the text is never copied (988 MB in the
-// 16k-rank FSDP simulation).
+// Loads `dst` from `dir` through a file storage (O_DIRECT allowed) that
+// counts in *direct the bytes its files read with O_DIRECT.
+absl::StatusOr<LoadResult> LoadCountingDirectBytes(const std::string& dir,
+                                                   StateDict& dst,
+                                                   const LoadOptions& options,
+                                                   uint64_t* direct) {
+  std::atomic<uint64_t> counted_bytes{0};
+  absl::StatusOr<std::unique_ptr<Storage>> counted =
+      internal_storage::OpenFileStorageForTesting(
+          dir, StorageOptions{.direct_io = true},
+          {.direct_bytes_read = &counted_bytes});
+  if (!counted.ok()) return counted.status();
+  absl::StatusOr<LoadResult> loaded =
+      internal_checkpoint::LoadFromStorage(dst, counted->get(), options);
+  *direct = counted_bytes.load();
+  return loaded;
+}
+
 // Entries of 64 KiB or more start at a multiple of 4096 in their file, after
 // a zero-filled U8 padding entry (safetensors allows no holes); smaller ones
 // are packed. So a cold load reads them with O_DIRECT straight into aligned
@@ -471,27 +486,22 @@ TEST(CheckpointTest, LargeEntriesAreAlignedForDirectReads) {
   if (!EvictFromPageCache(tmp.path() + "/" + file)) {
     GTEST_SKIP() << "cannot push " << file << " out of the page cache";
   }
-  std::atomic<uint64_t> direct{0};
-  absl::StatusOr<std::unique_ptr<Storage>> counted =
-      internal_storage::OpenFileStorageForTesting(
-          tmp.path(), StorageOptions{.direct_io = true},
-          {.direct_bytes_read = &direct});
-  ASSERT_TRUE(counted.ok()) << counted.status();
   Tensor b = *Tensor::Zeros(DType::kF32, {129, 131});
   Tensor e = *Tensor::Zeros(DType::kF16, {300, 123});
   StateDict dst;
   dst["b_big"] = b;
   dst["e_big"] = e;
   dst["d_object"] = Object{};
-  absl::StatusOr<LoadResult> loaded = internal_checkpoint::LoadFromStorage(
-      dst, counted->get(), LoadOptions{.strict = false});
+  uint64_t direct = 0;
+  absl::StatusOr<LoadResult> loaded = LoadCountingDirectBytes(
+      tmp.path(), dst, LoadOptions{.strict = false}, &direct);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_TRUE(SameBytes(b, Filled(DType::kF32, {129, 131}, 2)));
   EXPECT_TRUE(SameBytes(e, Filled(DType::kF16, {300, 123}, 4)));
   EXPECT_EQ(dst.Find("d_object")->object()->bytes, object);
   EXPECT_EQ(loaded->chunks_verified, 3u);
   // (The object is read into a string's memory, which is not aligned.)
-  EXPECT_EQ(direct.load(), 67596 / 4096 * 4096 + 73800 / 4096 * 4096);
+  EXPECT_EQ(direct, 67596 / 4096 * 4096 + 73800 / 4096 * 4096);
 }
 
 // Small chunks that lie back to back in a file are read with one request
@@ -517,15 +527,8 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
     if (!EvictFromPageCache(path)) {
       return absl::FailedPreconditionError("cannot evict " + path);
     }
-    std::atomic<uint64_t> direct{0};
-    absl::StatusOr<std::unique_ptr<Storage>> counted =
-        internal_storage::OpenFileStorageForTesting(
-            tmp.path(), StorageOptions{.direct_io = true},
-            {.direct_bytes_read = &direct});
-    if (!counted.ok()) return counted.status();
     absl::StatusOr<LoadResult> loaded =
-        internal_checkpoint::LoadFromStorage(dst, counted->get(), {});
-    *direct_bytes = direct.load();
+        LoadCountingDirectBytes(tmp.path(), dst, {}, direct_bytes);
     if (loaded.ok()) bytes_read = loaded->bytes_read;
     return loaded.status();
   };
@@ -570,6 +573,9 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
   EXPECT_THAT(Msg(s), HasSubstr(t10.file));
 }
 
+// The load coordinator sends metadata.json to every rank behind a message
+// header; read with room for it, the text is never copied (988 MB in the
+// 16k-rank FSDP simulation).
 TEST(CheckpointTest, MetadataTextHasRoomForTheBroadcastHeader) {
   TempDir tmp;
   StateDict sd;
