@@ -1170,24 +1170,24 @@ absl::Status Bench::RunMemcpy() {
   }
   memcpy_ = memcpy_samples_.front();
   json samples = json::array();
-  std::vector<double> single, parallel, single_s, parallel_s;
+  std::vector<double> single, parallel;
   uint64_t peak = 0;
   for (const json& m : memcpy_samples_) {
     samples.push_back({{"gb_per_s", m["gb_per_s"]},
                        {"parallel_gb_per_s", m["parallel_gb_per_s"]}});
     single.push_back(Num(m, "gb_per_s"));
-    single_s.push_back(Num(m, "seconds"));
     if (m["parallel_gb_per_s"].is_number()) {
       parallel.push_back(Num(m, "parallel_gb_per_s"));
-      parallel_s.push_back(Num(m, "parallel_seconds"));
     }
     peak = std::max(peak, static_cast<uint64_t>(Num(m, "peak_rss_bytes")));
   }
+  // The seconds that go with the median GB/s (bytes / GB/s).
+  const double bytes = Num(memcpy_, "bytes");
   memcpy_["gb_per_s"] = Median(single);
-  memcpy_["seconds"] = Median(single_s);
+  memcpy_["seconds"] = bytes / (Median(single) * 1e9);
   if (!parallel.empty()) {
     memcpy_["parallel_gb_per_s"] = Median(parallel);
-    memcpy_["parallel_seconds"] = Median(parallel_s);
+    memcpy_["parallel_seconds"] = bytes / (Median(parallel) * 1e9);
   }
   memcpy_["peak_rss_bytes"] = peak;
   memcpy_["samples"] = std::move(samples);

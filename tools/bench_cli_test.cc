@@ -212,6 +212,9 @@ TEST_F(BenchCliTest, TwoRanksHaveOneReshardedLayoutAndKeepKeepsIt) {
   }
   EXPECT_DOUBLE_EQ(j["memcpy_gb_per_s"].get<double>(),
                    m["gb_per_s"].get<double>());
+  // The reported seconds go with the reported GB/s.
+  EXPECT_NEAR(m["seconds"].get<double>() * m["gb_per_s"].get<double>() * 1e9,
+              m["bytes"].get<double>(), 1e-6 * m["bytes"].get<double>());
   const fs::path work = j["work_dir"].get<std::string>();
   EXPECT_TRUE(fs::exists(work / "sync" / "metadata.json"));
   EXPECT_TRUE(fs::exists(work / "async" / "metadata.json"));
