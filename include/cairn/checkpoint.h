@@ -133,8 +133,12 @@ struct LoadOptions {
   // Check the CRC32C of every chunk and object that is read whole. A part
   // of a chunk whose reads would cover nearly all of it anyway (within an
   // eighth more bytes: the columns of a column reshard) is read whole for
-  // this by one of the ranks reading parts of it; a smaller part is read
-  // alone and not checked. Default: true.
+  // this by one of the ranks reading parts of it. A smaller part that is
+  // one contiguous run of the chunk (rows) is checksummed as it is read,
+  // and the coordinator combines the CRC32Cs of parts that together cover
+  // a chunk, from any ranks, and compares them with the chunk's. Other
+  // parts (bytes no rank loads, boxes cut across rows and columns) are not
+  // checked. Default: true.
   bool verify_checksums = true;
   // Needed byte runs of one file closer than this are read with one request.
   // Default: 64 KiB.
@@ -191,7 +195,9 @@ struct LoadResult {
   std::vector<std::string> unexpected;  // in the checkpoint, requested by no rank
   uint64_t bytes_loaded = 0;     // bytes placed into destinations
   uint64_t bytes_read = 0;       // bytes this rank read from storage
-  uint64_t chunks_verified = 0;  // chunks and objects whose CRC32C matched
+  // Chunks and objects whose CRC32C matched: read whole by this rank, or
+  // (on the coordinator) read in parts by several ranks.
+  uint64_t chunks_verified = 0;
   uint64_t device_bytes = 0;     // of bytes_loaded, copied into device memory
   int world_size = 1;
   // Ranks in this rank's replica group (1: it read everything itself).

@@ -33,9 +33,13 @@
 //        checksummed as its slabs land (pieces combined afterwards) and
 //        compared with its CRC32C; so is a chunk read in contiguous pieces
 //        over several Read calls (CheckAcrossReads), in the call that
-//        completes it.
+//        completes it. A part of a chunk that is one contiguous run of it
+//        (rows) and not read whole is checksummed too, for step 4.
 //     e. CommitChunk for every item, in plan order.
-//  4. Agree: every rank learns whether every rank succeeded.
+//  4. Agree: the coordinator gathers every rank's status and the CRC32Cs
+//     of its parts of chunks (3d), combines the parts of each chunk that
+//     they tile and compares them with its CRC32C (CheckSharedPieces), and
+//     every rank learns the verdict.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -93,13 +97,20 @@ struct DataFile {
   absl::flat_hash_set<std::pair<uint64_t, uint64_t>> entries;
 };
 
-// A stored chunk (or object) that is read whole, so its CRC32C is checked.
-// `carried`: a piece of a chunk read whole over several Read calls (see
-// Loader::CheckAcrossReads), checked when its last piece lands.
+// A stored chunk (or object) whose CRC32C is checked:
+//  - kWhole: read whole in one Read call, checked there;
+//  - kCarried: read whole by this rank over several Read calls (see
+//    Loader::CheckAcrossReads), checked when its last piece lands;
+//  - kShared: one contiguous part of it (rows of a row reshard) read by this
+//    rank, the rest by others: each rank checksums its parts and the
+//    coordinator combines them (CheckSharedPieces) after the reads.
 struct Check {
+  enum class Kind { kWhole, kCarried, kShared };
   std::string what;  // "model.wq@1024,0" or the object's FQN
   const ByteLocation* location = nullptr;
-  bool carried = false;
+  Kind kind = Kind::kWhole;
+  const std::string* fqn = nullptr;  // kShared: the tensor
+  size_t chunk = 0;                  // kShared: its chunk index
 };
 
 // A checksummed, contiguous piece of a stored chunk (or object): where it
@@ -150,6 +161,15 @@ absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
 struct CarriedCheck {
   std::string what;  // "model.wq [0:1024, 0:512]"
   std::vector<CrcPiece> pieces;
+};
+
+// The checksummed pieces of a chunk of which this rank read only parts
+// (Check::Kind::kShared), for the coordinator to combine with the other
+// ranks' parts: the chunk is chunks[chunk] of the stored tensor `fqn`.
+struct SharedPieces {
+  std::string fqn;
+  uint64_t chunk = 0;
+  std::vector<CrcPiece> pieces;  // adjacent pieces merged
 };
 
 struct ReadTask {
@@ -331,6 +351,35 @@ class Loader {
 
   // What the reads so far did; the next Read counts afresh.
   LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
+
+  // The pieces of chunks this rank read only parts of, over all its Reads
+  // (adjacent pieces merged), for CheckSharedPieces; the next Read
+  // collects afresh.
+  std::vector<SharedPieces> TakeSharedPieces() {
+    std::vector<SharedPieces> out;
+    for (auto& [location, shared] : shared_) {
+      std::vector<CrcPiece>& p = shared.pieces;
+      std::sort(p.begin(), p.end(), [](const CrcPiece& a, const CrcPiece& b) {
+        return std::pair(a.offset, a.bytes) < std::pair(b.offset, b.bytes);
+      });
+      std::vector<CrcPiece> merged;
+      for (const CrcPiece& piece : p) {
+        if (!merged.empty() &&
+            merged.back().offset + merged.back().bytes == piece.offset) {
+          CrcPiece& last = merged.back();
+          last.crc = internal_format::Crc32cCombine(last.crc, piece.crc,
+                                                    piece.bytes);
+          last.bytes += piece.bytes;
+        } else {
+          merged.push_back(piece);
+        }
+      }
+      p = std::move(merged);
+      out.push_back(std::move(shared));
+    }
+    shared_.clear();
+    return out;
+  }
 
   // Declares every tensor item this reader will be given over its Read
   // calls (a staged load's batches). A stored chunk that these items tile
@@ -581,9 +630,10 @@ class Loader {
   }
 
   int AddCheck(std::string what, const ByteLocation* location,
-               bool carried = false) {
+               Check::Kind kind = Check::Kind::kWhole,
+               const std::string* fqn = nullptr, size_t chunk = 0) {
     if (!options_.verify_checksums) return -1;
-    checks_.push_back(Check{std::move(what), location, carried});
+    checks_.push_back(Check{std::move(what), location, kind, fqn, chunk});
     return static_cast<int>(checks_.size()) - 1;
   }
 
@@ -601,11 +651,17 @@ class Loader {
     needed_.push_back({file, &chunk.location, what});
     if (whole_chunk) carried_.erase(&chunk.location);  // checked here
     // A part of a chunk read in pieces over several Reads (every slab of
-    // such a part is contiguous in the file, as a whole chunk's are).
-    const int check = whole_chunk ? AddCheck(what, &chunk.location)
-                      : carried_.contains(&chunk.location)
-                          ? AddCheck(what, &chunk.location, /*carried=*/true)
-                          : -1;
+    // such a part is contiguous in the file, as a whole chunk's are); else
+    // a part that is one contiguous run of the chunk (rows), whose CRC32C
+    // the coordinator combines with the other ranks' parts of the chunk.
+    const int check =
+        whole_chunk ? AddCheck(what, &chunk.location)
+        : carried_.contains(&chunk.location)
+            ? AddCheck(what, &chunk.location, Check::Kind::kCarried)
+        : internal_core::SubBoxRuns(chunk.box, overlap, es).num_runs() == 1
+            ? AddCheck(what, &chunk.location, Check::Kind::kShared, &fqn,
+                       static_cast<size_t>(&chunk - tm.chunks.data()))
+            : -1;
 
     const std::vector<int64_t> cs = RowMajorByteStrides(chunk.box.sizes, es);
     const uint64_t bounce = std::max<uint64_t>(options_.bounce_buffer_bytes,
@@ -990,7 +1046,19 @@ class Loader {
     }
     std::vector<const ByteLocation*> carried;
     for (size_t c = 0; c < checks_.size(); ++c) {
-      if (!checks_[c].carried) continue;
+      if (checks_[c].kind == Check::Kind::kShared) {
+        auto [it, inserted] = shared_.try_emplace(checks_[c].location);
+        if (inserted) {
+          it->second.fqn = *checks_[c].fqn;
+          it->second.chunk = checks_[c].chunk;
+        }
+        for (size_t i : pieces[c]) {
+          it->second.pieces.push_back(
+              {tasks_[i].check_offset, tasks_[i].span, crcs[i]});
+        }
+        continue;
+      }
+      if (checks_[c].kind != Check::Kind::kCarried) continue;
       const ByteLocation* loc = checks_[c].location;
       if (carried.empty() || carried.back() != loc) carried.push_back(loc);
       for (size_t i : pieces[c]) {
@@ -1002,7 +1070,7 @@ class Loader {
       CAIRN_RETURN_IF_ERROR(CheckCarried(loc));
     }
     for (size_t c = 0; c < checks_.size(); ++c) {
-      if (checks_[c].carried) continue;
+      if (checks_[c].kind != Check::Kind::kWhole) continue;
       std::vector<CrcPiece> p;
       for (size_t i : pieces[c]) {
         p.push_back({tasks_[i].check_offset, tasks_[i].span, crcs[i]});
@@ -1052,6 +1120,8 @@ class Loader {
   std::map<const TensorMetadata*, const std::string*> fqn_of_;
   // Chunks read in pieces over several Reads, until checked.
   std::map<const ByteLocation*, CarriedCheck> carried_;
+  // Chunks this rank read parts of, the rest read by other ranks.
+  std::map<const ByteLocation*, SharedPieces> shared_;
   // The IO threads, kept from Read to Read: a staged load reads batch by
   // batch, and starting the threads for every batch cost 0.34-0.47 ms a
   // batch on the 2-core VM.
@@ -1276,6 +1346,122 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
   return absl::OkStatus();
 }
 
+// One rank's SharedPieces for the coordinator.
+std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared) {
+  internal_core::ByteWriter w;
+  w.U64(shared.size());
+  for (const SharedPieces& s : shared) {
+    w.Str(s.fqn);
+    w.U64(s.chunk);
+    w.U64(s.pieces.size());
+    for (const CrcPiece& p : s.pieces) {
+      w.U64(p.offset);
+      w.U64(p.bytes);
+      w.U32(p.crc);
+    }
+  }
+  return w.Take();
+}
+
+// The coordinator, after the reads: the pieces every rank checksummed of the
+// chunks it read only parts of (`payloads[r]`: rank r's EncodeSharedPieces).
+// A chunk whose pieces tile it, from one rank or several, has their CRC32Cs
+// combined and compared with its stored one (kDataLoss naming the chunk,
+// file, offset and ranks when they differ); a chunk that no set of pieces
+// tiles (bytes nobody loaded, or parts that overlap unevenly) stays
+// unchecked. Two ranks that read the same bytes must have read the same
+// CRC32C. Returns how many chunks were checked.
+absl::StatusOr<uint64_t> CheckSharedPieces(
+    const Metadata& metadata, const std::vector<std::string>& payloads) {
+  struct Part {
+    CrcPiece piece;
+    int rank;
+  };
+  std::map<std::pair<const TensorMetadata*, uint64_t>, std::vector<Part>> parts;
+  std::map<const TensorMetadata*, const std::string*> fqns;
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    const std::string what = absl::StrCat("chunk checksums from rank ", r);
+    internal_core::ByteReader in(payloads[r], what);
+    const uint64_t n = in.Count(/*min_bytes=*/24);
+    for (uint64_t i = 0; i < n && !in.failed(); ++i) {
+      const std::string fqn = in.Str();
+      const uint64_t chunk = in.U64();
+      const uint64_t pieces = in.Count(/*min_bytes=*/20);
+      if (in.failed()) break;
+      auto it = metadata.tensors.find(fqn);
+      if (it == metadata.tensors.end() || chunk >= it->second.chunks.size()) {
+        return absl::InternalError(absl::StrFormat(
+            "%s: chunk %d of %s, which the checkpoint does not hold", what,
+            chunk, fqn));
+      }
+      fqns.emplace(&it->second, &it->first);
+      const uint64_t nbytes = it->second.chunks[chunk].location.nbytes;
+      std::vector<Part>& mine = parts[{&it->second, chunk}];
+      for (uint64_t j = 0; j < pieces && !in.failed(); ++j) {
+        Part part{{in.U64(), in.U64(), in.U32()}, static_cast<int>(r)};
+        if (!in.failed() && (part.piece.offset > nbytes ||
+                                 part.piece.bytes > nbytes - part.piece.offset)) {
+          return absl::InternalError(absl::StrFormat(
+              "%s: bytes [%d, +%d) of chunk %d of %s, which has %d", what,
+              part.piece.offset, part.piece.bytes, chunk, fqn, nbytes));
+        }
+        mine.push_back(part);
+      }
+    }
+    CAIRN_RETURN_IF_ERROR(in.status());
+  }
+  uint64_t checked = 0;
+  for (auto& [key, mine] : parts) {
+    const TensorMetadata& tm = *key.first;
+    const ChunkMetadata& chunk = tm.chunks[key.second];
+    const std::string entry = internal_format::EntryName(
+        *fqns[&tm], chunk.box, chunk.box == Box::Full(tm.shape));
+    std::sort(mine.begin(), mine.end(), [](const Part& a, const Part& b) {
+      return std::tuple(a.piece.offset, a.piece.bytes, a.rank) <
+             std::tuple(b.piece.offset, b.piece.bytes, b.rank);
+    });
+    std::vector<CrcPiece> tiling;
+    std::set<int> ranks;
+    const Part* last = nullptr;
+    uint64_t covered = 0;
+    bool tiles = true;
+    for (const Part& part : mine) {
+      const CrcPiece& p = part.piece;
+      if (last != nullptr && p.offset == last->piece.offset &&
+          p.bytes == last->piece.bytes) {
+        // The same bytes read by two ranks (replicated destinations).
+        if (p.crc != last->piece.crc) {
+          return absl::DataLossError(absl::StrFormat(
+              "%s (%s, offset %d): ranks %d and %d read different bytes at "
+              "[%d, +%d) of it (CRC32C %s and %s); was the file changed "
+              "during the load?",
+              entry, chunk.location.file, chunk.location.offset, last->rank,
+              part.rank, p.offset, p.bytes,
+              internal_format::Crc32cToHex(last->piece.crc),
+              internal_format::Crc32cToHex(p.crc)));
+        }
+        continue;
+      }
+      if (p.offset != covered) {  // a gap, or an uneven overlap
+        tiles = false;
+        break;
+      }
+      tiling.push_back(p);
+      ranks.insert(part.rank);
+      covered += p.bytes;
+      last = &part;
+    }
+    if (!tiles || covered != chunk.location.nbytes) continue;
+    CAIRN_RETURN_IF_ERROR(CheckPieces(
+        entry, chunk.location, std::move(tiling),
+        absl::StrFormat(", read in parts by rank%s %s",
+                        ranks.size() > 1 ? "s" : "",
+                        absl::StrJoin(ranks, ", "))));
+    ++checked;
+  }
+  return checked;
+}
+
 // Staged load: the items are read in batches of about `batch_bytes` through
 // host staging, for two reasons, either or both:
 //  - a replica group (`group` of several members, which all have the same
@@ -1295,6 +1481,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const LoadOptions& options,
                                       uint64_t batch_bytes,
                                       LoadPhaseTimes& phases,
+                                      std::vector<SharedPieces>& shared,
                                       std::vector<Destination> resolved = {}) {
   // A group of one has nobody to agree with: its own status is the verdict
   // (LoadWithMetadata's final agreement names the rank).
@@ -1595,6 +1782,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   auto t0 = std::chrono::steady_clock::now();
   if (placed.ok()) placed = devices.SynchronizeAll();
   if (placed.ok()) placed = reader.FinishAcrossReads();
+  shared = reader.TakeSharedPieces();
   phases.copy += Since(t0);
   CAIRN_RETURN_IF_ERROR(agree(placed));
   // Every copy out of the staging has finished.
@@ -1712,6 +1900,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
 
   // 3. Read.
   LoadPhaseTimes phases;
+  std::vector<SharedPieces> shared;
   absl::StatusOr<LoadResult> result = [&]() -> absl::StatusOr<LoadResult> {
     absl::StatusOr<LoadPlan> plan = internal_plan::DecodeLoadPlan(
         plan_bytes, "load plan from the coordinator");
@@ -1719,7 +1908,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     absl::StatusOr<LoadResult> r;
     if (group_comm != nullptr && group_comm->size() > 1) {
       r = StagedLoad(*group_comm, plan, planner, **storage, metadata, options,
-                     options.broadcast_batch_bytes, phases);
+                     options.broadcast_batch_bytes, phases, shared);
     } else {
       CAIRN_RETURN_IF_ERROR(plan.status());
       const auto read_start = std::chrono::steady_clock::now();
@@ -1736,10 +1925,12 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
         // A group of one: no broadcast, only the staging.
         std::unique_ptr<Communicator> alone = LocalCommunicator();
         r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
-                       options.device_batch_bytes, phases, std::move(dsts));
+                       options.device_batch_bytes, phases, shared,
+                       std::move(dsts));
       } else {
         Loader loader(**storage, metadata, options);
         r = loader.Run(plan->items, dsts, planner);
+        shared = loader.TakeSharedPieces();
         phases.read = Since(read_start);
       }
       if (r.ok()) r->replica_group_size = 1;
@@ -1751,9 +1942,25 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     return r;
   }();
 
-  // 4. Agree.
+  // 4. Agree, and check the chunks that ranks read parts of: the
+  // coordinator combines the CRC32Cs of their parts (one gather of a few
+  // bytes per part, and the verdict to every rank).
+  absl::StatusOr<std::vector<std::string>> pieces = GatherOrError(
+      *comm, result.status(),
+      result.ok() ? EncodeSharedPieces(shared) : std::string(), kOperation,
+      "reading");
+  absl::Status verdict = pieces.status();
+  uint64_t shared_checked = 0;
+  if (coordinator && verdict.ok()) {
+    absl::StatusOr<uint64_t> checked = CheckSharedPieces(metadata, *pieces);
+    verdict = Annotate(checked.status(),
+                       absl::StrCat(kOperation, " failed in checking the "
+                                                "chunks ranks read parts of"));
+    if (checked.ok()) shared_checked = *checked;
+  }
   CAIRN_RETURN_IF_ERROR(
-      AgreeOnStatus(*comm, result.status(), kOperation, "reading"));
+      BroadcastOutcome(*comm, verdict, std::string()).status());
+  result->chunks_verified += shared_checked;
   result->world_size = world;
   result->phases = phases;
   result->phases.planning = planning_done;

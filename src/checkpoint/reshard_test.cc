@@ -568,6 +568,126 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
   }
 }
 
+// The rows of a row reshard cut chunks into parts that no one rank reads
+// whole (4 chunks of 64 rows loaded as rows 0..85, 85..170 and 170..256):
+// each rank checksums its parts and the coordinator combines the parts of
+// every chunk and compares them with its CRC32C, so every chunk is checked
+// although two are read in parts, and a changed byte in either part fails
+// the load on every rank, naming the chunk, its file and the ranks. Also
+// with replicas (the same rows on two ranks), read once per replica group
+// and broadcast, or read by both replicas.
+TEST(ReshardTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 1024;
+  std::vector<float> full = Arange(kRows * kCols);
+  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+
+  // Loads rows [cuts[r % n], cuts[r % n + 1]) on rank r of `world` (n the
+  // number of row ranges); each rank's status, and the chunks verified.
+  struct Outcome {
+    std::vector<absl::Status> statuses;
+    uint64_t verified = 0;
+  };
+  auto load = [&](std::vector<int64_t> cuts, int world,
+                  LoadOptions options) -> Outcome {
+    const int n = static_cast<int>(cuts.size()) - 1;
+    std::vector<uint64_t> verified(world, 0);
+    Outcome out;
+    out.statuses = RunInProcess(world, [&](Communicator& comm) -> absl::Status {
+      const int r = comm.rank();
+      const Box box{{cuts[r % n], 0}, {cuts[r % n + 1] - cuts[r % n], kCols}};
+      std::vector<float> rows(box.num_elements(), -1.0f);
+      StateDict dst;
+      dst["w"] = ShardedTensor(
+          DType::kF32, {kRows, kCols},
+          {{box, TensorView(rows.data(), DType::kF32, box.sizes)}});
+      LoadOptions o = options;
+      o.comm = &comm;
+      absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), o);
+      if (!loaded.ok()) return loaded.status();
+      verified[r] = loaded->chunks_verified;
+      for (int64_t i = 0; i < box.num_elements(); ++i) {
+        if (rows[i] != full[box.offsets[0] * kCols + i]) {
+          return absl::InternalError(absl::StrCat("wrong element ", i));
+        }
+      }
+      return absl::OkStatus();
+    });
+    for (uint64_t v : verified) out.verified += v;
+    return out;
+  };
+  LoadOptions no_broadcast;
+  no_broadcast.broadcast_replicas = false;
+  LoadOptions unchecked;
+  unchecked.verify_checksums = false;
+  struct Case {
+    std::string name;
+    std::vector<int64_t> cuts;
+    int world;
+    LoadOptions options;
+    uint64_t verified;  // checks, over the ranks
+  };
+  const std::vector<Case> cases = {
+      {"4 to 3 rows", {0, 85, 170, 256}, 3, {}, 4},
+      {"4 to 2 rows, each on two replicas, broadcast", {0, 100, 256}, 4, {},
+       4},
+      // Chunks 0, 2 and 3 are read whole by both replicas, and checked by
+      // each; chunk 1 in parts, checked once.
+      {"4 to 2 rows, each on two replicas, both read",
+       {0, 100, 256},
+       4,
+       no_broadcast,
+       7},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Outcome ok = load(c.cuts, c.world, c.options);
+    for (const absl::Status& s : ok.statuses) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(ok.verified, c.verified);
+  }
+  Outcome none = load({0, 85, 170, 256}, 3, unchecked);
+  for (const absl::Status& s : none.statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(none.verified, 0u);
+
+  // One bit changed in chunk 1 (rows 64..128) at row 70 (the first rank's
+  // part in every case), then at row 120 (the second's).
+  const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
+  const std::string path = tmp.path() + "/" + at.file;
+  for (const int64_t row : {70, 120}) {
+    SCOPED_TRACE(absl::StrCat("row ", row));
+    const long offset = static_cast<long>(at.offset + (row - 64) * kCols * 4 + 5);
+    auto flip = [&] {
+      std::FILE* f = std::fopen(path.c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+      const int flipped = std::fgetc(f) ^ 0x40;
+      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+      ASSERT_EQ(std::fputc(flipped, f), flipped);
+      ASSERT_EQ(std::fclose(f), 0);
+    };
+    flip();
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      Outcome bad = load(c.cuts, c.world, c.options);
+      for (const absl::Status& s : bad.statuses) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        EXPECT_NE(s.message().find("crc32c mismatch in w@64,0"),
+                  std::string::npos) << s;
+        EXPECT_NE(s.message().find(absl::StrCat(at.file, ", offset ", at.offset)),
+                  std::string::npos) << s;
+        EXPECT_NE(s.message().find("read in parts by ranks"), std::string::npos)
+            << s;
+      }
+    }
+    // Unchecked, the changed value loads (the only thing that would tell).
+    Outcome blind = load({0, 85, 170, 256}, 3, unchecked);
+    EXPECT_FALSE(blind.statuses[row < 85 ? 0 : 1].ok());  // a wrong element
+    flip();  // back as it was
+  }
+}
+
 // Chunks alike in their files (eight ranks each saved its rows of a zeroed
 // tensor: each chunk at the same offset of its own file, with the same
 // CRC32C) still have their check points in different places, so a column
