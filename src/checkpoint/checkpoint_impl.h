@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cairn/checkpoint.h"
@@ -52,6 +53,39 @@ absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);
 // coverage is checked only when it is global metadata (rank < 0).
 absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
                                           const std::string& name);
+
+// A checksummed, contiguous piece of a stored chunk (or object): where it
+// starts in the chunk, its bytes and their CRC32C.
+struct CrcPiece {
+  uint64_t offset;
+  uint64_t bytes;
+  uint32_t crc;
+};
+
+// The checksummed pieces of a chunk of which a rank's load read only parts
+// (contiguous runs of it: rows), for the coordinator to combine with the
+// other ranks' parts: the chunk is chunks[chunk] of the stored tensor `fqn`.
+struct SharedPieces {
+  std::string fqn;
+  uint64_t chunk = 0;
+  std::vector<CrcPiece> pieces;  // adjacent pieces merged
+};
+
+// One rank's SharedPieces, as it sends them to the coordinator at the end
+// of a load.
+std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared);
+
+// The coordinator, after a load's reads: `payloads[r]` is rank r's
+// EncodeSharedPieces. A chunk whose pieces tile it, from one rank or
+// several, has their CRC32Cs combined and compared with its stored one
+// (kDataLoss naming the chunk, file, offset and ranks when they differ); a
+// chunk that no set of pieces tiles (bytes nobody loaded, or parts that
+// overlap unevenly) stays unchecked. Two ranks that read the same bytes
+// must have read the same CRC32C (kDataLoss naming both). A malformed
+// payload is kDataLoss, a piece of a chunk the metadata lacks an internal
+// error. Returns how many chunks were checked.
+absl::StatusOr<uint64_t> CheckSharedPieces(
+    const Metadata& metadata, const std::vector<std::string>& payloads);
 
 // Merge against an opened storage.
 absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,

@@ -113,14 +113,6 @@ struct Check {
   size_t chunk = 0;                  // kShared: its chunk index
 };
 
-// A checksummed, contiguous piece of a stored chunk (or object): where it
-// starts in the chunk, its bytes and their CRC32C.
-struct CrcPiece {
-  uint64_t offset;
-  uint64_t bytes;
-  uint32_t crc;
-};
-
 // OK when `pieces` (in any order) tile `loc`'s bytes and their combined
 // CRC32C is its stored one; kDataLoss naming `what`, the file and offset
 // when it is not; an internal error when they do not tile. `note` follows
@@ -161,15 +153,6 @@ absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
 struct CarriedCheck {
   std::string what;  // "model.wq [0:1024, 0:512]"
   std::vector<CrcPiece> pieces;
-};
-
-// The checksummed pieces of a chunk of which this rank read only parts
-// (Check::Kind::kShared), for the coordinator to combine with the other
-// ranks' parts: the chunk is chunks[chunk] of the stored tensor `fqn`.
-struct SharedPieces {
-  std::string fqn;
-  uint64_t chunk = 0;
-  std::vector<CrcPiece> pieces;  // adjacent pieces merged
 };
 
 struct ReadTask {
@@ -1346,7 +1329,8 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
   return absl::OkStatus();
 }
 
-// One rank's SharedPieces for the coordinator.
+}  // namespace
+
 std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared) {
   internal_core::ByteWriter w;
   w.U64(shared.size());
@@ -1363,14 +1347,6 @@ std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared) {
   return w.Take();
 }
 
-// The coordinator, after the reads: the pieces every rank checksummed of the
-// chunks it read only parts of (`payloads[r]`: rank r's EncodeSharedPieces).
-// A chunk whose pieces tile it, from one rank or several, has their CRC32Cs
-// combined and compared with its stored one (kDataLoss naming the chunk,
-// file, offset and ranks when they differ); a chunk that no set of pieces
-// tiles (bytes nobody loaded, or parts that overlap unevenly) stays
-// unchecked. Two ranks that read the same bytes must have read the same
-// CRC32C. Returns how many chunks were checked.
 absl::StatusOr<uint64_t> CheckSharedPieces(
     const Metadata& metadata, const std::vector<std::string>& payloads) {
   struct Part {
@@ -1461,6 +1437,8 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
   }
   return checked;
 }
+
+namespace {
 
 // Staged load: the items are read in batches of about `batch_bytes` through
 // host staging, for two reasons, either or both:

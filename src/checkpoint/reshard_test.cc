@@ -25,6 +25,7 @@
 #include "cairn/storage.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/test_util.h"
+#include "format/crc32c.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection.h"
 
@@ -685,6 +686,99 @@ TEST(ReshardTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
     Outcome blind = load({0, 85, 170, 256}, 3, unchecked);
     EXPECT_FALSE(blind.statuses[row < 85 ? 0 : 1].ok());  // a wrong element
     flip();  // back as it was
+  }
+}
+
+// The coordinator's check of the parts ranks read (CheckSharedPieces) on
+// good and bad messages: parts that tile a chunk are checked; a wrong CRC32C,
+// or two ranks that read the same bytes differently, is kDataLoss naming the
+// chunk and the ranks; parts that leave a gap or overlap unevenly leave the
+// chunk unchecked; a truncated message is kDataLoss naming the rank, and a
+// piece of a chunk the checkpoint lacks is an internal error.
+TEST(ReshardTest, CoordinatorChecksPartsFromMessages) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 1024;
+  std::vector<float> full = Arange(kRows * kCols);
+  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  using internal_checkpoint::CheckSharedPieces;
+  using internal_checkpoint::CrcPiece;
+  using internal_checkpoint::EncodeSharedPieces;
+  // Bytes [offset, offset + bytes) of chunk 1 (rows 64..128) as a piece.
+  constexpr uint64_t kChunk = 64 * kCols * 4;
+  const char* chunk1 = reinterpret_cast<const char*>(full.data() + 64 * kCols);
+  auto piece = [&](uint64_t offset, uint64_t bytes) {
+    return CrcPiece{offset, bytes,
+                    internal_format::Crc32c(chunk1 + offset, bytes)};
+  };
+  auto message = [](std::vector<CrcPiece> pieces, std::string fqn = "w",
+                    uint64_t chunk = 1) {
+    return EncodeSharedPieces({{std::move(fqn), chunk, std::move(pieces)}});
+  };
+  const uint64_t third = kChunk / 3 / 4096 * 4096;
+  const std::string first = message({piece(0, third)});
+  const std::string rest = message({piece(third, kChunk - third)});
+
+  // Tiled by ranks 0 and 2 (rank 1 read nothing of it), in either order,
+  // and with rank 3 a replica of rank 0.
+  absl::StatusOr<uint64_t> checked =
+      CheckSharedPieces(*md, {first, EncodeSharedPieces({}), rest});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+  checked = CheckSharedPieces(*md, {rest, first, first});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+  // Whole from one rank, in two pieces.
+  checked = CheckSharedPieces(
+      *md, {message({piece(0, third), piece(third, kChunk - third)})});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+
+  // A changed byte: the combined CRC32C differs from the stored one.
+  CrcPiece wrong = piece(third, kChunk - third);
+  wrong.crc ^= 1;
+  absl::Status s = CheckSharedPieces(*md, {first, message({wrong})}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
+  EXPECT_NE(s.message().find(absl::StrCat("crc32c mismatch in w@64,0 (",
+                                          at.file, ", offset ", at.offset,
+                                          ", read in parts by ranks 0, 1)")),
+            std::string::npos)
+      << s;
+  // Replicas that read the same bytes differently.
+  s = CheckSharedPieces(*md, {first, rest, message({wrong})}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("ranks 1 and 2 read different bytes"),
+            std::string::npos)
+      << s;
+
+  // A gap (nobody read the last page) and an uneven overlap: unchecked.
+  for (const std::vector<std::string>& gapped :
+       {std::vector<std::string>{first, message({piece(third, kChunk - third -
+                                                                  4096)})},
+        std::vector<std::string>{
+            first, message({piece(third - 4096, kChunk - third + 4096)})}}) {
+    checked = CheckSharedPieces(*md, gapped);
+    ASSERT_TRUE(checked.ok()) << checked.status();
+    EXPECT_EQ(*checked, 0u);
+  }
+
+  // Malformed messages.
+  s = CheckSharedPieces(*md, {first, rest.substr(0, rest.size() - 3)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("chunk checksums from rank 1"), std::string::npos)
+      << s;
+  s = CheckSharedPieces(*md, {first + "x"}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  for (const std::string& bad :
+       {message({piece(0, third)}, "v"), message({piece(0, third)}, "w", 4),
+        message({CrcPiece{kChunk - 4, 8, 0}})}) {
+    s = CheckSharedPieces(*md, {first, bad}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("chunk checksums from rank 1"),
+              std::string::npos)
+        << s;
   }
 }
 
