@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -310,6 +311,18 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   EXPECT_LE(shared, coalesced);
 }
 
+// Flips one bit (0x40) of the byte at `offset` of the file at `path`; a
+// second call puts it back.
+void FlipBit(const std::string& path, long offset) {
+  std::FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+  const int flipped = std::fgetc(f) ^ 0x40;
+  ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+  ASSERT_EQ(std::fputc(flipped, f), flipped);
+  ASSERT_EQ(std::fclose(f), 0);
+}
+
 // A state dict holding `full` ([rows, cols] F32) as "w" in `chunks` row
 // chunks of equal height.
 StateDict RowChunked(std::vector<float>& full, int64_t rows, int64_t cols,
@@ -544,16 +557,7 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
     const ByteLocation& at = md->tensors.at("w").chunks.at(c).location;
     const std::string path = tmp.path() + "/" + at.file;
     const long offset = static_cast<long>(at.offset + 10 * kCols * 4 + 5);
-    // Flips one bit of that byte.
-    auto flip = [&] {
-      std::FILE* f = std::fopen(path.c_str(), "r+b");
-      ASSERT_NE(f, nullptr);
-      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      const int flipped = std::fgetc(f) ^ 0x40;
-      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      ASSERT_EQ(std::fputc(flipped, f), flipped);
-      ASSERT_EQ(std::fclose(f), 0);
-    };
+    auto flip = [&] { FlipBit(path, offset); };
     flip();
     for (const auto& q : quarters(small)) {
       ASSERT_FALSE(q.ok());
@@ -569,6 +573,23 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
   }
 }
 
+// A [256, 1024] F32 tensor "w" (`full`, 0, 1, 2, ...) saved in four chunks
+// of 64 rows, and its metadata (`md`).
+class FourRowChunksTest : public testing::Test {
+ protected:
+  static constexpr int64_t kRows = 256, kCols = 1024;
+  void SetUp() override {
+    full = Arange(kRows * kCols);
+    ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
+    absl::StatusOr<Metadata> read = ReadMetadata(tmp.path());
+    ASSERT_TRUE(read.ok()) << read.status();
+    md = *std::move(read);
+  }
+  TempDir tmp;
+  std::vector<float> full;
+  std::optional<Metadata> md;
+};
+
 // The rows of a row reshard cut chunks into parts that no one rank reads
 // whole (4 chunks of 64 rows loaded as rows 0..85, 85..170 and 170..256):
 // each rank checksums its parts and the coordinator combines the parts of
@@ -577,13 +598,7 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
 // the load on every rank, naming the chunk, its file and the ranks. Also
 // with replicas (the same rows on two ranks), read once per replica group
 // and broadcast, or read by both replicas.
-TEST(ReshardTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
-  TempDir tmp;
-  constexpr int64_t kRows = 256, kCols = 1024;
-  std::vector<float> full = Arange(kRows * kCols);
-  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
-  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
-  ASSERT_TRUE(md.ok()) << md.status();
+TEST_F(FourRowChunksTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
 
   // Loads rows [cuts[r % n], cuts[r % n + 1]) on rank r of `world` (n the
   // number of row ranges); each rank's status, and the chunks verified.
@@ -659,15 +674,7 @@ TEST(ReshardTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
   for (const int64_t row : {70, 120}) {
     SCOPED_TRACE(absl::StrCat("row ", row));
     const long offset = static_cast<long>(at.offset + (row - 64) * kCols * 4 + 5);
-    auto flip = [&] {
-      std::FILE* f = std::fopen(path.c_str(), "r+b");
-      ASSERT_NE(f, nullptr);
-      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      const int flipped = std::fgetc(f) ^ 0x40;
-      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      ASSERT_EQ(std::fputc(flipped, f), flipped);
-      ASSERT_EQ(std::fclose(f), 0);
-    };
+    auto flip = [&] { FlipBit(path, offset); };
     flip();
     for (const Case& c : cases) {
       SCOPED_TRACE(c.name);
@@ -695,13 +702,7 @@ TEST(ReshardTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
 // chunk and the ranks; parts that leave a gap or overlap unevenly leave the
 // chunk unchecked; a truncated message is kDataLoss naming the rank, and a
 // piece of a chunk the checkpoint lacks is an internal error.
-TEST(ReshardTest, CoordinatorChecksPartsFromMessages) {
-  TempDir tmp;
-  constexpr int64_t kRows = 256, kCols = 1024;
-  std::vector<float> full = Arange(kRows * kCols);
-  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
-  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
-  ASSERT_TRUE(md.ok()) << md.status();
+TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   using internal_checkpoint::CheckSharedPieces;
   using internal_checkpoint::CrcPiece;
   using internal_checkpoint::EncodeSharedPieces;
