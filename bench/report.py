@@ -136,6 +136,13 @@ def merge_samples(samples):
     failed sample counts as failed, its limit unknown."""
     job = dict(samples[0])
     job["samples_gb_per_s"] = [j["gb_per_s"] for j in samples]
+    # The sample the median names (of an even count, the upper middle
+    # one) gives the bytes and runtime beside it.
+    ok = [j for j in samples if j["gb_per_s"]]
+    if ok:
+        middle = sorted(ok, key=lambda j: j["gb_per_s"])[len(ok) // 2]
+        job["bytes"] = middle["bytes"]
+        job["runtime_ms"] = middle["runtime_ms"]
     failed = [j for j in samples if j["error"] or not j["gb_per_s"]]
     if failed:
         job["error"] = failed[0]["error"]

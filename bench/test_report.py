@@ -25,7 +25,8 @@ MIB = 1 << 20
 STATE = 2 * GB  # bytes of the synthetic state: 1 s is 2 GB/s
 
 
-def fio(name, rw, direct, engine, bw, depth=1, end_fsync=False):
+def fio(name, rw, direct, engine, bw, depth=1, end_fsync=False,
+        runtime=1000):
     """A fio 3.33 --output-format=json document of one job."""
     opts = {"name": name, "filename": "/var/tmp/x/cairn-bench-fio.1",
             "size": "2147483648", "bs": "1M", "runtime": "10", "rw": rw,
@@ -35,7 +36,7 @@ def fio(name, rw, direct, engine, bw, depth=1, end_fsync=False):
         opts["end_fsync"] = "1"
     idle = {"io_bytes": 0, "bw_bytes": 0, "bw": 0, "iops": 0.0, "runtime": 0}
     busy = {"io_bytes": 2147483648, "bw_bytes": bw, "bw": bw // 1024,
-            "iops": bw / MIB, "runtime": 1000}
+            "iops": bw / MIB, "runtime": runtime}
     return {"fio version": "fio-3.33", "timestamp": 1795394896,
             "jobs": [{"jobname": name, "groupid": 0, "error": 0,
                       "job options": opts,
@@ -294,7 +295,7 @@ class ReportTest(unittest.TestCase):
         p = "write-direct-psync"
         self.write(f"fio-{p}.2.json", fio(p, "write", True, "psync", 3 * GB))
         self.write(f"fio-{p}.3.json",
-                   fio(p, "write", True, "psync", 6 * GB // 5))
+                   fio(p, "write", True, "psync", 6 * GB // 5, runtime=1700))
         # One failed sample of a read: that job's figure is unknown.
         r = "read-direct-libaio-qd16"
         failed = fio(r, "read", True, "libaio", 0, 16)
@@ -313,6 +314,8 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(len(write["samples_gb_per_s"]), 3)
         psync = next(j for j in data["limits"]["jobs"] if j["job"] == p)
         self.assertAlmostEqual(psync["gb_per_s"], 1.2)
+        # The runtime beside it is the median sample's, not the first's.
+        self.assertEqual(psync["runtime_ms"], 1700)
         # The failed libaio read leaves psync's 2 GB/s as the cold limit.
         self.assertAlmostEqual(data["limits"]["cold_read"]["gb_per_s"], 2.0)
         self.assertIn("failed (fio error 5)", md)

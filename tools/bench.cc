@@ -1522,7 +1522,7 @@ void RegisterBench(CLI::App& app) {
                 "(LoadOptions::verify_checksums = false), to see what the "
                 "check costs; the elements are still compared afterwards");
   cmd->add_flag("-q,--quiet", o->quiet, "no progress lines on stderr");
-  cmd->footer(
+  cmd->footer(absl::StrCat(
       "Phases, each sample in a fresh child process (ranks as its threads,\n"
       "its own peak RSS), timed as the wall time of the whole collective\n"
       "operation from a barrier to the last rank done:\n"
@@ -1546,7 +1546,8 @@ void RegisterBench(CLI::App& app) {
       "               tensor and index).\n"
       "  memcpy       host memory bandwidth, one thread and all cores: the\n"
       "               limit for a warm load. --repeat samples, each the\n"
-      "               best of 5 copies, one right after each warm\n"
+      "               best of ", kMemcpyIterations,
+      " copies, one right after each warm\n"
       "               load_same sample when loads run; the median.\n"
       "GB/s is state bytes / seconds / 1e9 for every row. The rows pair by\n"
       "name with bench/peers/torch_peer.py's (dcp_load_4to2_rows there is\n"
@@ -1558,7 +1559,7 @@ void RegisterBench(CLI::App& app) {
       "  cairn bench --dir /ckpt --size 1GiB --ranks 8 --cold none\n"
       "  cairn bench --dir /ckpt --size 5GB --model-out model.json --json \\\n"
       "      > cairn.json && python3 bench/peers/torch_peer.py \\\n"
-      "      --model model.json --dir /ckpt --out torch.json");
+      "      --model model.json --dir /ckpt --out torch.json"));
   cmd->callback([o] {
     o->buffer_bytes = *ParseByteSize(o->buffer);  // checked above
     Bench bench(*o);
