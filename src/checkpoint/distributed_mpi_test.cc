@@ -3,6 +3,7 @@
 // process exits non-zero on every rank when any rank failed a test.
 #include <mpi.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -228,6 +229,53 @@ TEST(MpiDistributedTest, BroadcastLoadReadsOncePerReplicaGroup) {
                 md->objects.at("config").nbytes;
   }
   EXPECT_EQ(totals[1], one_copy);
+}
+
+// Saved by four processes in rows, loaded by three: model.wq's rows 10..19
+// (the second saved chunk) fall to loaders 0 (10..13) and 1 (13..25), so
+// each reads a part of it and neither reads it whole. Their parts' CRC32Cs
+// meet at the coordinator over MPI: a changed bit in that chunk fails the
+// load on all three, naming the chunk and both ranks.
+TEST(MpiDistributedTest, RowPartsAreCheckedAcrossProcesses) {
+  SharedDir dir;
+  const int r = g_world->rank();
+  const std::string ckpt = dir.Sub("parts");
+  ASSERT_TRUE(SaveWorld(ckpt, Pattern::kRows, 7).ok());
+  ASSERT_TRUE(LoadWithFirst(3, ckpt, Pattern::kRows, 7).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(ckpt);
+  ASSERT_TRUE(md.ok()) << md.status();
+  const ByteLocation* at = nullptr;
+  for (const ChunkMetadata& c : md->tensors.at("model.wq").chunks) {
+    if (c.box.offsets[0] == 10) at = &c.location;
+  }
+  ASSERT_NE(at, nullptr);
+  const std::string path = ckpt + "/" + at->file;
+  // Flips one bit in the chunk's third row (loader 0's part) on rank 0.
+  auto flip = [&] {
+    if (r == 0) {
+      std::FILE* f = std::fopen(path.c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      const long offset = static_cast<long>(at->offset + 2 * 53 * 4 + 1);
+      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+      const int flipped = std::fgetc(f) ^ 0x10;
+      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
+      ASSERT_EQ(std::fputc(flipped, f), flipped);
+      ASSERT_EQ(std::fclose(f), 0);
+    }
+    ASSERT_TRUE(g_world->Barrier().ok());
+  };
+  flip();
+  const absl::Status bad = LoadWithFirst(3, ckpt, Pattern::kRows, 7);
+  if (r < 3) {
+    EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+    EXPECT_THAT(bad.message(),
+                HasSubstr("crc32c mismatch in model.wq@10,0 (" + at->file));
+    EXPECT_THAT(bad.message(), HasSubstr("read in parts by ranks 0, 1)"));
+  } else {
+    EXPECT_TRUE(bad.ok()) << bad;  // took part in the Split only
+  }
+  flip();  // back as it was
+  EXPECT_TRUE(LoadWithFirst(3, ckpt, Pattern::kRows, 7).ok());
 }
 
 }  // namespace
