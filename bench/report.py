@@ -136,19 +136,17 @@ def merge_samples(samples):
     failed sample counts as failed, its limit unknown."""
     job = dict(samples[0])
     job["samples_gb_per_s"] = [j["gb_per_s"] for j in samples]
-    # The sample the median names (of an even count, the upper middle
-    # one) gives the bytes and runtime beside it.
-    ok = [j for j in samples if j["gb_per_s"]]
-    if ok:
-        middle = sorted(ok, key=lambda j: j["gb_per_s"])[len(ok) // 2]
-        job["bytes"] = middle["bytes"]
-        job["runtime_ms"] = middle["runtime_ms"]
     failed = [j for j in samples if j["error"] or not j["gb_per_s"]]
     if failed:
         job["error"] = failed[0]["error"]
         job["gb_per_s"] = None
-    else:
-        job["gb_per_s"] = median(job["samples_gb_per_s"])
+        return job
+    job["gb_per_s"] = median(job["samples_gb_per_s"])
+    # The bytes and runtime beside it are those of the sample the median
+    # names (of an even count, the upper middle one).
+    middle = sorted(samples, key=lambda j: j["gb_per_s"])[len(samples) // 2]
+    job["bytes"] = middle["bytes"]
+    job["runtime_ms"] = middle["runtime_ms"]
     return job
 
 

@@ -554,15 +554,7 @@ TEST(CheckpointTest, SmallChunksAreReadTogether) {
 
   // A changed byte in one chunk is still caught, naming it (through the
   // page cache, where fputc left it, if the file cannot be evicted again).
-  {
-    std::FILE* f = std::fopen(path.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fseek(f, static_cast<long>(t10.offset + 777), SEEK_SET), 0);
-    const int flipped = std::fgetc(f) ^ 0x10;
-    ASSERT_EQ(std::fseek(f, static_cast<long>(t10.offset + 777), SEEK_SET), 0);
-    ASSERT_EQ(std::fputc(flipped, f), flipped);
-    ASSERT_EQ(std::fclose(f), 0);
-  }
+  ASSERT_TRUE(testing_util::FlipBits(path, t10.offset + 777, 0x10).ok());
   s = load(dst, &direct);
   if (absl::IsFailedPrecondition(s)) {
     absl::StatusOr<LoadResult> cached = Load(dst, tmp.path());

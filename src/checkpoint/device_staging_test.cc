@@ -777,16 +777,9 @@ TEST_F(DeviceStagingTest, ItemsLargerThanABatchAreStagedInPiecesAndChecked) {
   absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
   ASSERT_TRUE(md.ok()) << md.status();
   const ByteLocation& loc = md->tensors.at("m").chunks[0].location;
-  {
-    std::fstream f(tmp.path() + "/" + loc.file,
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(loc.offset + 5 * 4000 + 17));
-    char byte = 0;
-    f.read(&byte, 1);
-    byte ^= 0x40;
-    f.seekp(static_cast<std::streamoff>(loc.offset + 5 * 4000 + 17));
-    f.write(&byte, 1);
-  }
+  ASSERT_TRUE(testing_util::FlipBits(tmp.path() + "/" + loc.file,
+                                     loc.offset + 5 * 4000 + 17, 0x40)
+                  .ok());
   absl::Status bad = Load(dst, tmp.path(), o).status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(bad.message()), HasSubstr("m [0:10, 0:1000]"));
@@ -823,16 +816,9 @@ TEST_F(DeviceStagingTest, ShardsOfOneChunkInSeveralBatchesAreCheckedTogether) {
   absl::StatusOr<Metadata> md = ReadMetadata(dir);
   ASSERT_TRUE(md.ok()) << md.status();
   const ByteLocation& loc = md->tensors.at("a").chunks[0].location;
-  {
-    std::fstream f(dir + "/" + loc.file,
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(loc.offset + 200));
-    char byte = 0;
-    f.read(&byte, 1);
-    byte ^= 0x01;
-    f.seekp(static_cast<std::streamoff>(loc.offset + 200));
-    f.write(&byte, 1);
-  }
+  ASSERT_TRUE(
+      testing_util::FlipBits(dir + "/" + loc.file, loc.offset + 200, 0x01)
+          .ok());
   absl::Status bad = Load(dst, dir, o).status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(bad.message()), HasSubstr("a [0:8, 0:8]"));

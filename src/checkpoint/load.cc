@@ -51,6 +51,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1353,8 +1354,10 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
     CrcPiece piece;
     int rank;
   };
-  std::map<std::pair<const TensorMetadata*, uint64_t>, std::vector<Part>> parts;
-  std::map<const TensorMetadata*, const std::string*> fqns;
+  // By chunk: its tensor's entry in metadata.tensors (FQN and metadata),
+  // and its index.
+  using Stored = decltype(metadata.tensors)::value_type;
+  std::map<std::pair<const Stored*, uint64_t>, std::vector<Part>> parts;
   for (size_t r = 0; r < payloads.size(); ++r) {
     const std::string what = absl::StrCat("chunk checksums from rank ", r);
     internal_core::ByteReader in(payloads[r], what);
@@ -1370,9 +1373,8 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
             "%s: chunk %d of %s, which the checkpoint does not hold", what,
             chunk, fqn));
       }
-      fqns.emplace(&it->second, &it->first);
       const uint64_t nbytes = it->second.chunks[chunk].location.nbytes;
-      std::vector<Part>& mine = parts[{&it->second, chunk}];
+      std::vector<Part>& mine = parts[{&*it, chunk}];
       for (uint64_t j = 0; j < pieces && !in.failed(); ++j) {
         Part part{{in.U64(), in.U64(), in.U32()}, static_cast<int>(r)};
         if (!in.failed() && (part.piece.offset > nbytes ||
@@ -1388,10 +1390,10 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
   }
   uint64_t checked = 0;
   for (auto& [key, mine] : parts) {
-    const TensorMetadata& tm = *key.first;
+    const auto& [fqn, tm] = *key.first;
     const ChunkMetadata& chunk = tm.chunks[key.second];
     const std::string entry = internal_format::EntryName(
-        *fqns[&tm], chunk.box, chunk.box == Box::Full(tm.shape));
+        fqn, chunk.box, chunk.box == Box::Full(tm.shape));
     std::sort(mine.begin(), mine.end(), [](const Part& a, const Part& b) {
       return std::tuple(a.piece.offset, a.piece.bytes, a.rank) <
              std::tuple(b.piece.offset, b.piece.bytes, b.rank);

@@ -311,18 +311,6 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
   EXPECT_LE(shared, coalesced);
 }
 
-// Flips one bit (0x40) of the byte at `offset` of the file at `path`; a
-// second call puts it back.
-void FlipBit(const std::string& path, long offset) {
-  std::FILE* f = std::fopen(path.c_str(), "r+b");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-  const int flipped = std::fgetc(f) ^ 0x40;
-  ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-  ASSERT_EQ(std::fputc(flipped, f), flipped);
-  ASSERT_EQ(std::fclose(f), 0);
-}
-
 // A state dict holding `full` ([rows, cols] F32) as "w" in `chunks` row
 // chunks of equal height.
 StateDict RowChunked(std::vector<float>& full, int64_t rows, int64_t cols,
@@ -557,7 +545,9 @@ TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
     const ByteLocation& at = md->tensors.at("w").chunks.at(c).location;
     const std::string path = tmp.path() + "/" + at.file;
     const long offset = static_cast<long>(at.offset + 10 * kCols * 4 + 5);
-    auto flip = [&] { FlipBit(path, offset); };
+    auto flip = [&] {
+      ASSERT_TRUE(testing_util::FlipBits(path, offset, 0x40).ok());
+    };
     flip();
     for (const auto& q : quarters(small)) {
       ASSERT_FALSE(q.ok());
@@ -674,7 +664,9 @@ TEST_F(FourRowChunksTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
   for (const int64_t row : {70, 120}) {
     SCOPED_TRACE(absl::StrCat("row ", row));
     const long offset = static_cast<long>(at.offset + (row - 64) * kCols * 4 + 5);
-    auto flip = [&] { FlipBit(path, offset); };
+    auto flip = [&] {
+      ASSERT_TRUE(testing_util::FlipBits(path, offset, 0x40).ok());
+    };
     flip();
     for (const Case& c : cases) {
       SCOPED_TRACE(c.name);

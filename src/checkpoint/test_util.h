@@ -11,6 +11,8 @@
 #include <iterator>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cairn/dtype.h"
 
 namespace cairn::testing_util {
@@ -56,6 +58,24 @@ inline std::string ReadFile(const std::string& path) {
 inline void WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << contents;
+}
+
+// XORs the byte at `offset` of the file at `path` with `mask` (a second call
+// puts it back): a damaged checkpoint. The change is written before this
+// returns.
+inline absl::Status FlipBits(const std::string& path, uint64_t offset,
+                             unsigned char mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  char byte = 0;
+  const auto at = static_cast<std::streamoff>(offset);
+  if (!f.seekg(at) || !f.read(&byte, 1)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no byte at ", offset));
+  }
+  byte = static_cast<char>(byte ^ static_cast<char>(mask));
+  if (!f.seekp(at) || !f.write(&byte, 1) || !f.flush()) {
+    return absl::InternalError(absl::StrCat(path, ": cannot write at ", offset));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cairn::testing_util
