@@ -54,6 +54,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -66,7 +68,10 @@
 #include "cairn/storage.h"
 #include "cairn/tensor.h"
 #include "cairn/version.h"
+#include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/write_report.h"
+#include "core/flatten.h"
+#include "format/crc32c.h"
 #include "core/byte_codec.h"
 #include "core/status.h"
 #include "format/metadata_codec.h"
@@ -82,6 +87,9 @@ namespace {
 // --decode-threads: threads for parse_metadata (0: DecodeMetadata's
 // default, the machine's cores). A global, so the forked runs see it.
 int g_decode_threads = 0;
+// --load-whole-plans: also time load planning from whole plans (what a
+// planner other than cairn's default sends).
+bool g_load_full_plans = false;
 
 using Clock = std::chrono::steady_clock;
 
@@ -243,6 +251,27 @@ struct Result {
   double encode_local_seconds = 0; // all ranks' plan encodes (each rank: /W)
   std::vector<Phase> coordinator;  // in order
   std::vector<Phase> load;         // in order
+  // Load planning (SimulateLoadPlanning): load_ranks ranks load the
+  // checkpoint the W ranks saved.
+  int load_ranks = 0;
+  uint64_t load_items = 0;        // all ranks' read items
+  uint64_t load_plan_bytes = 0;   // all whole local load plans (if timed)
+  uint64_t load_final_bytes = 0;  // their scatter payloads
+  uint64_t load_summary_bytes = 0;        // all summaries
+  uint64_t load_summary_final_bytes = 0;  // their scatter payloads
+  uint64_t pieces_bytes = 0;      // all ranks' EncodeSharedPieces
+  uint64_t shared_chunks = 0;     // chunks some rank read a part of
+  uint64_t shared_checked = 0;    // of which CheckSharedPieces checked
+  double load_inputs_seconds = 0; // the ranks' load plans (untimed)
+  std::vector<Phase> load_coordinator;  // in order
+  // The default planner's path (not plan_globally_whole).
+  double load_coordinator_total() const {
+    double s = 0;
+    for (const Phase& p : load_coordinator) {
+      if (p.name != "plan_globally_whole") s += p.seconds;
+    }
+    return s;
+  }
   // With --repeat: how many runs this is the fastest of, and the slowest
   // run's coordinator total.
   int repeats = 1;
@@ -328,6 +357,258 @@ std::string MakeReport(int rank, const SavePlan& final_plan,
   report.file_size = *file_size = offset;
   report.scalars[kStepName] = Scalar(int64_t{kStep});  // every rank holds it
   return internal_checkpoint::EncodeReport(report);
+}
+
+// ------------------------------------------------------- load planning
+
+// The world size that loads the checkpoint in the load-planning part: three
+// quarters of W (a reshard, like the harness's 4 to 3), for 3d a multiple
+// of the model-parallel ranks (the data-parallel degree shrinks).
+int LoadWorld(Layout layout, int world) {
+  int w = world * 3 / 4;
+  if (layout == Layout::k3d) {
+    w = std::max(kModelParallel, w / kModelParallel * kModelParallel);
+  }
+  return std::max(w, 1);
+}
+
+// A stored tensor's chunks sorted by their offset in dim 0, and the
+// largest dim-0 size among them, so that the chunks a box can overlap are
+// found by a binary search instead of DefaultLoadPlanner's scan of all of
+// them (W chunks per tensor in fsdp: the scan for every rank would make the
+// inputs quadratic in W).
+struct ChunkIndex {
+  std::vector<uint32_t> order;
+  int64_t max_rows = 0;
+};
+
+absl::flat_hash_map<const TensorMetadata*, ChunkIndex> IndexChunks(
+    const Metadata& metadata) {
+  absl::flat_hash_map<const TensorMetadata*, ChunkIndex> index;
+  for (const auto& [fqn, tm] : metadata.tensors) {
+    ChunkIndex& ci = index[&tm];
+    ci.order.resize(tm.chunks.size());
+    for (size_t c = 0; c < tm.chunks.size(); ++c) {
+      ci.order[c] = static_cast<uint32_t>(c);
+      const Box& box = tm.chunks[c].box;
+      if (box.rank() > 0) ci.max_rows = std::max(ci.max_rows, box.sizes[0]);
+    }
+    std::sort(ci.order.begin(), ci.order.end(), [&](uint32_t a, uint32_t b) {
+      return tm.chunks[a].box.offsets < tm.chunks[b].box.offsets;
+    });
+  }
+  return index;
+}
+
+// The local load plan DefaultLoadPlanner::CreateLocalPlan makes for
+// `state` (tensors and scalars only, as RankState builds), found through
+// `index`; `unexpected` caches the stored leaves each set of requested
+// leaves leaves out. Run checks it against the real planner on sampled
+// ranks.
+absl::StatusOr<LoadPlan> SimLoadPlan(
+    StateDict& state, const Metadata& metadata,
+    const absl::flat_hash_map<const TensorMetadata*, ChunkIndex>& index,
+    absl::flat_hash_map<std::string, std::vector<std::string>>& unexpected) {
+  CAIRN_ASSIGN_OR_RETURN(internal_core::MutableFlattened flat,
+                         internal_core::FlattenMutable(state));
+  LoadPlan plan;
+  std::string requested;
+  int64_t target = 0;
+  for (internal_core::MutableFlatLeaf& leaf : flat.leaves) {
+    absl::StrAppend(&requested, leaf.fqn, "\n");
+    const ShardedTensor* t = leaf.node->tensor();
+    if (t == nullptr) continue;  // the step scalar: assigned, not read
+    const auto it = metadata.tensors.find(leaf.fqn);
+    if (it == metadata.tensors.end()) {
+      return absl::NotFoundError(absl::StrCat(leaf.fqn, " not stored"));
+    }
+    const TensorMetadata& tm = it->second;
+    const ChunkIndex& ci = index.at(&tm);
+    for (const Shard& shard : t->shards()) {
+      const Box& box = shard.box;
+      if (box.empty()) continue;
+      // Chunks starting in dim 0 after box's first row minus the tallest
+      // chunk, and before its end, are the only ones that can overlap it.
+      const int64_t from = box.offsets[0] - ci.max_rows;
+      const int64_t to = box.offsets[0] + box.sizes[0];
+      auto k = std::partition_point(
+          ci.order.begin(), ci.order.end(),
+          [&](uint32_t c) { return tm.chunks[c].box.offsets[0] <= from; });
+      std::vector<std::pair<uint32_t, Box>> found;
+      for (; k != ci.order.end() && tm.chunks[*k].box.offsets[0] < to; ++k) {
+        if (std::optional<Box> o = Intersect(box, tm.chunks[*k].box)) {
+          found.emplace_back(*k, *std::move(o));
+        }
+      }
+      std::sort(found.begin(), found.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto& [c, overlap] : found) {
+        ReadItem item;
+        item.fqn = leaf.fqn;
+        item.kind = ItemKind::kTensor;
+        item.local_index = target;
+        item.chunk = c;
+        item.overlap = std::move(overlap);
+        plan.items.push_back(std::move(item));
+      }
+      ++target;
+    }
+  }
+  auto [cached, inserted] = unexpected.try_emplace(requested);
+  if (inserted) {
+    const absl::flat_hash_set<std::string_view> asked = [&] {
+      absl::flat_hash_set<std::string_view> set;
+      for (const auto& leaf : flat.leaves) set.insert(leaf.fqn);
+      return set;
+    }();
+    auto note = [&](const auto& map) {
+      for (const auto& [fqn, unused] : map) {
+        if (!asked.contains(fqn)) cached->second.push_back(fqn);
+      }
+    };
+    note(metadata.tensors);
+    note(metadata.objects);
+    note(metadata.scalars);
+    std::sort(cached->second.begin(), cached->second.end());
+  }
+  plan.unexpected = cached->second;
+  return plan;
+}
+
+// The CRC32C of `n` zero bytes (the simulated tensors' contents), cached.
+uint32_t ZeroCrc(uint64_t n) {
+  static absl::flat_hash_map<uint64_t, uint32_t> cache;
+  static std::vector<char> zeros;
+  auto [it, inserted] = cache.try_emplace(n, 0);
+  if (inserted) {
+    if (zeros.size() < n) zeros.resize(n);
+    it->second = internal_format::Crc32c(zeros.data(), n);
+  }
+  return it->second;
+}
+
+// The SharedPieces a rank's load sends at the end (load.cc's Loader): one
+// for each item that reads a part of its chunk that is one contiguous run
+// of it (whole rows). The loader reads some of these whole instead
+// (NearlyWhole), so this is an upper bound. Every piece's CRC32C is that of
+// zeros, and each chunk read in parts gets the zeros' CRC32C as its stored
+// one, so that the check passes as it would on real data.
+std::vector<internal_checkpoint::SharedPieces> SimSharedPieces(
+    const LoadPlan& plan, Metadata& metadata,
+    absl::flat_hash_set<const ChunkMetadata*>& shared) {
+  std::vector<internal_checkpoint::SharedPieces> out;
+  for (const ReadItem& item : plan.items) {
+    TensorMetadata& tm = metadata.tensors.at(item.fqn);
+    ChunkMetadata& chunk = tm.chunks[item.chunk];
+    const Box& box = chunk.box;
+    if (item.overlap == box || box.rank() == 0) continue;
+    bool rows = true;
+    for (int d = 1; d < box.rank(); ++d) {
+      rows &= item.overlap.offsets[d] == box.offsets[d] &&
+              item.overlap.sizes[d] == box.sizes[d];
+    }
+    if (!rows) continue;
+    const uint64_t es = DTypeSize(tm.dtype);
+    const uint64_t row_bytes =
+        static_cast<uint64_t>(box.num_elements() / std::max<int64_t>(box.sizes[0], 1)) * es;
+    const uint64_t offset =
+        static_cast<uint64_t>(item.overlap.offsets[0] - box.offsets[0]) * row_bytes;
+    const uint64_t bytes = static_cast<uint64_t>(item.overlap.num_elements()) * es;
+    out.push_back({item.fqn, item.chunk, {{offset, bytes, ZeroCrc(bytes)}}});
+    if (shared.insert(&chunk).second) {
+      chunk.location.crc32c = ZeroCrc(chunk.location.nbytes);
+    }
+  }
+  return out;
+}
+
+// Load planning for load_ranks = LoadWorld(W) ranks (a reshard of the
+// checkpoint the W ranks saved), the coordinator's side, in load.cc's
+// order: the gathered local plans through PlanLoadGlobally (decode, narrow
+// `unexpected`, CreateGlobalPlan, replica groups, the scatter's payloads),
+// and after the reads CheckSharedPieces on every rank's parts of chunks.
+absl::Status SimulateLoadPlanning(Layout layout, int world, int64_t tensors,
+                                  Metadata& metadata, Result& res) {
+  const int load_world = LoadWorld(layout, world);
+  res.load_ranks = load_world;
+  const Clock::time_point start = Clock::now();
+  const auto index = IndexChunks(metadata);
+  absl::flat_hash_map<std::string, std::vector<std::string>> unexpected;
+  absl::flat_hash_set<const ChunkMetadata*> shared;
+  std::vector<std::string> gathered(load_world);
+  std::vector<std::string> whole(g_load_full_plans ? load_world : 0);
+  std::vector<std::string> pieces(load_world);
+  const std::vector<int> sampled = {0, load_world / 2, load_world - 1};
+  for (int r = 0; r < load_world; ++r) {
+    StateDict state = RankState(layout, load_world, tensors, r);
+    CAIRN_ASSIGN_OR_RETURN(LoadPlan plan,
+                           SimLoadPlan(state, metadata, index, unexpected));
+    if (std::find(sampled.begin(), sampled.end(), r) != sampled.end()) {
+      DefaultLoadPlanner planner;
+      CAIRN_RETURN_IF_ERROR(
+          planner.SetUp(state, metadata, r == 0, r, load_world));
+      CAIRN_ASSIGN_OR_RETURN(LoadPlan real, planner.CreateLocalPlan());
+      if (real.items != plan.items || real.unexpected != plan.unexpected ||
+          real.missing != plan.missing) {
+        return absl::InternalError(absl::StrCat(
+            "the simulated load plan of rank ", r,
+            " differs from DefaultLoadPlanner's"));
+      }
+    }
+    res.load_items += plan.items.size();
+    if (g_load_full_plans) {
+      struct UsersPlanner : DefaultLoadPlanner {};
+      CAIRN_ASSIGN_OR_RETURN(whole[r], internal_checkpoint::EncodeLocalLoadPlan(
+                                           UsersPlanner(), plan, metadata));
+    }
+    CAIRN_ASSIGN_OR_RETURN(gathered[r],
+                           internal_checkpoint::EncodeLocalLoadPlan(
+                               DefaultLoadPlanner(), plan, metadata));
+    pieces[r] = internal_checkpoint::EncodeSharedPieces(
+        SimSharedPieces(plan, metadata, shared));
+    res.pieces_bytes += pieces[r].size();
+  }
+  res.shared_chunks = shared.size();
+  res.load_inputs_seconds = Since(start);
+
+  auto& phases = res.load_coordinator;
+  // Both messages a rank can send, timed one after the other: the whole
+  // plan (a planner of the user's, here a subclass of the default one, so
+  // that load.cc treats it as one), then the summary cairn's
+  // DefaultLoadPlanner sends.
+  auto plan_globally = [&](const char* name, LoadPlanner& planner,
+                           std::vector<std::string>& messages,
+                           uint64_t& in_bytes, uint64_t& out_bytes) {
+    return Timed(phases, name, [&] {
+      absl::StatusOr<std::vector<std::string>> finals =
+          internal_checkpoint::PlanLoadGlobally(planner, metadata, messages,
+                                                /*broadcast_replicas=*/true);
+      if (!finals.ok()) return finals.status();
+      for (const std::string& m : messages) in_bytes += m.size();
+      for (const std::string& f : *finals) out_bytes += f.size();
+      messages = {};
+      return absl::OkStatus();
+    });
+  };
+  if (g_load_full_plans) {
+    struct UsersPlanner : DefaultLoadPlanner {};
+    UsersPlanner planner;
+    CAIRN_RETURN_IF_ERROR(plan_globally("plan_globally_whole", planner,
+                                        whole, res.load_plan_bytes,
+                                        res.load_final_bytes));
+  }
+  DefaultLoadPlanner planner;
+  CAIRN_RETURN_IF_ERROR(plan_globally("plan_globally", planner, gathered,
+                                      res.load_summary_bytes,
+                                      res.load_summary_final_bytes));
+  CAIRN_RETURN_IF_ERROR(Timed(phases, "check_pieces", [&] {
+    absl::StatusOr<uint64_t> checked =
+        internal_checkpoint::CheckSharedPieces(metadata, pieces);
+    if (!checked.ok()) return checked.status();
+    res.shared_checked = *checked;
+    return absl::OkStatus();
+  }));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
@@ -516,6 +797,8 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
     CAIRN_RETURN_IF_ERROR(planner.SetUp(dest, decoded, true, 0, world));
     return planner.CreateLocalPlan().status();
   }));
+  CAIRN_RETURN_IF_ERROR(
+      SimulateLoadPlanning(layout, world, tensors, decoded, res));
   // What every rank pays at the end of a load: freeing the decoded
   // metadata (three heap blocks a chunk). Freeing the tensors' chunks on
   // two threads was slower here (0.73 s against 0.62 s at 16k fsdp: the
@@ -542,6 +825,14 @@ double PhaseSeconds(const std::vector<Phase>& phases, const std::string& name) {
     if (p.name == name) return p.seconds;
   }
   return 0;
+}
+
+// Result's phase list by its JSON name.
+template <typename R>
+auto& PhasesOf(R& r, std::string_view part) {
+  return part == "load"               ? r.load
+         : part == "load_coordinator" ? r.load_coordinator
+                                      : r.coordinator;
 }
 
 double LoadSeconds(const Result& r, const std::string& name) {
@@ -592,11 +883,11 @@ void PrintTable(const std::vector<Result>& results, bool warm) {
   row("a rank's plan encode ms", [](const Result& r) {
     return absl::StrFormat("%.3f", 1e3 * r.encode_local_seconds / r.ranks);
   });
-  auto phase_rows = [&](bool coordinator) {
+  auto phase_rows = [&](std::string_view part) {
     const Result& first = results.front();
-    for (const Phase& p : coordinator ? first.coordinator : first.load) {
+    for (const Phase& p : PhasesOf(first, part)) {
       row(absl::StrCat("  ", p.name), [&](const Result& r) {
-        for (const Phase& q : coordinator ? r.coordinator : r.load) {
+        for (const Phase& q : PhasesOf(r, part)) {
           if (q.name == p.name) {
             return absl::StrFormat("%.3f (%.2f, %.2f)", q.seconds,
                                    q.cpu_seconds, q.sys_seconds);
@@ -607,7 +898,7 @@ void PrintTable(const std::vector<Result>& results, bool warm) {
     }
   };
   std::printf("save: the coordinator's global planning and metadata.json\n");
-  phase_rows(true);
+  phase_rows("coordinator");
   row("coordinator total s", [](const Result& r) {
     return absl::StrFormat("%.3f (%.2f)", r.coordinator_total(),
                            r.coordinator_cpu());
@@ -631,11 +922,35 @@ void PrintTable(const std::vector<Result>& results, bool warm) {
     return absl::StrFormat("%.0f", double(r.metadata_bytes) / r.ranks);
   });
   std::printf("metadata.json written, read back, loaded\n");
-  phase_rows(false);
+  phase_rows("load");
   row("read + parse s", [](const Result& r) {
     return absl::StrFormat("%.3f", LoadSeconds(r, "read_metadata") +
                                        LoadSeconds(r, "parse_metadata"));
   });
+  std::printf(
+      "load planning: 3/4 of W ranks load it (a reshard); the coordinator's "
+      "side\n");
+  row("loading ranks", [&](const Result& r) { return count(r.load_ranks); });
+  row("read items", [&](const Result& r) { return count(r.load_items); });
+  row("whole local plans MiB",
+      [](const Result& r) { return Mib(r.load_plan_bytes); });
+  row("  their final plans MiB",
+      [](const Result& r) { return Mib(r.load_final_bytes); });
+  row("plan summaries MiB",
+      [](const Result& r) { return Mib(r.load_summary_bytes); });
+  row("  their answers MiB",
+      [](const Result& r) { return Mib(r.load_summary_final_bytes); });
+  row("inputs s (untimed)", [](const Result& r) {
+    return absl::StrFormat("%.2f", r.load_inputs_seconds);
+  });
+  phase_rows("load_coordinator");
+  row("load coordinator total s", [](const Result& r) {
+    return absl::StrFormat("%.3f", r.load_coordinator_total());
+  });
+  row("chunks read in parts", [&](const Result& r) {
+    return absl::StrCat(r.shared_checked, " of ", r.shared_chunks, " checked");
+  });
+  row("parts' CRC32Cs MiB", [](const Result& r) { return Mib(r.pieces_bytes); });
   row("peak RSS MiB", [](const Result& r) { return Mib(r.peak_rss_bytes); });
   row("  per rank KiB", [](const Result& r) {
     return absl::StrFormat("%.1f", r.peak_rss_bytes / 1024.0 / r.ranks);
@@ -707,6 +1022,7 @@ void PrintTable(const std::vector<Result>& results, bool warm) {
 
 using OrderedJson = nlohmann::ordered_json;
 
+
 OrderedJson ToJson(const Result& r) {
   OrderedJson j;
   j["layout"] = LayoutName(r.layout);
@@ -723,9 +1039,18 @@ OrderedJson ToJson(const Result& r) {
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["inputs_seconds"] = r.inputs_seconds;
   j["encode_local_plans_seconds"] = r.encode_local_seconds;
-  for (const char* part : {"coordinator", "load"}) {
-    const std::vector<Phase>& phases =
-        part == std::string("load") ? r.load : r.coordinator;
+  j["load_ranks"] = r.load_ranks;
+  j["load_items"] = r.load_items;
+  j["load_plan_bytes"] = r.load_plan_bytes;
+  j["load_final_plan_bytes"] = r.load_final_bytes;
+  j["load_summary_bytes"] = r.load_summary_bytes;
+  j["load_summary_final_bytes"] = r.load_summary_final_bytes;
+  j["shared_pieces_bytes"] = r.pieces_bytes;
+  j["shared_chunks"] = r.shared_chunks;
+  j["shared_chunks_checked"] = r.shared_checked;
+  j["load_inputs_seconds"] = r.load_inputs_seconds;
+  for (const char* part : {"coordinator", "load", "load_coordinator"}) {
+    const std::vector<Phase>& phases = PhasesOf(r, part);
     // Built apart and then moved in: references into `j` would dangle once
     // it grows (an ordered_json object is a vector).
     OrderedJson seconds = OrderedJson::object();
@@ -745,6 +1070,7 @@ OrderedJson ToJson(const Result& r) {
   j["coordinator_seconds_per_rank"] = r.coordinator_total() / r.ranks;
   j["read_parse_seconds"] =
       LoadSeconds(r, "read_metadata") + LoadSeconds(r, "parse_metadata");
+  j["load_coordinator_total_seconds"] = r.load_coordinator_total();
   j["repeats"] = r.repeats;
   j["coordinator_worst_seconds"] = r.coordinator_worst_seconds;
   return j;
@@ -764,9 +1090,18 @@ Result FromJson(const OrderedJson& j) {
   r.metadata_bytes = j.at("metadata_bytes");
   r.inputs_seconds = j.at("inputs_seconds");
   r.encode_local_seconds = j.at("encode_local_plans_seconds");
-  for (const char* part : {"coordinator", "load"}) {
-    std::vector<Phase>& phases =
-        part == std::string("load") ? r.load : r.coordinator;
+  r.load_ranks = j.at("load_ranks");
+  r.load_items = j.at("load_items");
+  r.load_plan_bytes = j.at("load_plan_bytes");
+  r.load_final_bytes = j.at("load_final_plan_bytes");
+  r.load_summary_bytes = j.at("load_summary_bytes");
+  r.load_summary_final_bytes = j.at("load_summary_final_bytes");
+  r.pieces_bytes = j.at("shared_pieces_bytes");
+  r.shared_chunks = j.at("shared_chunks");
+  r.shared_checked = j.at("shared_chunks_checked");
+  r.load_inputs_seconds = j.at("load_inputs_seconds");
+  for (const char* part : {"coordinator", "load", "load_coordinator"}) {
+    std::vector<Phase>& phases = PhasesOf(r, part);
     const OrderedJson& cpu = j.at(absl::StrCat(part, "_cpu"));
     const OrderedJson& sys = j.at(absl::StrCat(part, "_sys"));
     for (const auto& [name, s] : j.at(part).items()) {
@@ -863,7 +1198,8 @@ int Usage(const char* argv0, bool help = false) {
       help ? stdout : stderr,
       "usage: %s [--ranks 1024,4096,16384] [--tensors 500] "
       "[--layout 3d|fsdp|both] [--dir PATH | --no-io] [--warm] "
-      "[--repeat N] [--max-memory-gib N] [--decode-threads N] [--json] "
+      "[--repeat N] [--max-memory-gib N] [--decode-threads N] "
+      "[--load-whole-plans] [--json] "
       "[--json-out FILE]\n"
       "  --ranks    world sizes to simulate (3d: multiples of %d)\n"
       "  --tensors  tensor shards per rank\n"
@@ -877,6 +1213,9 @@ int Usage(const char* argv0, bool help = false) {
       "slowest total\n"
       "  --max-memory-gib  cap each run's address space (a run that needs "
       "more fails)\n"
+      "  --load-whole-plans  also time load planning from whole local plans "
+      "(what\n             a planner of the user's sends; cairn's default "
+      "planner sends summaries)\n"
       "  --decode-threads  threads for parse_metadata (default: the "
       "machine's cores,\n             DecodeMetadata's default; 1: one pass)\n"
       "  --json     one JSON object instead of the table\n"
@@ -938,6 +1277,8 @@ int Main(int argc, char** argv) {
           g_decode_threads < 1) {
         return Usage(argv[0]);
       }
+    } else if (arg == "--load-whole-plans") {
+      g_load_full_plans = true;
     } else if (arg == "--json-out" && has_value) {
       json_out = argv[++i];
     } else if (arg == "--dir" && has_value) {

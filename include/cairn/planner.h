@@ -233,7 +233,11 @@ class LoadPlanner {
 // Scalars are assigned in SetUp. With `strict`, a destination leaf missing
 // from the checkpoint is kNotFound; dtype or shape differences are
 // kFailedPrecondition, naming the FQN. It counts committed items per tensor
-// and calls OnTensorLoaded once all of a tensor's items are in.
+// and calls OnTensorLoaded once all of a tensor's items are in. Its global
+// plan is the local plans unchanged, so with this class itself a load sends
+// the coordinator a few bytes per rank instead of the plan (and does not
+// call CreateGlobalPlan); a subclass is treated as any other planner: its
+// whole plans are gathered and its CreateGlobalPlan called.
 class DefaultLoadPlanner : public LoadPlanner {
  public:
   explicit DefaultLoadPlanner(bool strict = true);

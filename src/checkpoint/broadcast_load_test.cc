@@ -143,6 +143,35 @@ TEST(BroadcastLoadTest, StorageServesOneCopyPerReplicaGroup) {
   }
 }
 
+// The coordinator groups replicas by a hash of what each rank's plan reads
+// (the default planner sends it a summary, not the plan); the ranks then
+// check their plans against their group leader's byte for byte. With a
+// hash under which every plan collides, all four ranks look alike though
+// the two shards read different rows: the check must find it and load
+// without groups, bit-exact, instead of broadcasting one shard's bytes
+// into the other's tensors.
+TEST(BroadcastLoadTest, GroupsFromCollidingHashesAreCheckedAndDropped) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveShards(tmp.path()).ok());
+  struct Restore {
+    ~Restore() { internal_checkpoint::SetReplicaHashForTesting(nullptr); }
+  } restore;
+  internal_checkpoint::SetReplicaHashForTesting(
+      [](std::string_view) -> uint64_t { return 42; });
+  for (Pattern p : {Pattern::kRows, Pattern::kCols}) {
+    std::vector<RankOutcome> out;
+    LoadOptions on;
+    on.bounce_buffer_bytes = 4096;
+    for (const absl::Status& s : LoadReplicas(tmp.path(), p, on, out)) {
+      ASSERT_TRUE(s.ok()) << PatternName(p) << ": " << s;
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(out[r].result.replica_group_size, 1) << PatternName(p);
+      EXPECT_EQ(out[r].result.phases.broadcast, 0.0) << PatternName(p);
+    }
+  }
+}
+
 TEST(BroadcastLoadTest, SmallBatchesStillBitExact) {
   TempDir tmp;
   ASSERT_TRUE(SaveShards(tmp.path()).ok());

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,29 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             absl::StatusOr<Storage*> storage,
                                             const Metadata& metadata,
                                             const LoadOptions& options);
+
+// A rank's load-planning message to the coordinator: its whole local plan,
+// or, for cairn's DefaultLoadPlanner (whose CreateGlobalPlan returns the
+// local plans unchanged, so each rank keeps its own), a summary: how many
+// items it reads, a hash of them (for replica groups), and its unexpected
+// leaves as one bit per stored leaf.
+absl::StatusOr<std::string> EncodeLocalLoadPlan(const LoadPlanner& planner,
+                                                const LoadPlan& plan,
+                                                const Metadata& metadata);
+
+// The coordinator's step of load planning: `gathered[r]` is rank r's
+// EncodeLocalLoadPlan. Narrows `unexpected` to the stored leaves no rank
+// asked for, calls planner.CreateGlobalPlan (whole plans only), finds the
+// replica groups (when `broadcast_replicas`; from summaries by hash, which
+// the ranks then check exactly), and returns the scatter's payloads: rank
+// r's group and its final plan, or for summaries the unexpected leaves.
+absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
+    LoadPlanner& planner, const Metadata& metadata,
+    const std::vector<std::string>& gathered, bool broadcast_replicas);
+
+// Tests only: the hash replica grouping compares plan summaries by (null:
+// cairn's own). One that collides shows that groups are checked exactly.
+void SetReplicaHashForTesting(uint64_t (*hash)(std::string_view));
 
 // LoadAll against an opened storage.
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,

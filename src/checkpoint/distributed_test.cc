@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/dist_test_util.h"
 #include "checkpoint/test_util.h"
+#include "core/byte_codec.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -746,27 +747,127 @@ TEST(DistributedTest, ResolveDataMaterializesOncePerTensorAndReleases) {
   }
 }
 
+// A planner of the user's kind: load.cc sends it whole plans (and calls
+// its CreateGlobalPlan) instead of the default planner's summaries.
+class UsersLoadPlanner : public DefaultLoadPlanner {};
+
 // In a distributed load a stored leaf is "unexpected" only when no rank
-// asked for it.
+// asked for it: tensors, objects and scalars alike, sorted by name, with
+// cairn's default planner (plan summaries) and with a planner of the
+// user's (whole plans).
 TEST(DistributedTest, UnexpectedListsLeavesNoRankAskedFor) {
   TempDir tmp;
   StateDict saved;
   saved["a"] = int64_t{1};
   saved["b"] = int64_t{2};
   saved["c"] = int64_t{3};
+  saved["m_object"] = Object{"bytes"};
+  saved["n_object"] = Object{"more bytes"};
+  Tensor t = *Tensor::Zeros(DType::kF32, {2, 4});
+  saved["z_tensor"] =
+      ShardedTensor(DType::kF32, {2, 4}, {Shard{Box{{0, 0}, {2, 4}}, t.view()}});
+  saved["y_tensor"] =
+      ShardedTensor(DType::kF32, {2, 4}, {Shard{Box{{0, 0}, {2, 4}}, t.view()}});
   ASSERT_TRUE(Save(saved, tmp.path()).ok());
-  std::vector<std::vector<std::string>> unexpected(2);
-  ExpectAllOk(OnRanks(2, [&](Communicator& comm) {
+  for (bool users : {false, true}) {
+    SCOPED_TRACE(users ? "the user's planner" : "the default planner");
+    std::vector<std::vector<std::string>> unexpected(2);
+    ExpectAllOk(OnRanks(2, [&](Communicator& comm) {
+      StateDict dst;
+      Tensor mine = *Tensor::Zeros(DType::kF32, {1, 4});
+      dst[comm.rank() == 0 ? "a" : "b"] = int64_t{0};
+      if (comm.rank() == 1) dst["n_object"] = Object{};
+      dst["y_tensor"] = ShardedTensor(
+          DType::kF32, {2, 4},
+          {Shard{Box{{comm.rank(), 0}, {1, 4}}, mine.view()}});
+      UsersLoadPlanner planner;
+      LoadOptions o;
+      o.comm = &comm;
+      if (users) o.planner = &planner;
+      CAIRN_ASSIGN_OR_RETURN(LoadResult r, Load(dst, tmp.path(), o));
+      unexpected[comm.rank()] = r.unexpected;
+      return absl::OkStatus();
+    }));
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_THAT(unexpected[r],
+                  ::testing::ElementsAre("c", "m_object", "z_tensor"));
+    }
+  }
+}
+
+// Every rank must plan with the same kind of planner: one that sends a
+// summary next to one that sends its whole plan is a clear error on every
+// rank, not a hang or a misread message.
+TEST(DistributedTest, RanksMustPlanWithTheSameKindOfPlanner) {
+  TempDir tmp;
+  StateDict saved;
+  saved["a"] = int64_t{1};
+  ASSERT_TRUE(Save(saved, tmp.path()).ok());
+  std::vector<absl::Status> st = OnRanks(2, [&](Communicator& comm) {
     StateDict dst;
-    dst[comm.rank() == 0 ? "a" : "b"] = int64_t{0};
+    dst["a"] = int64_t{0};
+    UsersLoadPlanner planner;
     LoadOptions o;
     o.comm = &comm;
-    CAIRN_ASSIGN_OR_RETURN(LoadResult r, Load(dst, tmp.path(), o));
-    unexpected[comm.rank()] = r.unexpected;
-    return absl::OkStatus();
-  }));
-  EXPECT_THAT(unexpected[0], ::testing::ElementsAre("c"));
-  EXPECT_THAT(unexpected[1], ::testing::ElementsAre("c"));
+    if (comm.rank() == 1) o.planner = &planner;
+    return Load(dst, tmp.path(), o).status();
+  });
+  for (const absl::Status& s : st) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr("rank 1 planned its load with its own "
+                                       "planner, the coordinator with "
+                                       "cairn's default planner"));
+  }
+}
+
+// The coordinator reads the ranks' plan summaries as untrusted bytes: a
+// truncated message, one with bytes left over, or one whose unexpected
+// leaves do not match the metadata is kDataLoss naming the rank, never a
+// read past the message.
+TEST(DistributedTest, MalformedPlanSummariesAreErrorsNamingTheRank) {
+  TempDir tmp;
+  StateDict saved;
+  saved["a"] = int64_t{1};
+  saved["b"] = int64_t{2};
+  ASSERT_TRUE(Save(saved, tmp.path()).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  DefaultLoadPlanner planner;
+  LoadPlan plan;
+  plan.unexpected = {"b"};
+  absl::StatusOr<std::string> good =
+      internal_checkpoint::EncodeLocalLoadPlan(planner, plan, *md);
+  ASSERT_TRUE(good.ok()) << good.status();
+  absl::StatusOr<std::vector<std::string>> fine =
+      internal_checkpoint::PlanLoadGlobally(planner, *md, {*good, *good}, true);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->size(), 2u);
+
+  internal_core::ByteWriter wide;
+  wide.U8(2);  // a summary
+  wide.U64(0);
+  wide.U64(0);
+  wide.Str("too many bytes of leaves");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "load plan of rank 1"},
+      {good->substr(0, 9), "load plan of rank 1"},
+      {*good + "x", "load plan of rank 1"},
+      {wide.Take(), "load plan of rank 1: 24 bytes of unexpected leaves for 2 "
+                    "stored leaves"},
+  };
+  for (const auto& [message, expected] : bad) {
+    absl::StatusOr<std::vector<std::string>> r =
+        internal_checkpoint::PlanLoadGlobally(planner, *md, {*good, message},
+                                              true);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(expected));
+  }
+  // A leaf the metadata lacks cannot be summarized.
+  plan.unexpected = {"not stored"};
+  EXPECT_EQ(internal_checkpoint::EncodeLocalLoadPlan(planner, plan, *md)
+                .status()
+                .code(),
+            absl::StatusCode::kInternal);
 }
 
 // A scalar held by several ranks is saved once, so the copies must agree

@@ -9,8 +9,13 @@
 //     matches every destination leaf to the checkpoint: a missing leaf is an
 //     error in strict mode, dtype and global shape must match, scalars are
 //     assigned, and every destination box is intersected with every stored
-//     chunk); the local plans are gathered at the coordinator for
-//     CreateGlobalPlan, and the final plans scattered. FinishPlan.
+//     chunk). The coordinator combines them: with cairn's DefaultLoadPlanner
+//     each rank keeps its plan and sends a summary (EncodeLocalLoadPlan:
+//     item count, a hash of what it reads, its unexpected leaves as bits),
+//     the coordinator narrows the unexpected leaves and groups replicas by
+//     hash (PlanLoadGlobally), and the groups' members check their plans
+//     against their leader's exactly; any other planner sends its whole
+//     plan for CreateGlobalPlan and gets its final plan back. FinishPlan.
 //  3. Read (this file's Loader), on every rank:
 //     a. ResolveDestination for every item; check each destination.
 //     b. Open every data file that holds a needed byte, read and validate
@@ -41,6 +46,7 @@
 //     they tile and compares them with its CRC32C (CheckSharedPieces), and
 //     every rank learns the verdict.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -52,6 +58,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -1218,28 +1225,125 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
 
 namespace {
 
+// What a rank's plan reads, for finding replicas: each item's FQN, kind,
+// chunk and overlap (local_index is the planner's own reference, not what
+// is read).
+std::string ReplicaKey(const LoadPlan& plan) {
+  internal_core::ByteWriter key;
+  for (const ReadItem& item : plan.items) {
+    key.Str(item.fqn);
+    key.U8(static_cast<uint8_t>(item.kind));
+    key.U64(item.chunk);
+    key.Ints(item.overlap.offsets);
+    key.Ints(item.overlap.sizes);
+  }
+  return key.Take();
+}
+
 // Replica groups: ranks whose final plans read exactly the same items
 // (data-parallel replicas). groups[r] is the lowest rank of r's group.
 std::vector<int> ReplicaGroups(const std::vector<LoadPlan>& plans) {
   std::map<std::string, int> first;
   std::vector<int> groups(plans.size());
   for (size_t r = 0; r < plans.size(); ++r) {
-    // local_index is the planner's own reference, not what is read.
-    internal_core::ByteWriter key;
-    for (const ReadItem& item : plans[r].items) {
-      key.Str(item.fqn);
-      key.U8(static_cast<uint8_t>(item.kind));
-      key.U64(item.chunk);
-      key.Ints(item.overlap.offsets);
-      key.Ints(item.overlap.sizes);
-    }
     groups[r] = plans[r].items.empty()
                     ? static_cast<int>(r)
-                    : first.try_emplace(key.Take(), static_cast<int>(r))
+                    : first.try_emplace(ReplicaKey(plans[r]),
+                                        static_cast<int>(r))
                           .first->second;
   }
   return groups;
 }
+
+// A rank's planning message, and the coordinator's answer, start with one
+// of these: the whole plan (a planner whose CreateGlobalPlan may change
+// plans), or a summary of it (cairn's DefaultLoadPlanner, whose global plan
+// is the local plans unchanged: each rank keeps its own).
+enum PlanMessage : uint8_t { kFullPlan = 1, kPlanSummary = 2 };
+
+// True for cairn's DefaultLoadPlanner itself (not a subclass, which may
+// override CreateGlobalPlan).
+bool KeepsLocalPlans(const LoadPlanner& planner) {
+  return typeid(planner) == typeid(DefaultLoadPlanner);
+}
+
+// The stored leaves in an order every rank derives from the same metadata:
+// tensors, objects, scalars, each by name.
+std::vector<const std::string*> StoredLeaves(const Metadata& metadata) {
+  std::vector<const std::string*> leaves;
+  leaves.reserve(metadata.tensors.size() + metadata.objects.size() +
+                 metadata.scalars.size());
+  for (const auto& [name, unused] : metadata.tensors) leaves.push_back(&name);
+  for (const auto& [name, unused] : metadata.objects) leaves.push_back(&name);
+  for (const auto& [name, unused] : metadata.scalars) leaves.push_back(&name);
+  return leaves;
+}
+
+// `names` (stored leaves) as a bit set over StoredLeaves: bit i of byte
+// i / 8 for leaf i. A name the metadata lacks is an internal error.
+absl::StatusOr<std::string> LeafBits(const Metadata& metadata,
+                                     const std::vector<std::string>& names) {
+  const std::vector<const std::string*> leaves = StoredLeaves(metadata);
+  absl::flat_hash_set<std::string_view> wanted(names.begin(), names.end());
+  std::string bits((leaves.size() + 7) / 8, '\0');
+  size_t found = 0;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (wanted.contains(*leaves[i])) {
+      bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
+      ++found;
+    }
+  }
+  if (found != wanted.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "%d of the planner's %d unexpected leaves are not in the checkpoint",
+        wanted.size() - found, wanted.size()));
+  }
+  return bits;
+}
+
+// The names of the leaves set in `bits` (LeafBits), sorted.
+absl::StatusOr<std::vector<std::string>> LeafNames(const Metadata& metadata,
+                                                   std::string_view bits) {
+  const std::vector<const std::string*> leaves = StoredLeaves(metadata);
+  if (bits.size() != (leaves.size() + 7) / 8) {
+    return absl::DataLossError(absl::StrFormat(
+        "load plan from the coordinator: %d bytes of unexpected leaves for "
+        "%d stored leaves",
+        bits.size(), leaves.size()));
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if ((static_cast<uint8_t>(bits[i / 8]) >> (i % 8)) & 1) {
+      names.push_back(*leaves[i]);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+uint64_t MixBits(uint64_t h) {  // splitmix64's finalizer
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  return h ^ (h >> 31);
+}
+
+// A 64-bit hash of a ReplicaKey, the same in every process. The groups it
+// suggests are checked byte for byte afterwards (VerifyReplicaGroups), so a
+// collision costs the broadcast, never a wrong byte.
+uint64_t HashReplicaKey(std::string_view key) {
+  uint64_t h = MixBits(0x9e3779b97f4a7c15ULL ^ key.size());
+  size_t i = 0;
+  for (; i + 8 <= key.size(); i += 8) {
+    uint64_t word;
+    std::memcpy(&word, key.data() + i, 8);
+    h = MixBits(h ^ word) + 0x9e3779b97f4a7c15ULL;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, key.data() + i, key.size() - i);
+  return MixBits(h ^ tail);
+}
+
+std::atomic<uint64_t (*)(std::string_view)> replica_hash{&HashReplicaKey};
 
 bool HasGroups(const std::vector<int>& groups) {
   for (size_t r = 0; r < groups.size(); ++r) {
@@ -1788,6 +1892,127 @@ absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
   return ReadAndValidate(storage, name);
 }
 
+void SetReplicaHashForTesting(uint64_t (*hash)(std::string_view)) {
+  replica_hash.store(hash != nullptr ? hash : &HashReplicaKey);
+}
+
+absl::StatusOr<std::string> EncodeLocalLoadPlan(const LoadPlanner& planner,
+                                                const LoadPlan& plan,
+                                                const Metadata& metadata) {
+  internal_core::ByteWriter w;
+  if (!KeepsLocalPlans(planner)) {
+    w.U8(kFullPlan);
+    w.Str(internal_plan::EncodeLoadPlan(plan));
+    return w.Take();
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::string bits, LeafBits(metadata, plan.unexpected));
+  w.U8(kPlanSummary);
+  w.U64(plan.items.size());
+  w.U64(plan.items.empty() ? 0 : replica_hash.load()(ReplicaKey(plan)));
+  w.Str(bits);
+  return w.Take();
+}
+
+absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
+    LoadPlanner& planner, const Metadata& metadata,
+    const std::vector<std::string>& gathered, bool broadcast_replicas) {
+  const size_t world = gathered.size();
+  const uint8_t kind = KeepsLocalPlans(planner) ? kPlanSummary : kFullPlan;
+  std::vector<internal_core::ByteReader> readers;
+  readers.reserve(world);
+  for (size_t r = 0; r < world; ++r) {
+    internal_core::ByteReader& reader = readers.emplace_back(
+        gathered[r], absl::StrCat("load plan of rank ", r));
+    const uint8_t got = reader.U8();
+    if (reader.failed()) return reader.status();
+    if (got != kind) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d planned its load with %s, the coordinator with %s: every "
+          "rank must pass the same kind of LoadOptions::planner",
+          r, got == kPlanSummary ? "cairn's default planner" : "its own planner",
+          kind == kPlanSummary ? "cairn's default planner"
+                               : "its own planner"));
+    }
+  }
+  // Each rank's unexpected leaves (as a bit set over StoredLeaves), what
+  // its plan reads (the number of items, and a hash of them, or the whole
+  // plan), for the replica groups.
+  std::string unexpected_bits;
+  std::vector<int> groups;
+  std::vector<LoadPlan> plans;
+  if (kind == kPlanSummary) {
+    const size_t bytes = (StoredLeaves(metadata).size() + 7) / 8;
+    unexpected_bits.assign(bytes, static_cast<char>(0xff));
+    std::map<std::pair<uint64_t, uint64_t>, int> first;
+    groups.resize(world);
+    for (size_t r = 0; r < world; ++r) {
+      internal_core::ByteReader& reader = readers[r];
+      const uint64_t items = reader.U64();
+      const uint64_t hash = reader.U64();
+      const std::string_view bits = reader.StrView();
+      CAIRN_RETURN_IF_ERROR(reader.status());
+      if (bits.size() != bytes) {
+        return absl::DataLossError(absl::StrFormat(
+            "load plan of rank %d: %d bytes of unexpected leaves for %d "
+            "stored leaves",
+            r, bits.size(), StoredLeaves(metadata).size()));
+      }
+      // A stored leaf is unexpected only when no rank asked for it.
+      for (size_t i = 0; i < bytes; ++i) unexpected_bits[i] &= bits[i];
+      groups[r] = items == 0 ? static_cast<int>(r)
+                             : first.try_emplace({items, hash},
+                                                 static_cast<int>(r))
+                                   .first->second;
+    }
+    if (!broadcast_replicas) groups.clear();
+  } else {
+    std::vector<LoadPlan> locals;
+    locals.reserve(world);
+    for (size_t r = 0; r < world; ++r) {
+      const std::string_view bytes = readers[r].StrView();
+      CAIRN_RETURN_IF_ERROR(readers[r].status());
+      CAIRN_ASSIGN_OR_RETURN(
+          LoadPlan p, internal_plan::DecodeLoadPlan(
+                          bytes, absl::StrCat("load plan of rank ", r)));
+      locals.push_back(std::move(p));
+    }
+    // A stored leaf is unexpected only when no rank asked for it.
+    std::vector<std::string> unexpected;
+    if (!locals.empty()) {
+      unexpected = locals[0].unexpected;
+      for (size_t r = 1; r < locals.size(); ++r) {
+        std::vector<std::string> both;
+        std::set_intersection(unexpected.begin(), unexpected.end(),
+                              locals[r].unexpected.begin(),
+                              locals[r].unexpected.end(),
+                              std::back_inserter(both));
+        unexpected = std::move(both);
+      }
+    }
+    CAIRN_ASSIGN_OR_RETURN(plans, planner.CreateGlobalPlan(std::move(locals)));
+    if (plans.size() != world) {
+      return absl::InternalError(
+          absl::StrFormat("CreateGlobalPlan returned %d plans for %d ranks",
+                          plans.size(), world));
+    }
+    for (LoadPlan& p : plans) p.unexpected = unexpected;
+    if (broadcast_replicas) groups = ReplicaGroups(plans);
+  }
+  const bool any_group = HasGroups(groups);
+  std::vector<std::string> finals;
+  finals.reserve(world);
+  for (size_t r = 0; r < world; ++r) {
+    internal_core::ByteWriter w;
+    w.U8(kind);
+    w.U8(any_group ? 1 : 0);
+    w.I64(any_group ? groups[r] : static_cast<int64_t>(r));
+    w.Str(kind == kPlanSummary ? unexpected_bits
+                               : internal_plan::EncodeLoadPlan(plans[r]));
+    finals.push_back(w.Take());
+  }
+  return finals;
+}
+
 absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             absl::StatusOr<Storage*> storage,
                                             const Metadata& metadata,
@@ -1811,70 +2036,58 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     local = p.status();
     if (p.ok()) local_plan = *std::move(p);
   }
-  absl::StatusOr<std::vector<std::string>> gathered = GatherOrError(
-      *comm, local, local.ok() ? internal_plan::EncodeLoadPlan(local_plan) : "",
-      kOperation, "planning");
+  std::string message;
+  if (local.ok()) {
+    absl::StatusOr<std::string> m =
+        EncodeLocalLoadPlan(planner, local_plan, metadata);
+    local = m.status();
+    if (m.ok()) message = *std::move(m);
+  }
+  absl::StatusOr<std::vector<std::string>> gathered =
+      GatherOrError(*comm, local, message, kOperation, "planning");
+  message = std::string();
   absl::Status global = gathered.status();
   std::vector<std::string> finals;
   if (coordinator && global.ok()) {
-    std::vector<LoadPlan> locals;
-    for (size_t r = 0; r < gathered->size() && global.ok(); ++r) {
-      absl::StatusOr<LoadPlan> p = internal_plan::DecodeLoadPlan(
-          (*gathered)[r], absl::StrCat("load plan of rank ", r));
-      global = p.status();
-      if (p.ok()) locals.push_back(*std::move(p));
-    }
-    // A stored leaf is unexpected only when no rank asked for it.
-    std::vector<std::string> unexpected;
-    if (global.ok() && !locals.empty()) {
-      unexpected = locals[0].unexpected;
-      for (size_t r = 1; r < locals.size(); ++r) {
-        std::vector<std::string> both;
-        std::set_intersection(unexpected.begin(), unexpected.end(),
-                              locals[r].unexpected.begin(),
-                              locals[r].unexpected.end(),
-                              std::back_inserter(both));
-        unexpected = std::move(both);
-      }
-    }
-    if (global.ok()) {
-      absl::StatusOr<std::vector<LoadPlan>> plans =
-          planner.CreateGlobalPlan(std::move(locals));
-      global = plans.status();
-      if (plans.ok() && plans->size() != static_cast<size_t>(world)) {
-        global = absl::InternalError(absl::StrFormat(
-            "CreateGlobalPlan returned %d plans for %d ranks", plans->size(),
-            world));
-      }
-      if (global.ok()) {
-        const std::vector<int> groups =
-            options.broadcast_replicas ? ReplicaGroups(*plans)
-                                       : std::vector<int>();
-        const bool any_group = HasGroups(groups);
-        for (size_t r = 0; r < plans->size(); ++r) {
-          LoadPlan& p = (*plans)[r];
-          p.unexpected = unexpected;
-          internal_core::ByteWriter w;
-          w.U8(any_group ? 1 : 0);
-          w.I64(any_group ? groups[r] : static_cast<int64_t>(r));
-          w.Str(internal_plan::EncodeLoadPlan(p));
-          finals.push_back(w.Take());
-        }
-      }
-    }
+    absl::StatusOr<std::vector<std::string>> planned = PlanLoadGlobally(
+        planner, metadata, *gathered, options.broadcast_replicas);
+    global = planned.status();
+    if (planned.ok()) finals = *std::move(planned);
   }
+  gathered = std::vector<std::string>();
   CAIRN_ASSIGN_OR_RETURN(std::string mine,
                          ScatterOutcome(*comm, global, std::move(finals)));
   internal_core::ByteReader header(mine, "load plan from the coordinator");
+  const uint8_t kind = header.U8();
   const bool any_group = header.U8() != 0;
   const int64_t group = header.I64();
-  const std::string plan_bytes = header.Str();
+  const std::string body = header.Str();
   CAIRN_RETURN_IF_ERROR(header.status());
+  if (kind != kFullPlan && kind != kPlanSummary) {
+    return absl::DataLossError(absl::StrFormat(
+        "load plan from the coordinator: unknown kind %d", kind));
+  }
   // Every rank takes part in the Split when any group has several members.
   std::unique_ptr<Communicator> group_comm;
   if (any_group) {
     CAIRN_ASSIGN_OR_RETURN(group_comm,
                            comm->Split(static_cast<int>(group), rank));
+    // From summaries, the coordinator grouped ranks by a hash of what their
+    // plans read: each member checks its plan against its group leader's,
+    // byte for byte, and if any differs, no rank uses its group (the load
+    // reads everything itself instead of broadcasting).
+    if (kind == kPlanSummary) {
+      int64_t same = 1;
+      if (group_comm->size() > 1) {
+        const std::string key = ReplicaKey(local_plan);
+        std::string leader = key;
+        CAIRN_RETURN_IF_ERROR(group_comm->Broadcast(leader, 0));
+        same = leader == key ? 1 : 0;
+      }
+      CAIRN_RETURN_IF_ERROR(
+          comm->AllReduce(std::span<int64_t>(&same, 1), ReduceOp::kMin));
+      if (same == 0) group_comm.reset();
+    }
   }
   const double planning_done = Since(start);
 
@@ -1882,8 +2095,20 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   LoadPhaseTimes phases;
   std::vector<SharedPieces> shared;
   absl::StatusOr<LoadResult> result = [&]() -> absl::StatusOr<LoadResult> {
-    absl::StatusOr<LoadPlan> plan = internal_plan::DecodeLoadPlan(
-        plan_bytes, "load plan from the coordinator");
+    absl::StatusOr<LoadPlan> plan;
+    if (kind == kFullPlan) {
+      plan = internal_plan::DecodeLoadPlan(body,
+                                           "load plan from the coordinator");
+    } else {
+      absl::StatusOr<std::vector<std::string>> unexpected =
+          LeafNames(metadata, body);
+      if (unexpected.ok()) {
+        local_plan.unexpected = *std::move(unexpected);
+        plan = std::move(local_plan);
+      } else {
+        plan = unexpected.status();
+      }
+    }
     if (plan.ok()) plan = planner.FinishPlan(*std::move(plan));
     absl::StatusOr<LoadResult> r;
     if (group_comm != nullptr && group_comm->size() > 1) {
