@@ -564,8 +564,9 @@ absl::Status SimulateLoadPlanning(Layout layout, int world, int64_t tensors,
     CAIRN_ASSIGN_OR_RETURN(gathered[r],
                            internal_checkpoint::EncodeLocalLoadPlan(
                                DefaultLoadPlanner(), plan, metadata));
-    pieces[r] = internal_checkpoint::EncodeSharedPieces(
-        SimSharedPieces(plan, metadata, shared));
+    CAIRN_ASSIGN_OR_RETURN(pieces[r],
+                           internal_checkpoint::EncodeSharedPieces(
+                               metadata, SimSharedPieces(plan, metadata, shared)));
     res.pieces_bytes += pieces[r].size();
   }
   res.shared_chunks = shared.size();

@@ -96,8 +96,13 @@ struct SharedPieces {
 };
 
 // One rank's SharedPieces, as it sends them to the coordinator at the end
-// of a load.
-std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared);
+// of a load: a count, then per piece its tensor's index in metadata.tensors
+// (every rank holds the same metadata; U32), chunk index, offset and size
+// (U64 each) and CRC32C (U32): kSharedPieceBytes each. kInternal for a
+// tensor the metadata lacks.
+inline constexpr uint64_t kSharedPieceBytes = 32;
+absl::StatusOr<std::string> EncodeSharedPieces(
+    const Metadata& metadata, const std::vector<SharedPieces>& shared);
 
 // The coordinator, after a load's reads: `payloads[r]` is rank r's
 // EncodeSharedPieces. A chunk whose pieces tile it, from one rank or
@@ -107,7 +112,8 @@ std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared);
 // overlap unevenly) stays unchecked. Two ranks that read the same bytes
 // must have read the same CRC32C (kDataLoss naming both). A malformed
 // payload is kDataLoss, a piece of a chunk the metadata lacks an internal
-// error. Returns how many chunks were checked.
+// error. Returns how many chunks were checked. Linear in the pieces and the
+// checkpoint's chunks (a counting sort by chunk).
 absl::StatusOr<uint64_t> CheckSharedPieces(
     const Metadata& metadata, const std::vector<std::string>& payloads);
 

@@ -62,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1436,14 +1437,29 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
 
 }  // namespace
 
-std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared) {
+absl::StatusOr<std::string> EncodeSharedPieces(
+    const Metadata& metadata, const std::vector<SharedPieces>& shared) {
   internal_core::ByteWriter w;
-  w.U64(shared.size());
+  uint64_t n = 0;
+  for (const SharedPieces& s : shared) n += s.pieces.size();
+  w.Reserve(8 + n * kSharedPieceBytes);
+  w.U64(n);
+  if (n == 0) return w.Take();
+  // Tensors by their index in metadata.tensors (the same on every rank).
+  absl::flat_hash_map<std::string_view, uint32_t> index;
+  index.reserve(metadata.tensors.size());
+  for (const auto& [fqn, unused] : metadata.tensors) {
+    index.emplace(fqn, static_cast<uint32_t>(index.size()));
+  }
   for (const SharedPieces& s : shared) {
-    w.Str(s.fqn);
-    w.U64(s.chunk);
-    w.U64(s.pieces.size());
+    auto it = index.find(s.fqn);
+    if (it == index.end()) {
+      return absl::InternalError(absl::StrCat(
+          "checksummed parts of ", s.fqn, ", which the checkpoint lacks"));
+    }
     for (const CrcPiece& p : s.pieces) {
+      w.U32(it->second);
+      w.U64(s.chunk);
       w.U64(p.offset);
       w.U64(p.bytes);
       w.U32(p.crc);
@@ -1454,61 +1470,103 @@ std::string EncodeSharedPieces(const std::vector<SharedPieces>& shared) {
 
 absl::StatusOr<uint64_t> CheckSharedPieces(
     const Metadata& metadata, const std::vector<std::string>& payloads) {
+  // Every chunk of the checkpoint by a number: its tensor's first chunk's
+  // number plus its index in the tensor.
+  using Stored = decltype(metadata.tensors)::value_type;
+  std::vector<const Stored*> tensors;
+  std::vector<uint64_t> first_chunk;
+  tensors.reserve(metadata.tensors.size());
+  first_chunk.reserve(metadata.tensors.size() + 1);
+  uint64_t chunks = 0;
+  for (const Stored& t : metadata.tensors) {
+    tensors.push_back(&t);
+    first_chunk.push_back(chunks);
+    chunks += t.second.chunks.size();
+  }
+  first_chunk.push_back(chunks);
+  // Every rank's pieces, read as untrusted bytes.
   struct Part {
+    uint64_t chunk;  // its number
     CrcPiece piece;
     int rank;
   };
-  // By chunk: its tensor's entry in metadata.tensors (FQN and metadata),
-  // and its index.
-  using Stored = decltype(metadata.tensors)::value_type;
-  std::map<std::pair<const Stored*, uint64_t>, std::vector<Part>> parts;
+  auto what = [](size_t r) {
+    return absl::StrCat("chunk checksums from rank ", r);
+  };
+  std::vector<internal_core::ByteReader> readers;
+  std::vector<uint64_t> counts;
+  readers.reserve(payloads.size());
+  uint64_t total = 0;
   for (size_t r = 0; r < payloads.size(); ++r) {
-    const std::string what = absl::StrCat("chunk checksums from rank ", r);
-    internal_core::ByteReader in(payloads[r], what);
-    const uint64_t n = in.Count(/*min_bytes=*/24);
-    for (uint64_t i = 0; i < n && !in.failed(); ++i) {
-      const std::string fqn = in.Str();
-      const uint64_t chunk = in.U64();
-      const uint64_t pieces = in.Count(/*min_bytes=*/20);
+    internal_core::ByteReader& in = readers.emplace_back(payloads[r], what(r));
+    counts.push_back(in.Count(kSharedPieceBytes));
+    if (in.failed()) return in.status();
+    total += counts.back();
+  }
+  std::vector<Part> parts;
+  parts.reserve(total);
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    internal_core::ByteReader& in = readers[r];
+    for (uint64_t i = 0; i < counts[r]; ++i) {
+      const uint32_t t = in.U32();
+      const uint64_t c = in.U64();
+      const CrcPiece p{in.U64(), in.U64(), in.U32()};
       if (in.failed()) break;
-      auto it = metadata.tensors.find(fqn);
-      if (it == metadata.tensors.end() || chunk >= it->second.chunks.size()) {
+      if (t >= tensors.size()) {
         return absl::InternalError(absl::StrFormat(
-            "%s: chunk %d of %s, which the checkpoint does not hold", what,
-            chunk, fqn));
+            "%s: tensor %d of a checkpoint with %d", what(r), t,
+            tensors.size()));
       }
-      const uint64_t nbytes = it->second.chunks[chunk].location.nbytes;
-      std::vector<Part>& mine = parts[{&*it, chunk}];
-      for (uint64_t j = 0; j < pieces && !in.failed(); ++j) {
-        Part part{{in.U64(), in.U64(), in.U32()}, static_cast<int>(r)};
-        if (!in.failed() && (part.piece.offset > nbytes ||
-                                 part.piece.bytes > nbytes - part.piece.offset)) {
-          return absl::InternalError(absl::StrFormat(
-              "%s: bytes [%d, +%d) of chunk %d of %s, which has %d", what,
-              part.piece.offset, part.piece.bytes, chunk, fqn, nbytes));
-        }
-        mine.push_back(part);
+      const auto& [fqn, tm] = *tensors[t];
+      if (c >= tm.chunks.size()) {
+        return absl::InternalError(absl::StrFormat(
+            "%s: chunk %d of %s, which the checkpoint does not hold", what(r),
+            c, fqn));
       }
+      const uint64_t nbytes = tm.chunks[c].location.nbytes;
+      if (p.offset > nbytes || p.bytes > nbytes - p.offset) {
+        return absl::InternalError(
+            absl::StrFormat("%s: bytes [%d, +%d) of chunk %d of %s, which has %d",
+                            what(r), p.offset, p.bytes, c, fqn, nbytes));
+      }
+      parts.push_back({first_chunk[t] + c, p, static_cast<int>(r)});
     }
     CAIRN_RETURN_IF_ERROR(in.status());
   }
+  // The parts of each chunk together (a counting sort by chunk number: the
+  // parts run to millions at thousands of ranks), then by offset.
+  std::vector<uint64_t> begin(chunks + 1, 0);
+  for (const Part& part : parts) ++begin[part.chunk + 1];
+  for (uint64_t c = 0; c < chunks; ++c) begin[c + 1] += begin[c];
+  std::vector<const Part*> by_chunk(parts.size());
+  {
+    std::vector<uint64_t> next(begin.begin(), begin.end() - 1);
+    for (const Part& part : parts) by_chunk[next[part.chunk]++] = &part;
+  }
   uint64_t checked = 0;
-  for (auto& [key, mine] : parts) {
-    const auto& [fqn, tm] = *key.first;
-    const ChunkMetadata& chunk = tm.chunks[key.second];
-    const std::string entry = internal_format::EntryName(
-        fqn, chunk.box, chunk.box == Box::Full(tm.shape));
-    std::sort(mine.begin(), mine.end(), [](const Part& a, const Part& b) {
-      return std::tuple(a.piece.offset, a.piece.bytes, a.rank) <
-             std::tuple(b.piece.offset, b.piece.bytes, b.rank);
+  std::vector<const Part*> tiling;
+  size_t t = 0;  // the tensor of chunk number c
+  for (uint64_t c = 0; c < chunks; ++c) {
+    if (begin[c] == begin[c + 1]) continue;
+    while (first_chunk[t + 1] <= c) ++t;
+    const auto& [fqn, tm] = *tensors[t];
+    const ChunkMetadata& chunk = tm.chunks[c - first_chunk[t]];
+    auto entry = [&] {
+      return internal_format::EntryName(fqn, chunk.box,
+                                        chunk.box == Box::Full(tm.shape));
+    };
+    const auto mine = std::span(by_chunk).subspan(begin[c], begin[c + 1] - begin[c]);
+    std::sort(mine.begin(), mine.end(), [](const Part* a, const Part* b) {
+      return std::tuple(a->piece.offset, a->piece.bytes, a->rank) <
+             std::tuple(b->piece.offset, b->piece.bytes, b->rank);
     });
-    std::vector<CrcPiece> tiling;
-    std::set<int> ranks;
-    const Part* last = nullptr;
+    tiling.clear();
+    uint32_t crc = 0;
     uint64_t covered = 0;
     bool tiles = true;
-    for (const Part& part : mine) {
-      const CrcPiece& p = part.piece;
+    for (const Part* part : mine) {
+      const CrcPiece& p = part->piece;
+      const Part* last = tiling.empty() ? nullptr : tiling.back();
       if (last != nullptr && p.offset == last->piece.offset &&
           p.bytes == last->piece.bytes) {
         // The same bytes read by two ranks (replicated destinations).
@@ -1517,8 +1575,8 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
               "%s (%s, offset %d): ranks %d and %d read different bytes at "
               "[%d, +%d) of it (CRC32C %s and %s); was the file changed "
               "during the load?",
-              entry, chunk.location.file, chunk.location.offset, last->rank,
-              part.rank, p.offset, p.bytes,
+              entry(), chunk.location.file, chunk.location.offset, last->rank,
+              part->rank, p.offset, p.bytes,
               internal_format::Crc32cToHex(last->piece.crc),
               internal_format::Crc32cToHex(p.crc)));
         }
@@ -1528,17 +1586,24 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
         tiles = false;
         break;
       }
-      tiling.push_back(p);
-      ranks.insert(part.rank);
+      crc = covered == 0 ? p.crc
+                         : internal_format::Crc32cCombine(crc, p.crc, p.bytes);
       covered += p.bytes;
-      last = &part;
+      tiling.push_back(part);
     }
     if (!tiles || covered != chunk.location.nbytes) continue;
-    CAIRN_RETURN_IF_ERROR(CheckPieces(
-        entry, chunk.location, std::move(tiling),
-        absl::StrFormat(", read in parts by rank%s %s",
-                        ranks.size() > 1 ? "s" : "",
-                        absl::StrJoin(ranks, ", "))));
+    if (crc != chunk.location.crc32c) {
+      std::vector<CrcPiece> pieces;
+      std::set<int> ranks;
+      for (const Part* part : tiling) {
+        pieces.push_back(part->piece);
+        ranks.insert(part->rank);
+      }
+      return CheckPieces(entry(), chunk.location, std::move(pieces),
+                         absl::StrFormat(", read in parts by rank%s %s",
+                                         ranks.size() > 1 ? "s" : "",
+                                         absl::StrJoin(ranks, ", ")));
+    }
     ++checked;
   }
   return checked;
@@ -2150,10 +2215,15 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   // 4. Agree, and check the chunks that ranks read parts of: the
   // coordinator combines the CRC32Cs of their parts (one gather of a few
   // bytes per part, and the verdict to every rank).
-  absl::StatusOr<std::vector<std::string>> pieces = GatherOrError(
-      *comm, result.status(),
-      result.ok() ? EncodeSharedPieces(shared) : std::string(), kOperation,
-      "reading");
+  absl::Status read = result.status();
+  std::string mine_pieces;
+  if (read.ok()) {
+    absl::StatusOr<std::string> encoded = EncodeSharedPieces(metadata, shared);
+    read = encoded.status();
+    if (encoded.ok()) mine_pieces = *std::move(encoded);
+  }
+  absl::StatusOr<std::vector<std::string>> pieces =
+      GatherOrError(*comm, read, mine_pieces, kOperation, "reading");
   absl::Status verdict = pieces.status();
   uint64_t shared_checked = 0;
   if (coordinator && verdict.ok()) {

@@ -26,6 +26,7 @@
 #include "cairn/storage.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/test_util.h"
+#include "core/byte_codec.h"
 #include "format/crc32c.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection.h"
@@ -705,9 +706,13 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
     return CrcPiece{offset, bytes,
                     internal_format::Crc32c(chunk1 + offset, bytes)};
   };
-  auto message = [](std::vector<CrcPiece> pieces, std::string fqn = "w",
-                    uint64_t chunk = 1) {
-    return EncodeSharedPieces({{std::move(fqn), chunk, std::move(pieces)}});
+  auto encode = [&](const std::vector<internal_checkpoint::SharedPieces>& s) {
+    absl::StatusOr<std::string> m = EncodeSharedPieces(*md, s);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.value_or("");
+  };
+  auto message = [&](std::vector<CrcPiece> pieces, uint64_t chunk = 1) {
+    return encode({{"w", chunk, std::move(pieces)}});
   };
   const uint64_t third = kChunk / 3 / 4096 * 4096;
   const std::string first = message({piece(0, third)});
@@ -716,7 +721,7 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   // Tiled by ranks 0 and 2 (rank 1 read nothing of it), in either order,
   // and with rank 3 a replica of rank 0.
   absl::StatusOr<uint64_t> checked =
-      CheckSharedPieces(*md, {first, EncodeSharedPieces({}), rest});
+      CheckSharedPieces(*md, {first, encode({}), rest});
   ASSERT_TRUE(checked.ok()) << checked.status();
   EXPECT_EQ(*checked, 1u);
   checked = CheckSharedPieces(*md, {rest, first, first});
@@ -764,8 +769,21 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
       << s;
   s = CheckSharedPieces(*md, {first + "x"}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // A tensor the checkpoint lacks cannot be encoded; as bytes, its index
+  // is past the checkpoint's tensors.
+  EXPECT_EQ(EncodeSharedPieces(*md, {{"v", 1, {piece(0, third)}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInternal);
+  internal_core::ByteWriter past;
+  past.U64(1);
+  past.U32(static_cast<uint32_t>(md->tensors.size()));
+  past.U64(1);
+  past.U64(0);
+  past.U64(third);
+  past.U32(0);
   for (const std::string& bad :
-       {message({piece(0, third)}, "v"), message({piece(0, third)}, "w", 4),
+       {past.Take(), message({piece(0, third)}, 4),
         message({CrcPiece{kChunk - 4, 8, 0}})}) {
     s = CheckSharedPieces(*md, {first, bad}).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
