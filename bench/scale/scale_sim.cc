@@ -978,11 +978,13 @@ void PrintTable(const std::vector<Result>& results, bool warm) {
       return va > 0 ? absl::StrFormat("%.2f", vb / va / w) : std::string("-");
     };
     std::printf(
-        "  %s W %d -> %d (x%.0f): coordinator wall %s, cpu %s; "
-        "metadata.json bytes %s; parse %s; peak RSS %s\n",
+        "  %s W %d -> %d (x%.0f): coordinator wall %s, cpu %s; load "
+        "coordinator wall %s; metadata.json bytes %s; parse %s; peak RSS %s\n",
         LayoutName(a.layout), a.ranks, b.ranks, w,
         per_rank(a.coordinator_total(), b.coordinator_total()).c_str(),
         per_rank(a.coordinator_cpu(), b.coordinator_cpu()).c_str(),
+        per_rank(a.load_coordinator_total(), b.load_coordinator_total())
+            .c_str(),
         per_rank(a.metadata_bytes, b.metadata_bytes).c_str(),
         per_rank(LoadSeconds(a, "parse_metadata"),
                  LoadSeconds(b, "parse_metadata"))
@@ -1014,9 +1016,11 @@ void PrintTable(const std::vector<Result>& results, bool warm) {
             ? std::string("met")
             : absl::StrFormat("MISSED (x%.1f the target)", t / kTargetSeconds);
     std::printf(
-        "  %s: %.2f s (cpu %.2f s): %s; metadata.json read + parse %.2f s\n",
+        "  %s: %.2f s (cpu %.2f s): %s; metadata.json read + parse %.2f s; "
+        "load coordinator (%d ranks) %.2f s\n",
         LayoutName(r.layout), t, r.coordinator_cpu(), verdict.c_str(),
-        LoadSeconds(r, "read_metadata") + LoadSeconds(r, "parse_metadata"));
+        LoadSeconds(r, "read_metadata") + LoadSeconds(r, "parse_metadata"),
+        r.load_ranks, r.load_coordinator_total());
   }
   if (!any) std::printf("  not run at %d ranks\n", kTargetRanks);
 }
