@@ -69,6 +69,7 @@
 #include "cairn/tensor.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/forwarding_planner.h"
 #include "checkpoint/write_report.h"
 #include "core/flatten.h"
 #include "format/crc32c.h"
@@ -557,9 +558,10 @@ absl::Status SimulateLoadPlanning(Layout layout, int world, int64_t tensors,
     }
     res.load_items += plan.items.size();
     if (g_load_full_plans) {
-      struct UsersPlanner : DefaultLoadPlanner {};
-      CAIRN_ASSIGN_OR_RETURN(whole[r], internal_checkpoint::EncodeLocalLoadPlan(
-                                           UsersPlanner(), plan, metadata));
+      CAIRN_ASSIGN_OR_RETURN(whole[r],
+                             internal_checkpoint::EncodeLocalLoadPlan(
+                                 internal_checkpoint::ForwardingLoadPlanner(),
+                                 plan, metadata));
     }
     CAIRN_ASSIGN_OR_RETURN(gathered[r],
                            internal_checkpoint::EncodeLocalLoadPlan(
@@ -574,9 +576,8 @@ absl::Status SimulateLoadPlanning(Layout layout, int world, int64_t tensors,
 
   auto& phases = res.load_coordinator;
   // Both messages a rank can send, timed one after the other: the whole
-  // plan (a planner of the user's, here a subclass of the default one, so
-  // that load.cc treats it as one), then the summary cairn's
-  // DefaultLoadPlanner sends.
+  // plan (a planner derived from LoadPlanner, here one forwarding to the
+  // default one), then the summary DefaultLoadPlanner sends.
   auto plan_globally = [&](const char* name, LoadPlanner& planner,
                            std::vector<std::string>& messages,
                            uint64_t& in_bytes, uint64_t& out_bytes) {
@@ -592,8 +593,7 @@ absl::Status SimulateLoadPlanning(Layout layout, int world, int64_t tensors,
     });
   };
   if (g_load_full_plans) {
-    struct UsersPlanner : DefaultLoadPlanner {};
-    UsersPlanner planner;
+    internal_checkpoint::ForwardingLoadPlanner planner;
     CAIRN_RETURN_IF_ERROR(plan_globally("plan_globally_whole", planner,
                                         whole, res.load_plan_bytes,
                                         res.load_final_bytes));

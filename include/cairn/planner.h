@@ -233,11 +233,12 @@ class LoadPlanner {
 // Scalars are assigned in SetUp. With `strict`, a destination leaf missing
 // from the checkpoint is kNotFound; dtype or shape differences are
 // kFailedPrecondition, naming the FQN. It counts committed items per tensor
-// and calls OnTensorLoaded once all of a tensor's items are in. Its global
-// plan is the local plans unchanged, so with this class itself a load sends
-// the coordinator a few bytes per rank instead of the plan (and does not
-// call CreateGlobalPlan); a subclass is treated as any other planner: its
-// whole plans are gathered and its CreateGlobalPlan called.
+// and calls OnTensorLoaded once all of a tensor's items are in. Subclass it
+// to rename leaves (StoredName), hear of finished tensors, or change local
+// plans and destinations. Its global plan is the local plans unchanged
+// (CreateGlobalPlan is final), so a load with it or any subclass sends the
+// coordinator a few bytes per rank instead of each plan, and never calls
+// CreateGlobalPlan; to change plans globally, derive from LoadPlanner.
 class DefaultLoadPlanner : public LoadPlanner {
  public:
   explicit DefaultLoadPlanner(bool strict = true);
@@ -247,7 +248,7 @@ class DefaultLoadPlanner : public LoadPlanner {
                      bool is_coordinator, int rank, int world_size) override;
   absl::StatusOr<LoadPlan> CreateLocalPlan() override;
   absl::StatusOr<std::vector<LoadPlan>> CreateGlobalPlan(
-      std::vector<LoadPlan> local_plans) override;
+      std::vector<LoadPlan> local_plans) final;
   absl::StatusOr<LoadPlan> FinishPlan(LoadPlan plan) override;
   absl::StatusOr<Destination> ResolveDestination(const ReadItem& item) override;
   absl::Status CommitChunk(const ReadItem& item) override;

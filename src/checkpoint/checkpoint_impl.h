@@ -36,8 +36,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             const LoadOptions& options);
 
 // A rank's load-planning message to the coordinator: its whole local plan,
-// or, for cairn's DefaultLoadPlanner (whose CreateGlobalPlan returns the
-// local plans unchanged, so each rank keeps its own), a summary: how many
+// or, for a DefaultLoadPlanner or subclass (whose final CreateGlobalPlan
+// returns the local plans unchanged, so each rank keeps its own), a summary: how many
 // items it reads, a hash of them (for replica groups), and its unexpected
 // leaves as one bit per stored leaf.
 absl::StatusOr<std::string> EncodeLocalLoadPlan(const LoadPlanner& planner,

@@ -18,6 +18,7 @@
 #include "cairn/planner.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/dist_test_util.h"
+#include "checkpoint/forwarding_planner.h"
 #include "checkpoint/test_util.h"
 #include "core/byte_codec.h"
 #include "core/status.h"
@@ -747,14 +748,10 @@ TEST(DistributedTest, ResolveDataMaterializesOncePerTensorAndReleases) {
   }
 }
 
-// A planner of the user's kind: load.cc sends it whole plans (and calls
-// its CreateGlobalPlan) instead of the default planner's summaries.
-class UsersLoadPlanner : public DefaultLoadPlanner {};
-
 // In a distributed load a stored leaf is "unexpected" only when no rank
 // asked for it: tensors, objects and scalars alike, sorted by name, with
-// cairn's default planner (plan summaries) and with a planner of the
-// user's (whole plans).
+// cairn's default planner (plan summaries) and with a planner derived from
+// LoadPlanner (whole plans, its CreateGlobalPlan called at the coordinator).
 TEST(DistributedTest, UnexpectedListsLeavesNoRankAskedFor) {
   TempDir tmp;
   StateDict saved;
@@ -780,12 +777,16 @@ TEST(DistributedTest, UnexpectedListsLeavesNoRankAskedFor) {
       dst["y_tensor"] = ShardedTensor(
           DType::kF32, {2, 4},
           {Shard{Box{{comm.rank(), 0}, {1, 4}}, mine.view()}});
-      UsersLoadPlanner planner;
+      internal_checkpoint::ForwardingLoadPlanner planner;
       LoadOptions o;
       o.comm = &comm;
       if (users) o.planner = &planner;
       CAIRN_ASSIGN_OR_RETURN(LoadResult r, Load(dst, tmp.path(), o));
       unexpected[comm.rank()] = r.unexpected;
+      if (planner.global_plans() != (users && comm.rank() == 0 ? 1 : 0)) {
+        return absl::InternalError(absl::StrCat(
+            "CreateGlobalPlan called ", planner.global_plans(), " times"));
+      }
       return absl::OkStatus();
     }));
     for (int r = 0; r < 2; ++r) {
@@ -797,16 +798,39 @@ TEST(DistributedTest, UnexpectedListsLeavesNoRankAskedFor) {
 
 // Every rank must plan with the same kind of planner: one that sends a
 // summary next to one that sends its whole plan is a clear error on every
-// rank, not a hang or a misread message.
+// rank, not a hang or a misread message. A subclass of DefaultLoadPlanner
+// sends a summary as the default one does, so they mix.
+class RenamingLoadPlanner : public DefaultLoadPlanner {
+ protected:
+  std::string StoredName(const std::string& fqn) const override {
+    return fqn == "b" ? "a" : fqn;
+  }
+};
+
 TEST(DistributedTest, RanksMustPlanWithTheSameKindOfPlanner) {
   TempDir tmp;
   StateDict saved;
   saved["a"] = int64_t{1};
   ASSERT_TRUE(Save(saved, tmp.path()).ok());
+  std::vector<int64_t> got(2, 0);
+  ExpectAllOk(OnRanks(2, [&](Communicator& comm) {
+    const std::string leaf = comm.rank() == 1 ? "b" : "a";
+    StateDict dst;
+    dst[leaf] = int64_t{0};
+    RenamingLoadPlanner renaming;
+    LoadOptions o;
+    o.comm = &comm;
+    if (comm.rank() == 1) o.planner = &renaming;
+    CAIRN_RETURN_IF_ERROR(Load(dst, tmp.path(), o).status());
+    got[comm.rank()] = std::get<int64_t>(*dst[leaf].scalar());
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(got, (std::vector<int64_t>{1, 1}));
+
   std::vector<absl::Status> st = OnRanks(2, [&](Communicator& comm) {
     StateDict dst;
     dst["a"] = int64_t{0};
-    UsersLoadPlanner planner;
+    internal_checkpoint::ForwardingLoadPlanner planner;
     LoadOptions o;
     o.comm = &comm;
     if (comm.rank() == 1) o.planner = &planner;

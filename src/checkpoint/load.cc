@@ -9,8 +9,8 @@
 //     matches every destination leaf to the checkpoint: a missing leaf is an
 //     error in strict mode, dtype and global shape must match, scalars are
 //     assigned, and every destination box is intersected with every stored
-//     chunk). The coordinator combines them: with cairn's DefaultLoadPlanner
-//     each rank keeps its plan and sends a summary (EncodeLocalLoadPlan:
+//     chunk). The coordinator combines them: with a DefaultLoadPlanner (or
+//     subclass) each rank keeps its plan and sends a summary (EncodeLocalLoadPlan:
 //     item count, a hash of what it reads, its unexpected leaves as bits),
 //     the coordinator narrows the unexpected leaves and groups replicas by
 //     hash (PlanLoadGlobally), and the groups' members check their plans
@@ -58,7 +58,6 @@
 #include <span>
 #include <string>
 #include <tuple>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -1258,14 +1257,14 @@ std::vector<int> ReplicaGroups(const std::vector<LoadPlan>& plans) {
 
 // A rank's planning message, and the coordinator's answer, start with one
 // of these: the whole plan (a planner whose CreateGlobalPlan may change
-// plans), or a summary of it (cairn's DefaultLoadPlanner, whose global plan
-// is the local plans unchanged: each rank keeps its own).
+// plans), or a summary of it (DefaultLoadPlanner and its subclasses, whose
+// global plan is the local plans unchanged: each rank keeps its own).
 enum PlanMessage : uint8_t { kFullPlan = 1, kPlanSummary = 2 };
 
-// True for cairn's DefaultLoadPlanner itself (not a subclass, which may
-// override CreateGlobalPlan).
+// True for cairn's DefaultLoadPlanner and its subclasses (its
+// CreateGlobalPlan, which returns the local plans, is final).
 bool KeepsLocalPlans(const LoadPlanner& planner) {
-  return typeid(planner) == typeid(DefaultLoadPlanner);
+  return dynamic_cast<const DefaultLoadPlanner*>(&planner) != nullptr;
 }
 
 // The stored leaves in an order every rank derives from the same metadata:
