@@ -457,11 +457,8 @@ absl::StatusOr<LoadPlan> SimLoadPlan(
   }
   auto [cached, inserted] = unexpected.try_emplace(requested);
   if (inserted) {
-    const absl::flat_hash_set<std::string_view> asked = [&] {
-      absl::flat_hash_set<std::string_view> set;
-      for (const auto& leaf : flat.leaves) set.insert(leaf.fqn);
-      return set;
-    }();
+    absl::flat_hash_set<std::string_view> asked;
+    for (const auto& leaf : flat.leaves) asked.insert(leaf.fqn);
     auto note = [&](const auto& map) {
       for (const auto& [fqn, unused] : map) {
         if (!asked.contains(fqn)) cached->second.push_back(fqn);

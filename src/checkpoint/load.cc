@@ -1328,7 +1328,7 @@ uint64_t MixBits(uint64_t h) {  // splitmix64's finalizer
 }
 
 // A 64-bit hash of a ReplicaKey, the same in every process. The groups it
-// suggests are checked byte for byte afterwards (VerifyReplicaGroups), so a
+// suggests are checked byte for byte afterwards (KeepVerifiedGroup), so a
 // collision costs the broadcast, never a wrong byte.
 uint64_t HashReplicaKey(std::string_view key) {
   uint64_t h = MixBits(0x9e3779b97f4a7c15ULL ^ key.size());
@@ -1344,6 +1344,26 @@ uint64_t HashReplicaKey(std::string_view key) {
 }
 
 std::atomic<uint64_t (*)(std::string_view)> replica_hash{&HashReplicaKey};
+
+// Collective over `comm` (every rank, when any group has several members):
+// the coordinator grouped ranks by a hash of what their plans read, so each
+// member checks `plan` against its group leader's, byte for byte; if any
+// rank's differs, every rank drops its group (`group` reset: the load reads
+// everything itself instead of broadcasting).
+absl::Status KeepVerifiedGroup(Communicator& comm, const LoadPlan& plan,
+                               std::unique_ptr<Communicator>& group) {
+  int64_t same = 1;
+  if (group->size() > 1) {
+    const std::string key = ReplicaKey(plan);
+    std::string leader = key;
+    CAIRN_RETURN_IF_ERROR(group->Broadcast(leader, 0));
+    same = leader == key ? 1 : 0;
+  }
+  CAIRN_RETURN_IF_ERROR(
+      comm.AllReduce(std::span<int64_t>(&same, 1), ReduceOp::kMin));
+  if (same == 0) group.reset();
+  return absl::OkStatus();
+}
 
 bool HasGroups(const std::vector<int>& groups) {
   for (size_t r = 0; r < groups.size(); ++r) {
@@ -1532,6 +1552,7 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
     }
     CAIRN_RETURN_IF_ERROR(in.status());
   }
+  if (parts.empty()) return 0;  // most loads: no array over all chunks
   // The parts of each chunk together (a counting sort by chunk number: the
   // parts run to millions at thousands of ranks), then by offset.
   std::vector<uint64_t> begin(chunks + 1, 0);
@@ -2005,7 +2026,8 @@ absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
   std::vector<int> groups;
   std::vector<LoadPlan> plans;
   if (kind == kPlanSummary) {
-    const size_t bytes = (StoredLeaves(metadata).size() + 7) / 8;
+    const size_t leaves = StoredLeaves(metadata).size();
+    const size_t bytes = (leaves + 7) / 8;
     unexpected_bits.assign(bytes, static_cast<char>(0xff));
     std::map<std::pair<uint64_t, uint64_t>, int> first;
     groups.resize(world);
@@ -2019,7 +2041,7 @@ absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
         return absl::DataLossError(absl::StrFormat(
             "load plan of rank %d: %d bytes of unexpected leaves for %d "
             "stored leaves",
-            r, bits.size(), StoredLeaves(metadata).size()));
+            r, bits.size(), leaves));
       }
       // A stored leaf is unexpected only when no rank asked for it.
       for (size_t i = 0; i < bytes; ++i) unexpected_bits[i] &= bits[i];
@@ -2136,21 +2158,9 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   if (any_group) {
     CAIRN_ASSIGN_OR_RETURN(group_comm,
                            comm->Split(static_cast<int>(group), rank));
-    // From summaries, the coordinator grouped ranks by a hash of what their
-    // plans read: each member checks its plan against its group leader's,
-    // byte for byte, and if any differs, no rank uses its group (the load
-    // reads everything itself instead of broadcasting).
+    // Groups from summaries were found by hash: check them exactly.
     if (kind == kPlanSummary) {
-      int64_t same = 1;
-      if (group_comm->size() > 1) {
-        const std::string key = ReplicaKey(local_plan);
-        std::string leader = key;
-        CAIRN_RETURN_IF_ERROR(group_comm->Broadcast(leader, 0));
-        same = leader == key ? 1 : 0;
-      }
-      CAIRN_RETURN_IF_ERROR(
-          comm->AllReduce(std::span<int64_t>(&same, 1), ReduceOp::kMin));
-      if (same == 0) group_comm.reset();
+      CAIRN_RETURN_IF_ERROR(KeepVerifiedGroup(*comm, local_plan, group_comm));
     }
   }
   const double planning_done = Since(start);
