@@ -512,7 +512,7 @@ std::vector<internal_checkpoint::SharedPieces> SimSharedPieces(
     const uint64_t offset =
         static_cast<uint64_t>(item.overlap.offsets[0] - box.offsets[0]) * row_bytes;
     const uint64_t bytes = static_cast<uint64_t>(item.overlap.num_elements()) * es;
-    out.push_back({item.fqn, item.chunk, {{offset, bytes, ZeroCrc(bytes)}}});
+    out.push_back({item.fqn, item.chunk, {{offset, bytes, ZeroCrc(bytes)}}, {}});
     if (shared.insert(&chunk).second) {
       chunk.location.crc32c = ZeroCrc(chunk.location.nbytes);
     }

@@ -131,14 +131,12 @@ struct LoadOptions {
   // Concurrent reads in flight per process. Default: 8.
   int io_threads = 8;
   // Check the CRC32C of every chunk and object that is read whole. A part
-  // of a chunk whose reads would cover nearly all of it anyway (within an
-  // eighth more bytes: the columns of a column reshard) is read whole for
-  // this by one of the ranks reading parts of it. A smaller part that is
-  // one contiguous run of the chunk (rows) is checksummed as it is read,
-  // and the coordinator combines the CRC32Cs of parts that together cover
-  // a chunk, from any ranks, and compares them with the chunk's. Other
-  // parts (bytes no rank loads, boxes cut across rows and columns) are not
-  // checked. Default: true.
+  // of a chunk of any shape (rows, columns, a 2-d block) is checksummed or
+  // signed as it is read, from its own bytes, and the coordinator combines
+  // the parts that together cover a chunk, from any ranks, and compares
+  // them with the chunk's CRC32C: no byte is read only for the check.
+  // Bytes no rank loads (a part no other part completes) are not checked.
+  // Default: true.
   bool verify_checksums = true;
   // Needed byte runs of one file closer than this are read with one request.
   // Default: 64 KiB.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cairn/box.h"
 #include "cairn/checkpoint.h"
 #include "cairn/storage.h"
 #include "cairn/tensor.h"
@@ -86,20 +87,34 @@ struct CrcPiece {
   uint32_t crc;
 };
 
-// The checksummed pieces of a chunk of which a rank's load read only parts
-// (contiguous runs of it: rows), for the coordinator to combine with the
-// other ranks' parts: the chunk is chunks[chunk] of the stored tensor `fqn`.
+// A part of a stored chunk that is not contiguous in it (a box cut across
+// its rows and columns: global coordinates, inside the chunk's box) and the
+// part's signature (format/crc32c.h: the linear CRC of the chunk with the
+// bytes outside the part zeroed).
+struct SignedPart {
+  Box box;
+  uint32_t signature = 0;
+};
+
+// The checked parts of a chunk of which a rank's load read only parts, for
+// the coordinator to combine with the other ranks' parts: the chunk is
+// chunks[chunk] of the stored tensor `fqn`.
 struct SharedPieces {
   std::string fqn;
   uint64_t chunk = 0;
-  std::vector<CrcPiece> pieces;  // adjacent pieces merged
+  // Contiguous runs of it (rows), with their CRC32Cs; adjacent ones merged.
+  std::vector<CrcPiece> pieces;
+  std::vector<SignedPart> strided;
 };
 
 // One rank's SharedPieces, as it sends them to the coordinator at the end
-// of a load: a count, then per piece its tensor's index in metadata.tensors
-// (every rank holds the same metadata; U32), chunk index, offset and size
-// (U64 each) and CRC32C (U32): kSharedPieceBytes each. kInternal for a
-// tensor the metadata lacks.
+// of a load: a count, then per contiguous piece its tensor's index in
+// metadata.tensors (every rank holds the same metadata; U32), chunk index,
+// offset and size (U64 each) and CRC32C (U32): kSharedPieceBytes each; then
+// a count of strided parts, and per part the tensor's index (U32), chunk
+// index (U64), signature (U32), and the box's offsets and sizes (U64 each,
+// as many as the tensor has dimensions). kInternal for a tensor the
+// metadata lacks.
 inline constexpr uint64_t kSharedPieceBytes = 32;
 absl::StatusOr<std::string> EncodeSharedPieces(
     const Metadata& metadata, const std::vector<SharedPieces>& shared);
@@ -109,11 +124,16 @@ absl::StatusOr<std::string> EncodeSharedPieces(
 // several, has their CRC32Cs combined and compared with its stored one
 // (kDataLoss naming the chunk, file, offset and ranks when they differ); a
 // chunk that no set of pieces tiles (bytes nobody loaded, or parts that
-// overlap unevenly) stays unchecked. Two ranks that read the same bytes
-// must have read the same CRC32C (kDataLoss naming both). A malformed
-// payload is kDataLoss, a piece of a chunk the metadata lacks an internal
-// error. Returns how many chunks were checked. Linear in the pieces and the
-// checkpoint's chunks (a counting sort by chunk).
+// overlap unevenly) stays unchecked. A chunk with strided parts is checked
+// the same way on boxes: its contiguous pieces as boxes (unchecked when one
+// is not a box), identical boxes counted once, the rest disjoint and
+// filling the chunk, their signatures XORed. Two ranks that read the same
+// bytes must have read the same CRC32C or signature (kDataLoss naming
+// both). A malformed payload is kDataLoss, a piece of a chunk the metadata
+// lacks an internal error. Returns how many chunks were checked. Linear in
+// the pieces and the checkpoint's chunks (a counting sort by chunk), plus,
+// for strided parts, the pairs of one chunk's parts whose first dimensions
+// overlap.
 absl::StatusOr<uint64_t> CheckSharedPieces(
     const Metadata& metadata, const std::vector<std::string>& payloads);
 

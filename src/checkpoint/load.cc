@@ -28,10 +28,6 @@
 //        gaps) goes through a bounce buffer and a strided copy. Only bytes
 //        of rows/runs that overlap are read. Several destination boxes in
 //        one chunk share one read when that wastes at most half the bytes.
-//        A region whose read would cover nearly its whole chunk anyway (a
-//        column reshard's coalesced span) is read whole, so that the
-//        chunk's CRC32C is checked, by the one rank whose part holds the
-//        chunk's check point (NearlyWhole, HoldsCheckPoint).
 //     d. Run the reads on IO threads in file order, small direct reads
 //        that lie back to back in a file as one read through a bounce
 //        buffer (GroupSmallReads). A chunk read whole is
@@ -39,12 +35,17 @@
 //        compared with its CRC32C; so is a chunk read in contiguous pieces
 //        over several Read calls (CheckAcrossReads), in the call that
 //        completes it. A part of a chunk that is one contiguous run of it
-//        (rows) and not read whole is checksummed too, for step 4.
+//        (rows) and not read whole is checksummed too, for step 4; a part
+//        that is not contiguous (columns, a 2-d block) is signed (SignRuns:
+//        the linear CRC of the chunk with the bytes outside the part
+//        zeroed, crc32c.h), from the bytes of its runs only.
 //     e. CommitChunk for every item, in plan order.
 //  4. Agree: the coordinator gathers every rank's status and the CRC32Cs
-//     of its parts of chunks (3d), combines the parts of each chunk that
-//     they tile and compares them with its CRC32C (CheckSharedPieces), and
-//     every rank learns the verdict.
+//     and signatures of its parts of chunks (3d), combines the parts of
+//     each chunk that they tile and compares them with its CRC32C
+//     (CheckSharedPieces: contiguous pieces in a chain, any chunk with a
+//     strided part as boxes whose signatures XOR to it), and every rank
+//     learns the verdict.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -111,14 +112,17 @@ struct DataFile {
 //    Loader::CheckAcrossReads), checked when its last piece lands;
 //  - kShared: one contiguous part of it (rows of a row reshard) read by this
 //    rank, the rest by others: each rank checksums its parts and the
-//    coordinator combines them (CheckSharedPieces) after the reads.
+//    coordinator combines them (CheckSharedPieces) after the reads;
+//  - kStrided: a part of it that is not contiguous (columns of a column
+//    reshard, a block of a 2-d one), likewise, by its signature (crc32c.h).
 struct Check {
-  enum class Kind { kWhole, kCarried, kShared };
+  enum class Kind { kWhole, kCarried, kShared, kStrided };
   std::string what;  // "model.wq@1024,0" or the object's FQN
   const ByteLocation* location = nullptr;
   Kind kind = Kind::kWhole;
-  const std::string* fqn = nullptr;  // kShared: the tensor
-  size_t chunk = 0;                  // kShared: its chunk index
+  const std::string* fqn = nullptr;  // kShared, kStrided: the tensor
+  size_t chunk = 0;                  // kShared, kStrided: its chunk index
+  Box region;                        // kStrided: the part
 };
 
 // OK when `pieces` (in any order) tile `loc`'s bytes and their combined
@@ -188,6 +192,15 @@ struct ReadTask {
   std::string* object = nullptr;   // kObject: destination string
   int check = -1;                  // index into checks, or -1
   uint64_t check_offset = 0;       // offset of this piece within the chunk
+  // A kStrided check's task (`sign`): the runs of its slab, at their
+  // offsets in the chunk (of chunk_bytes bytes), which it signs (SignRuns)
+  // instead of checksumming its span.
+  bool sign = false;
+  internal_core::RunPattern sign_runs;
+  uint64_t chunk_bytes = 0;
+  // The shift between two runs of a row (sign_runs.strides.back()), when
+  // the slab has enough runs to be worth a table (shared by the loader).
+  const internal_format::Crc32cShifter* sign_step = nullptr;
 };
 
 std::vector<int64_t> RowMajorByteStrides(const Shape& sizes, size_t es) {
@@ -539,7 +552,6 @@ class Loader {
     if (targets.size() == 1 ||
         (2 * needed >= region.num_elements() &&
          (region == chunk.box || !carried_.contains(&chunk.location)))) {
-      if (NearlyWhole(chunk, region, DTypeSize(tm.dtype))) region = chunk.box;
       return PlanRegion(fqn, tm, chunk, region, targets);
     }
     for (const Target& tg : targets) {
@@ -547,70 +559,6 @@ class Loader {
                                        std::span<const Target>(&tg, 1)));
     }
     return absl::OkStatus();
-  }
-
-  // True when reading `region` of `chunk` would read nearly the whole chunk
-  // anyway, so it is read whole instead and its CRC32C checked (a part read
-  // alone cannot be): the columns of a column reshard, whose coalesced span
-  // runs from the first row's first needed byte to the last row's last, are
-  // the case this is for. Nearly: the bytes the region's reads would cover
-  // (its span when the gaps between its runs are coalesced, else its runs)
-  // plus at most an eighth more. Of the ranks reading parts of one chunk,
-  // only the one whose region holds its check point (HoldsCheckPoint) does
-  // this, so the chunk is checksummed once, not once per rank (a failed
-  // check fails the load on every rank). Not for a chunk read in pieces
-  // over several Reads (CheckAcrossReads checks those), nor without
-  // checksums.
-  bool NearlyWhole(const ChunkMetadata& chunk, const Box& region,
-                   size_t es) const {
-    if (!options_.verify_checksums || region == chunk.box ||
-        carried_.contains(&chunk.location) ||
-        !HoldsCheckPoint(chunk, region)) {
-      return false;
-    }
-    const internal_core::RunPattern runs =
-        internal_core::SubBoxRuns(chunk.box, region, es);
-    const uint64_t read =
-        Coalesced(runs)
-            ? SpanBytes(region.sizes, RowMajorByteStrides(chunk.box.sizes, es),
-                        es)
-            : static_cast<uint64_t>(runs.total_bytes());
-    const uint64_t whole = static_cast<uint64_t>(chunk.box.num_elements()) * es;
-    return whole - std::min(whole, read) <= read / 8;
-  }
-
-  // True when `region` holds the check point of `chunk`: one of its
-  // elements, picked by a hash of where the chunk lies in its file and in
-  // its tensor, and of its CRC32C (the same on every rank), so that the
-  // ranks' parts of a chunk give it to exactly one of them when they
-  // partition it, and the chunks of a tensor fall to the ranks in
-  // proportion to the parts they hold. (The box's offsets tell apart the
-  // chunks that each rank's file holds at the same offset with the same
-  // bytes, zeros say, which would otherwise all fall to one rank.)
-  static bool HoldsCheckPoint(const ChunkMetadata& chunk, const Box& region) {
-    const Box& box = chunk.box;
-    const int64_t n = box.num_elements();
-    if (n <= 0) return true;
-    auto mix = [](uint64_t h) {  // splitmix64's finalizer
-      h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
-      h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
-      return h ^ (h >> 31);
-    };
-    uint64_t h = mix(chunk.location.offset * 0x9e3779b97f4a7c15ULL ^
-                     chunk.location.crc32c);
-    for (const int64_t o : box.offsets) {
-      h = mix(h + static_cast<uint64_t>(o) * 0x9e3779b97f4a7c15ULL);
-    }
-    uint64_t index = h % static_cast<uint64_t>(n);
-    for (int d = box.rank() - 1; d >= 0; --d) {
-      const uint64_t size = static_cast<uint64_t>(box.sizes[d]);
-      const int64_t at = box.offsets[d] + static_cast<int64_t>(index % size);
-      index /= size;
-      if (at < region.offsets[d] || at >= region.offsets[d] + region.sizes[d]) {
-        return false;
-      }
-    }
-    return true;
   }
 
   int FileIndex(const std::string& name) {
@@ -622,9 +570,11 @@ class Loader {
 
   int AddCheck(std::string what, const ByteLocation* location,
                Check::Kind kind = Check::Kind::kWhole,
-               const std::string* fqn = nullptr, size_t chunk = 0) {
+               const std::string* fqn = nullptr, size_t chunk = 0,
+               const Box& region = {}) {
     if (!options_.verify_checksums) return -1;
-    checks_.push_back(Check{std::move(what), location, kind, fqn, chunk});
+    checks_.push_back(
+        Check{std::move(what), location, kind, fqn, chunk, region});
     return static_cast<int>(checks_.size()) - 1;
   }
 
@@ -644,15 +594,18 @@ class Loader {
     // A part of a chunk read in pieces over several Reads (every slab of
     // such a part is contiguous in the file, as a whole chunk's are); else
     // a part that is one contiguous run of the chunk (rows), whose CRC32C
-    // the coordinator combines with the other ranks' parts of the chunk.
+    // the coordinator combines with the other ranks' parts of the chunk;
+    // else a strided part, whose signature it combines likewise.
+    const size_t index = static_cast<size_t>(&chunk - tm.chunks.data());
     const int check =
         whole_chunk ? AddCheck(what, &chunk.location)
         : carried_.contains(&chunk.location)
             ? AddCheck(what, &chunk.location, Check::Kind::kCarried)
         : internal_core::SubBoxRuns(chunk.box, overlap, es).num_runs() == 1
             ? AddCheck(what, &chunk.location, Check::Kind::kShared, &fqn,
-                       static_cast<size_t>(&chunk - tm.chunks.data()))
-            : -1;
+                       index)
+            : AddCheck(what, &chunk.location, Check::Kind::kStrided, &fqn,
+                       index, overlap);
 
     const std::vector<int64_t> cs = RowMajorByteStrides(chunk.box.sizes, es);
     const uint64_t bounce = std::max<uint64_t>(options_.bounce_buffer_bytes,
@@ -682,6 +635,24 @@ class Loader {
     task.check = check;
     task.check_offset = in_chunk;
     task.src_strides = cs;
+    const bool strided_check =
+        check >= 0 && checks_[check].kind == Check::Kind::kStrided;
+    if (strided_check) {
+      task.sign = true;
+      task.sign_runs = runs;
+      task.chunk_bytes = chunk.location.nbytes;
+      if (runs.num_runs() > kMinRunsForShifter) {
+        // One table per row stride, for every slab and every Read (a
+        // table costs about as much as signing a hundred runs without).
+        std::unique_ptr<internal_format::Crc32cShifter>& shifter =
+            shifters_[runs.strides.back()];
+        if (shifter == nullptr) {
+          shifter = std::make_unique<internal_format::Crc32cShifter>(
+              static_cast<uint64_t>(runs.strides.back()));
+        }
+        task.sign_step = shifter.get();
+      }
+    }
     // One copy per destination box that meets the slab.
     for (const Target& tg : targets) {
       std::optional<Box> part =
@@ -704,8 +675,9 @@ class Loader {
       task.copied += bytes;
       task.copies.push_back(std::move(copy));
     }
-    // (A slab of a checked chunk that no target needs is still read: its
-    // bytes are part of the chunk's CRC32C.)
+    // (A slab of a checked chunk or part that no target needs is still
+    // read: its bytes are part of the chunk's CRC32C or the part's
+    // signature.)
     if (task.copies.empty() && task.check < 0) return absl::OkStatus();
     if (task.copies.size() == 1 && runs.num_runs() == 1 &&
         task.copies[0].shape == slab.sizes &&
@@ -715,8 +687,11 @@ class Loader {
       task.dst = task.copies[0].dst;
       task.copies.clear();
     } else {
-      // (A checked slab is contiguous, one run: its span is all it reads.)
-      if (task.copies.size() > 1 || task.check >= 0 || Coalesced(runs)) {
+      // (A checked slab of a contiguous part is one run: its span is all
+      // it reads. A strided part's slab signs its runs only, whichever way
+      // they are read.)
+      if (task.copies.size() > 1 || (task.check >= 0 && !strided_check) ||
+          Coalesced(runs)) {
         task.mode = ReadTask::Mode::kSpan;
       } else {
         // Far-apart runs of one destination: read each run, packed.
@@ -822,7 +797,7 @@ class Loader {
                              file_names_[t.file], t.file_offset);
     };
     auto checksum = [&](const void* bytes) {
-      if (t.check >= 0) *crc = internal_format::Crc32c(bytes, t.span);
+      if (t.check >= 0) *crc = Checksum(t, static_cast<const std::byte*>(bytes));
     };
     switch (t.mode) {
       case ReadTask::Mode::kObject:
@@ -871,7 +846,7 @@ class Loader {
           t.copied < t.span ? file.ReadAtShared(t.file_offset, into)
                             : file.ReadAtIntoReusedBuffer(t.file_offset, into),
           context()));
-      checksum(buf.data());  // a checked chunk is contiguous: span == bytes
+      checksum(buf.data());
     } else {
       // Far-apart runs, packed one after another (never a whole chunk).
       absl::Status status;
@@ -885,6 +860,7 @@ class Loader {
         packed += t.runs.run_bytes;
       });
       CAIRN_RETURN_IF_ERROR(Annotate(status, context()));
+      checksum(buf.data());
     }
     CopyOut(t, buf.data());
     return absl::OkStatus();
@@ -975,9 +951,56 @@ class Loader {
       const ReadTask& t = tasks_[order[i]];
       const std::byte* src = buf.data() + (t.file_offset - g.begin);
       std::memcpy(t.dst, src, t.span);
-      if (t.check >= 0) crcs[order[i]] = internal_format::Crc32c(src, t.span);
+      if (t.check >= 0) crcs[order[i]] = Checksum(t, src);
     }
     return absl::OkStatus();
+  }
+
+  // What a checked task computes of the bytes it read, at `src`: their
+  // CRC32C, or for a part of a kStrided check its signature.
+  static uint32_t Checksum(const ReadTask& t, const std::byte* src) {
+    return t.sign ? SignRuns(t, src, t.mode == ReadTask::Mode::kRuns)
+                  : internal_format::Crc32c(src, t.span);
+  }
+
+  // The signature (crc32c.h) of the bytes of a kStrided check's slab, its
+  // runs t.sign_runs at their offsets in the chunk: `src` holds the task's
+  // span, which starts at the slab's first byte (t.check_offset in the
+  // chunk), or with `packed` its runs one after another (kRuns). Horner's
+  // rule over the runs: shift what came before by the distance from the
+  // last run's end to this one's, XOR in this run's linear CRC; the shift
+  // between the runs of a row, which most runs are apart, by table.
+  static uint32_t SignRuns(const ReadTask& t, const std::byte* src,
+                           bool packed) {
+    const internal_core::RunPattern& runs = t.sign_runs;
+    const int64_t rb = runs.run_bytes;
+    const internal_format::Crc32cShifter* shift_step = t.sign_step;
+    const int64_t step =
+        shift_step != nullptr ? static_cast<int64_t>(shift_step->zero_bytes())
+                              : -1;
+    uint32_t acc = 0;
+    int64_t end = -1;  // of the last run so far, in the chunk
+    int64_t k = 0;
+    internal_core::ForEachRun(runs, [&](int64_t offset) {
+      const std::byte* p =
+          packed ? src + k * rb
+                 : src + (offset - static_cast<int64_t>(t.check_offset));
+      const uint32_t raw = internal_format::Crc32cRaw(p, static_cast<size_t>(rb));
+      if (end < 0) {
+        acc = raw;
+      } else {
+        const int64_t distance = offset + rb - end;
+        acc = (distance == step
+                   ? (*shift_step)(acc)
+                   : internal_format::Crc32cShift(
+                         acc, static_cast<uint64_t>(distance))) ^
+              raw;
+      }
+      end = offset + rb;
+      ++k;
+    });
+    return internal_format::Crc32cShift(
+        acc, t.chunk_bytes - static_cast<uint64_t>(end));
   }
 
   // The strided copies of a kSpan or kRuns task out of `src`, which holds
@@ -1037,11 +1060,19 @@ class Loader {
     }
     std::vector<const ByteLocation*> carried;
     for (size_t c = 0; c < checks_.size(); ++c) {
-      if (checks_[c].kind == Check::Kind::kShared) {
+      if (checks_[c].kind == Check::Kind::kShared ||
+          checks_[c].kind == Check::Kind::kStrided) {
         auto [it, inserted] = shared_.try_emplace(checks_[c].location);
         if (inserted) {
           it->second.fqn = *checks_[c].fqn;
           it->second.chunk = checks_[c].chunk;
+        }
+        if (checks_[c].kind == Check::Kind::kStrided) {
+          // The part's signature: its slabs' XORed.
+          uint32_t signature = 0;
+          for (size_t i : pieces[c]) signature ^= crcs[i];
+          it->second.strided.push_back({checks_[c].region, signature});
+          continue;
         }
         for (size_t i : pieces[c]) {
           it->second.pieces.push_back(
@@ -1113,6 +1144,9 @@ class Loader {
   std::map<const ByteLocation*, CarriedCheck> carried_;
   // Chunks this rank read parts of, the rest read by other ranks.
   std::map<const ByteLocation*, SharedPieces> shared_;
+  // SignRuns' tables, by the row stride they shift by (AddSlabTask).
+  static constexpr int64_t kMinRunsForShifter = 32;
+  std::map<int64_t, std::unique_ptr<internal_format::Crc32cShifter>> shifters_;
   // The IO threads, kept from Read to Read: a staged load reads batch by
   // batch, and starting the threads for every batch cost 0.34-0.47 ms a
   // batch on the 2-core VM.
@@ -1460,10 +1494,21 @@ absl::StatusOr<std::string> EncodeSharedPieces(
     const Metadata& metadata, const std::vector<SharedPieces>& shared) {
   internal_core::ByteWriter w;
   uint64_t n = 0;
-  for (const SharedPieces& s : shared) n += s.pieces.size();
-  w.Reserve(8 + n * kSharedPieceBytes);
+  uint64_t strided = 0;
+  uint64_t strided_bytes = 0;
+  for (const SharedPieces& s : shared) {
+    n += s.pieces.size();
+    strided += s.strided.size();
+    for (const SignedPart& part : s.strided) {
+      strided_bytes += 16 + 16 * part.box.offsets.size();
+    }
+  }
+  w.Reserve(16 + n * kSharedPieceBytes + strided_bytes);
   w.U64(n);
-  if (n == 0) return w.Take();
+  if (n == 0 && strided == 0) {
+    w.U64(0);
+    return w.Take();
+  }
   // Tensors by their index in metadata.tensors (the same on every rank).
   absl::flat_hash_map<std::string_view, uint32_t> index;
   index.reserve(metadata.tensors.size());
@@ -1484,8 +1529,148 @@ absl::StatusOr<std::string> EncodeSharedPieces(
       w.U32(p.crc);
     }
   }
+  w.U64(strided);
+  for (const SharedPieces& s : shared) {
+    if (s.strided.empty()) continue;
+    const uint32_t t = index.find(s.fqn)->second;  // found above
+    for (const SignedPart& part : s.strided) {
+      w.U32(t);
+      w.U64(s.chunk);
+      w.U32(part.signature);
+      for (int64_t o : part.box.offsets) w.U64(static_cast<uint64_t>(o));
+      for (int64_t z : part.box.sizes) w.U64(static_cast<uint64_t>(z));
+    }
+  }
   return w.Take();
 }
+
+namespace {
+
+// The box that bytes [offset, offset + bytes) of a chunk (row-major,
+// elements of `es` bytes) are, in global coordinates, or nullopt when they
+// are not one (they start or end inside an element, or cross a row without
+// taking whole rows).
+std::optional<Box> PieceBox(const Box& chunk, size_t es, uint64_t offset,
+                            uint64_t bytes) {
+  if (offset % es != 0 || bytes % es != 0 || bytes == 0) return std::nullopt;
+  const uint64_t e0 = offset / es;
+  const uint64_t e1 = (offset + bytes) / es;
+  const int rank = chunk.rank();
+  if (rank == 0) {
+    if (e0 == 0 && e1 == 1) return chunk;
+    return std::nullopt;
+  }
+  // The outermost dimension d such that the range is whole blocks of the
+  // dimensions after d, all within one index of the dimensions before d.
+  uint64_t inner = 1;  // elements of one index of dimension d
+  std::vector<uint64_t> inners(rank);
+  for (int d = rank - 1; d >= 0; --d) {
+    inners[d] = inner;
+    inner *= static_cast<uint64_t>(chunk.sizes[d]);
+  }
+  for (int d = 0; d < rank; ++d) {
+    const uint64_t block = inners[d];
+    const uint64_t size = static_cast<uint64_t>(chunk.sizes[d]);
+    if (e0 % block != 0 || e1 % block != 0) continue;
+    const uint64_t i0 = e0 / block;
+    const uint64_t i1 = e1 / block;  // exclusive, along dims 0..d flattened
+    if (i0 / size != (i1 - 1) / size) continue;
+    Box box = chunk;
+    uint64_t prefix = i0 / size;  // the index over dims before d
+    for (int k = d - 1; k >= 0; --k) {
+      const uint64_t n = static_cast<uint64_t>(chunk.sizes[k]);
+      box.offsets[k] += static_cast<int64_t>(prefix % n);
+      box.sizes[k] = 1;
+      prefix /= n;
+    }
+    box.offsets[d] += static_cast<int64_t>(i0 % size);
+    box.sizes[d] = static_cast<int64_t>(i1 - i0);
+    return box;
+  }
+  return std::nullopt;
+}
+
+// One part of a chunk for the strided check: a contiguous piece as a box
+// (its CRC32C made a signature), or a strided part.
+struct BoxPart {
+  Box box;
+  uint32_t signature;
+  int rank;
+};
+
+// The strided check of one chunk (CheckSharedPieces): true when its parts
+// tile it and their signatures sum to its CRC32C, false when they do not
+// tile it (unchecked), kDataLoss when they tile it with other bytes or two
+// ranks read one box differently.
+absl::StatusOr<bool> CheckBoxParts(std::string_view fqn,
+                                   const TensorMetadata& tm,
+                                   const ChunkMetadata& chunk,
+                                   std::vector<BoxPart>& parts) {
+  auto entry = [&] {
+    return internal_format::EntryName(fqn, chunk.box,
+                                      chunk.box == Box::Full(tm.shape));
+  };
+  std::sort(parts.begin(), parts.end(), [](const BoxPart& a, const BoxPart& b) {
+    return std::tie(a.box.offsets, a.box.sizes, a.rank) <
+           std::tie(b.box.offsets, b.box.sizes, b.rank);
+  });
+  // The same box read by two ranks (replicated destinations) once.
+  std::vector<const BoxPart*> kept;
+  const int64_t whole = chunk.box.num_elements();
+  int64_t volume = 0;
+  for (const BoxPart& part : parts) {
+    const BoxPart* last = kept.empty() ? nullptr : kept.back();
+    if (last != nullptr && last->box == part.box) {
+      if (last->signature != part.signature) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s (%s, offset %d): ranks %d and %d read different bytes in %s "
+            "of it (signatures %s and %s); was the file changed during the "
+            "load?",
+            entry(), chunk.location.file, chunk.location.offset, last->rank,
+            part.rank, part.box.ToString(),
+            internal_format::Crc32cToHex(last->signature),
+            internal_format::Crc32cToHex(part.signature)));
+      }
+      continue;
+    }
+    // Each part lies inside the chunk, so whole - volume cannot overflow.
+    const int64_t n = part.box.num_elements();
+    if (n > whole - volume) return false;  // an overlap
+    volume += n;
+    kept.push_back(&part);
+  }
+  if (volume != whole) return false;  // a gap (or an overlap and a gap)
+  // Disjoint (so, with the volumes, a tiling): sorted by their first
+  // dimension's offsets, a part can only meet the parts after it that start
+  // before it ends there.
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const Box& a = kept[i]->box;
+    for (size_t j = i + 1; j < kept.size(); ++j) {
+      const Box& b = kept[j]->box;
+      if (b.offsets[0] >= a.offsets[0] + a.sizes[0]) break;
+      if (Intersect(a, b)) return false;
+    }
+  }
+  uint32_t sum = 0;
+  std::set<int> ranks;
+  for (const BoxPart* part : kept) {
+    sum ^= part->signature;
+    ranks.insert(part->rank);
+  }
+  const uint32_t crc = sum ^ internal_format::Crc32cOfZeros(chunk.location.nbytes);
+  if (crc != chunk.location.crc32c) {
+    return absl::DataLossError(absl::StrFormat(
+        "crc32c mismatch in %s (%s, offset %d, read in %d parts by rank%s "
+        "%s): stored %s, computed %s",
+        entry(), chunk.location.file, chunk.location.offset, kept.size(),
+        ranks.size() > 1 ? "s" : "", absl::StrJoin(ranks, ", "),
+        internal_format::Crc32cToHex(chunk.location.crc32c),
+        internal_format::Crc32cToHex(crc)));
+  }
+  return true;
+}
+
+}  // namespace
 
 absl::StatusOr<uint64_t> CheckSharedPieces(
     const Metadata& metadata, const std::vector<std::string>& payloads) {
@@ -1512,25 +1697,21 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
   auto what = [](size_t r) {
     return absl::StrCat("chunk checksums from rank ", r);
   };
-  std::vector<internal_core::ByteReader> readers;
-  std::vector<uint64_t> counts;
-  readers.reserve(payloads.size());
-  uint64_t total = 0;
-  for (size_t r = 0; r < payloads.size(); ++r) {
-    internal_core::ByteReader& in = readers.emplace_back(payloads[r], what(r));
-    counts.push_back(in.Count(kSharedPieceBytes));
-    if (in.failed()) return in.status();
-    total += counts.back();
-  }
+  struct Strided {
+    uint64_t chunk;  // its number
+    SignedPart part;
+    int rank;
+  };
+  uint64_t payload_bytes = 0;
+  for (const std::string& p : payloads) payload_bytes += p.size();
   std::vector<Part> parts;
-  parts.reserve(total);
+  parts.reserve(payload_bytes / kSharedPieceBytes);
+  std::vector<Strided> strided;
   for (size_t r = 0; r < payloads.size(); ++r) {
-    internal_core::ByteReader& in = readers[r];
-    for (uint64_t i = 0; i < counts[r]; ++i) {
-      const uint32_t t = in.U32();
-      const uint64_t c = in.U64();
-      const CrcPiece p{in.U64(), in.U64(), in.U32()};
-      if (in.failed()) break;
+    internal_core::ByteReader in(payloads[r], what(r));
+    // The tensor and chunk of a piece or part, or an error.
+    auto locate = [&](uint32_t t, uint64_t c)
+        -> absl::StatusOr<const ChunkMetadata*> {
       if (t >= tensors.size()) {
         return absl::InternalError(absl::StrFormat(
             "%s: tensor %d of a checkpoint with %d", what(r), t,
@@ -1542,17 +1723,67 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
             "%s: chunk %d of %s, which the checkpoint does not hold", what(r),
             c, fqn));
       }
-      const uint64_t nbytes = tm.chunks[c].location.nbytes;
+      return &tm.chunks[c];
+    };
+    const uint64_t count = in.Count(kSharedPieceBytes);
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint32_t t = in.U32();
+      const uint64_t c = in.U64();
+      const CrcPiece p{in.U64(), in.U64(), in.U32()};
+      if (in.failed()) break;
+      CAIRN_ASSIGN_OR_RETURN(const ChunkMetadata* chunk, locate(t, c));
+      const uint64_t nbytes = chunk->location.nbytes;
       if (p.offset > nbytes || p.bytes > nbytes - p.offset) {
-        return absl::InternalError(
-            absl::StrFormat("%s: bytes [%d, +%d) of chunk %d of %s, which has %d",
-                            what(r), p.offset, p.bytes, c, fqn, nbytes));
+        return absl::InternalError(absl::StrFormat(
+            "%s: bytes [%d, +%d) of chunk %d of %s, which has %d", what(r),
+            p.offset, p.bytes, c, tensors[t]->first, nbytes));
       }
       parts.push_back({first_chunk[t] + c, p, static_cast<int>(r)});
     }
+    // Strided parts: at least a tensor, chunk, signature and one
+    // dimension's offset and size.
+    const uint64_t count_strided = in.failed() ? 0 : in.Count(32);
+    for (uint64_t i = 0; i < count_strided; ++i) {
+      const uint32_t t = in.U32();
+      const uint64_t c = in.U64();
+      const uint32_t signature = in.U32();
+      if (in.failed()) break;
+      CAIRN_ASSIGN_OR_RETURN(const ChunkMetadata* chunk, locate(t, c));
+      const Box& cb = chunk->box;
+      const int rank = cb.rank();
+      Strided s{first_chunk[t] + c, {Box{}, signature}, static_cast<int>(r)};
+      std::vector<uint64_t> dims(2 * rank);
+      for (uint64_t& v : dims) v = in.U64();
+      if (in.failed()) break;
+      bool inside = rank > 0;
+      for (int d = 0; d < rank && inside; ++d) {
+        // Inside the chunk's box and not empty, without overflow.
+        const uint64_t o = dims[d], z = dims[rank + d];
+        const uint64_t co = static_cast<uint64_t>(cb.offsets[d]);
+        const uint64_t cz = static_cast<uint64_t>(cb.sizes[d]);
+        inside = o >= co && o - co < cz && z >= 1 && z <= cz - (o - co);
+      }
+      if (!inside) {
+        return absl::InternalError(absl::StrFormat(
+            "%s: a part [%s] of chunk %d of %s, which is %s", what(r),
+            absl::StrJoin(dims, ", "), c, tensors[t]->first, cb.ToString()));
+      }
+      s.part.box.offsets.assign(dims.begin(), dims.begin() + rank);
+      s.part.box.sizes.assign(dims.begin() + rank, dims.end());
+      strided.push_back(std::move(s));
+    }
     CAIRN_RETURN_IF_ERROR(in.status());
   }
-  if (parts.empty()) return 0;  // most loads: no array over all chunks
+  // Chunks with strided parts are checked on boxes, after the others.
+  std::sort(strided.begin(), strided.end(),
+            [](const Strided& a, const Strided& b) { return a.chunk < b.chunk; });
+  auto has_strided = [&](uint64_t c) {
+    auto it = std::lower_bound(
+        strided.begin(), strided.end(), c,
+        [](const Strided& s, uint64_t n) { return s.chunk < n; });
+    return it != strided.end() && it->chunk == c;
+  };
+  if (parts.empty() && strided.empty()) return 0;  // most loads
   // The parts of each chunk together (a counting sort by chunk number: the
   // parts run to millions at thousands of ranks), then by offset.
   std::vector<uint64_t> begin(chunks + 1, 0);
@@ -1568,6 +1799,7 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
   size_t t = 0;  // the tensor of chunk number c
   for (uint64_t c = 0; c < chunks; ++c) {
     if (begin[c] == begin[c + 1]) continue;
+    if (!strided.empty() && has_strided(c)) continue;
     while (first_chunk[t + 1] <= c) ++t;
     const auto& [fqn, tm] = *tensors[t];
     const ChunkMetadata& chunk = tm.chunks[c - first_chunk[t]];
@@ -1625,6 +1857,40 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
                                          absl::StrJoin(ranks, ", ")));
     }
     ++checked;
+  }
+  // Chunks with strided parts, each with its contiguous pieces as boxes.
+  std::vector<BoxPart> box_parts;
+  for (size_t i = 0; i < strided.size();) {
+    const uint64_t c = strided[i].chunk;
+    const size_t tensor =
+        static_cast<size_t>(std::upper_bound(first_chunk.begin(),
+                                             first_chunk.end(), c) -
+                            first_chunk.begin()) - 1;
+    const auto& [fqn, tm] = *tensors[tensor];
+    const ChunkMetadata& chunk = tm.chunks[c - first_chunk[tensor]];
+    box_parts.clear();
+    bool boxes = true;
+    for (uint64_t k = begin[c]; k < begin[c + 1] && boxes; ++k) {
+      const Part& part = *by_chunk[k];
+      std::optional<Box> box = PieceBox(chunk.box, DTypeSize(tm.dtype),
+                                        part.piece.offset, part.piece.bytes);
+      if (!box) {
+        boxes = false;  // not a box: this chunk stays unchecked
+        break;
+      }
+      box_parts.push_back({*std::move(box),
+                           internal_format::Crc32cPieceSignature(
+                               part.piece.crc, part.piece.offset,
+                               part.piece.bytes, chunk.location.nbytes),
+                           part.rank});
+    }
+    for (; i < strided.size() && strided[i].chunk == c; ++i) {
+      box_parts.push_back(
+          {strided[i].part.box, strided[i].part.signature, strided[i].rank});
+    }
+    if (!boxes) continue;
+    CAIRN_ASSIGN_OR_RETURN(bool tiled, CheckBoxParts(fqn, tm, chunk, box_parts));
+    checked += tiled ? 1 : 0;
   }
   return checked;
 }

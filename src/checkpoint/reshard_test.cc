@@ -442,128 +442,6 @@ TEST(ReshardTest, CachedSpansAreCopiedInPlaceAndChecked) {
   EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status();
 }
 
-// A part of a chunk whose read would cover nearly the whole chunk anyway
-// (the columns of a column reshard, or all but a few rows) is read whole and
-// checked against the chunk's CRC32C by the one rank whose part holds the
-// chunk's check point, so a changed byte fails the load on every rank even
-// where it lies outside that rank's part; a smaller part is read alone, as
-// before, and cannot be checked.
-TEST(ReshardTest, NearlyWholeChunkPartsAreReadWholeAndChecked) {
-  TempDir tmp;
-  constexpr int64_t kRows = 256, kCols = 1024;
-  constexpr uint64_t kChunkBytes = (kRows / 4) * kCols * 4;
-  std::vector<float> full = Arange(kRows * kCols);
-  ASSERT_TRUE(Save(RowChunked(full, kRows, kCols, 4), tmp.path()).ok());
-  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
-  ASSERT_TRUE(md.ok()) << md.status();
-
-  // Loads `box` of "w" into a fresh buffer and compares every element.
-  auto load = [&](const Box& box, LoadOptions options,
-                  Communicator* comm = nullptr) -> absl::StatusOr<LoadResult> {
-    std::vector<float> out(box.num_elements(), -1.0f);
-    StateDict dst;
-    dst["w"] = ShardedTensor(
-        DType::kF32, {kRows, kCols},
-        {{box, TensorView(out.data(), DType::kF32, box.sizes)}});
-    options.comm = comm;
-    absl::StatusOr<LoadResult> r = Load(dst, tmp.path(), options);
-    if (!r.ok()) return r;
-    for (int64_t i = 0; i < box.sizes[0]; ++i) {
-      for (int64_t j = 0; j < box.sizes[1]; ++j) {
-        if (out[i * box.sizes[1] + j] !=
-            full[(box.offsets[0] + i) * kCols + box.offsets[1] + j]) {
-          return absl::InternalError(
-              absl::StrCat("wrong element ", i, ",", j));
-        }
-      }
-    }
-    return r;
-  };
-  LoadOptions small;
-  small.bounce_buffer_bytes = 16384;  // 4 rows per slab: many per chunk
-  // Four ranks, a quarter of the columns each; returns each rank's result.
-  auto quarters = [&](const LoadOptions& options) {
-    std::vector<absl::StatusOr<LoadResult>> results(
-        4, absl::UnknownError("not run"));
-    RunInProcess(4, [&](Communicator& comm) -> absl::Status {
-      const int r = comm.rank();
-      results[r] = load(Box{{0, 256 * r}, {kRows, 256}}, options, &comm);
-      return results[r].status();
-    });
-    return results;
-  };
-
-  // Every chunk read whole and checked by exactly one of the four ranks.
-  uint64_t verified = 0, read = 0;
-  for (const auto& r : quarters(small)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    verified += r->chunks_verified;
-    read += r->bytes_read;
-  }
-  EXPECT_EQ(verified, 4u);
-  // A quarter's reads of a chunk without the check: 16 slabs of 4 rows, each
-  // read from its first row's needed bytes to its last row's.
-  constexpr uint64_t kSpans = 16 * (3 * kCols * 4 + 256 * 4);
-  // Each chunk whole once, and three quarters' spans of it.
-  EXPECT_EQ(read, 4 * kChunkBytes + 3 * 4 * kSpans);
-  // Without checksums, only the spans.
-  LoadOptions unchecked = small;
-  unchecked.verify_checksums = false;
-  verified = 0;
-  read = 0;
-  for (const auto& r : quarters(unchecked)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    verified += r->chunks_verified;
-    read += r->bytes_read;
-  }
-  EXPECT_EQ(verified, 0u);
-  EXPECT_EQ(read, 4 * 4 * kSpans);
-
-  // Rows 0..60 and rows 4..64 of the first 64-row chunk: one of them, or
-  // both, hold its check point, and read all of it (the 4 rows no target of
-  // that load needs in a slab of their own) and check it.
-  verified = 0;
-  for (const Box& rows : {Box{{0, 0}, {60, kCols}}, Box{{4, 0}, {60, kCols}}}) {
-    absl::StatusOr<LoadResult> r = load(rows, small);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->bytes_read, r->chunks_verified == 1
-                                 ? kChunkBytes
-                                 : 60 * kCols * 4) << rows.ToString();
-    verified += r->chunks_verified;
-  }
-  EXPECT_GE(verified, 1u);
-  // Rows 0..40 of it: reading the rest would cost 60% more; read alone.
-  absl::StatusOr<LoadResult> r = load(Box{{0, 0}, {40, kCols}}, small);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->chunks_verified, 0u);
-  EXPECT_EQ(r->bytes_read, 40 * kCols * 4);
-
-  // One byte of each chunk in turn changed (in the second column of its
-  // 11th row): the column load fails on every rank, naming the file,
-  // whichever rank checked the chunk.
-  for (int c = 0; c < 4; ++c) {
-    SCOPED_TRACE(absl::StrCat("chunk ", c));
-    const ByteLocation& at = md->tensors.at("w").chunks.at(c).location;
-    const std::string path = tmp.path() + "/" + at.file;
-    const long offset = static_cast<long>(at.offset + 10 * kCols * 4 + 5);
-    auto flip = [&] {
-      ASSERT_TRUE(testing_util::FlipBits(path, offset, 0x40).ok());
-    };
-    flip();
-    for (const auto& q : quarters(small)) {
-      ASSERT_FALSE(q.ok());
-      EXPECT_NE(q.status().message().find("crc32c mismatch"), std::string::npos)
-          << q.status();
-      EXPECT_NE(q.status().message().find(at.file), std::string::npos)
-          << q.status();
-    }
-    flip();  // back as it was
-    for (const auto& q : quarters(LoadOptions{})) {
-      ASSERT_TRUE(q.ok()) << q.status();
-    }
-  }
-}
-
 // A [256, 1024] F32 tensor "w" (`full`, 0, 1, 2, ...) saved in four chunks
 // of 64 rows, and its metadata (`md`).
 class FourRowChunksTest : public testing::Test {
@@ -712,7 +590,7 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
     return m.value_or("");
   };
   auto message = [&](std::vector<CrcPiece> pieces, uint64_t chunk = 1) {
-    return encode({{"w", chunk, std::move(pieces)}});
+    return encode({{"w", chunk, std::move(pieces), {}}});
   };
   const uint64_t third = kChunk / 3 / 4096 * 4096;
   const std::string first = message({piece(0, third)});
@@ -771,7 +649,7 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   // A tensor the checkpoint lacks cannot be encoded; as bytes, its index
   // is past the checkpoint's tensors.
-  EXPECT_EQ(EncodeSharedPieces(*md, {{"v", 1, {piece(0, third)}}})
+  EXPECT_EQ(EncodeSharedPieces(*md, {{"v", 1, {piece(0, third)}, {}}})
                 .status()
                 .code(),
             absl::StatusCode::kInternal);
@@ -782,6 +660,7 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   past.U64(0);
   past.U64(third);
   past.U32(0);
+  past.U64(0);  // no strided parts
   for (const std::string& bad :
        {past.Take(), message({piece(0, third)}, 4),
         message({CrcPiece{kChunk - 4, 8, 0}})}) {
@@ -793,66 +672,248 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   }
 }
 
-// Chunks alike in their files (eight ranks each saved its rows of a zeroed
-// tensor: each chunk at the same offset of its own file, with the same
-// CRC32C) still have their check points in different places, so a column
-// reshard on four ranks spreads their checks over the ranks rather than
-// giving all of them to one (which all eight falling to one rank by chance
-// would take odds of 4^-7).
-TEST(ReshardTest, ChecksOfAlikeChunksSpreadOverTheRanks) {
-  TempDir tmp;
-  constexpr int64_t kRows = 256, kCols = 1024;
-  std::vector<float> zeros(kRows * kCols, 0.0f);
-  auto all_ok = [](const std::vector<absl::Status>& statuses) {
-    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
-    return std::all_of(statuses.begin(), statuses.end(),
-                       [](const absl::Status& s) { return s.ok(); });
+// Parts of chunks that are not contiguous in them (the columns of a column
+// reshard, the blocks of a 2-d one) are signed by their readers (the linear
+// CRC of the chunk with the bytes outside the part zeroed, crc32c.h) and the
+// coordinator sums the signatures of parts that tile a chunk, so every chunk
+// is checked without a byte read beyond what the ranks need, whether a
+// rank's columns are read as a span (coalesced) or as runs, with contiguous
+// parts (rows) in the same chunk, and with replicas. A changed byte fails
+// the load on every rank, naming the chunk and its file.
+TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
+  // Each rank loads boxes[r % boxes.size()] of "w"; each rank's status,
+  // the chunks verified over the ranks, and the bytes read.
+  struct Outcome {
+    std::vector<absl::Status> statuses;
+    uint64_t verified = 0;
+    uint64_t read = 0;
   };
-  ASSERT_TRUE(all_ok(RunInProcess(8, [&](Communicator& comm) -> absl::Status {
-                const int r = comm.rank();
-                StateDict sd;
-                sd["w"] = ShardedTensor(
-                    DType::kF32, {kRows, kCols},
-                    {{Box{{32 * r, 0}, {32, kCols}},
-                      TensorView(zeros.data() + 32 * r * kCols, DType::kF32,
-                                 {32, kCols})}});
-                return Save(sd, tmp.path(), {.comm = &comm}).status();
-              })));
-  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
-  ASSERT_TRUE(md.ok()) << md.status();
-  std::set<std::string> files;
-  for (const ChunkMetadata& c : md->tensors.at("w").chunks) {
-    files.insert(c.location.file);
-    EXPECT_EQ(c.location.offset, md->tensors.at("w").chunks[0].location.offset);
-    EXPECT_EQ(c.location.crc32c, md->tensors.at("w").chunks[0].location.crc32c);
+  auto load = [&](const std::vector<Box>& boxes, int world,
+                  LoadOptions options) -> Outcome {
+    std::vector<uint64_t> verified(world, 0), read(world, 0);
+    Outcome out;
+    out.statuses = RunInProcess(world, [&](Communicator& comm) -> absl::Status {
+      const int r = comm.rank();
+      const Box& box = boxes[r % boxes.size()];
+      std::vector<float> part(box.num_elements(), -1.0f);
+      StateDict dst;
+      dst["w"] = ShardedTensor(
+          DType::kF32, {kRows, kCols},
+          {{box, TensorView(part.data(), DType::kF32, box.sizes)}});
+      LoadOptions o = options;
+      o.comm = &comm;
+      absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), o);
+      if (!loaded.ok()) return loaded.status();
+      verified[r] = loaded->chunks_verified;
+      read[r] = loaded->bytes_read;
+      for (int64_t i = 0; i < box.sizes[0]; ++i) {
+        for (int64_t j = 0; j < box.sizes[1]; ++j) {
+          if (part[i * box.sizes[1] + j] !=
+              full[(box.offsets[0] + i) * kCols + box.offsets[1] + j]) {
+            return absl::InternalError(
+                absl::StrCat("wrong element ", i, ",", j));
+          }
+        }
+      }
+      return absl::OkStatus();
+    });
+    for (int r = 0; r < world; ++r) {
+      out.verified += verified[r];
+      out.read += read[r];
+    }
+    return out;
+  };
+  LoadOptions small;
+  small.bounce_buffer_bytes = 16384;  // 4 rows per slab: many per chunk
+  LoadOptions runs = small;
+  runs.coalesce_gap_bytes = 0;  // each row's columns read on their own
+  LoadOptions no_broadcast = small;
+  no_broadcast.broadcast_replicas = false;
+  std::vector<Box> quarters, halves;
+  for (int r = 0; r < 4; ++r) quarters.push_back(Box{{0, 256 * r}, {kRows, 256}});
+  for (int r = 0; r < 2; ++r) halves.push_back(Box{{0, 512 * r}, {kRows, 512}});
+  struct Case {
+    std::string name;
+    std::vector<Box> boxes;
+    int world;
+    LoadOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"column quarters, spans", quarters, 4, small},
+      {"column quarters, runs", quarters, 4, runs},
+      // A slab a chunk: 64 runs each, shifted by table (Crc32cShifter).
+      {"column quarters, one slab a chunk", quarters, 4, LoadOptions{}},
+      {"2-d blocks",
+       {Box{{0, 0}, {128, 512}}, Box{{0, 512}, {128, 512}},
+        Box{{128, 0}, {128, 512}}, Box{{128, 512}, {128, 512}}},
+       4,
+       small},
+      // Chunk 1 (rows 64..128): rows 64..96 whole-width from rank 0 (a
+      // contiguous piece), the rest in two blocks from ranks 1 and 2.
+      {"rows and blocks in one chunk",
+       {Box{{0, 0}, {96, kCols}}, Box{{96, 0}, {160, 512}},
+        Box{{96, 512}, {160, 512}}},
+       3,
+       small},
+      {"column halves on two replicas, broadcast", halves, 4, small},
+      {"column halves on two replicas, both read", halves, 4, no_broadcast},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Outcome ok = load(c.boxes, c.world, c.options);
+    for (const absl::Status& s : ok.statuses) ASSERT_TRUE(s.ok()) << s;
+    // Every chunk checked once: by the coordinator, or (chunk 0 in the
+    // mixed case) by the one rank that read it whole.
+    EXPECT_EQ(ok.verified, 4u);
   }
-  ASSERT_EQ(files.size(), 8u);
+  // The quarters read only their spans (16 slabs of 4 rows a chunk, each
+  // from its first row's needed bytes to its last row's) or runs: nothing
+  // more for the checks.
+  constexpr uint64_t kSpans = 16 * (3 * kCols * 4 + 256 * 4);
+  EXPECT_EQ(load(quarters, 4, small).read, 4 * 4 * kSpans);
+  EXPECT_EQ(load(quarters, 4, runs).read, kRows * kCols * 4);
+  LoadOptions unchecked = small;
+  unchecked.verify_checksums = false;
+  Outcome none = load(quarters, 4, unchecked);
+  for (const absl::Status& s : none.statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(none.verified, 0u);
+  EXPECT_EQ(none.read, 4 * 4 * kSpans);
 
-  std::vector<uint64_t> verified(4, 0);
-  ASSERT_TRUE(all_ok(RunInProcess(4, [&](Communicator& comm) -> absl::Status {
-                const int r = comm.rank();
-                std::vector<float> out(kRows * 256, -1.0f);
-                StateDict dst;
-                dst["w"] = ShardedTensor(
-                    DType::kF32, {kRows, kCols},
-                    {{Box{{0, 256 * r}, {kRows, 256}},
-                      TensorView(out.data(), DType::kF32, {kRows, 256})}});
-                LoadOptions options;
-                options.comm = &comm;
-                options.bounce_buffer_bytes = 16384;
-                absl::StatusOr<LoadResult> loaded =
-                    Load(dst, tmp.path(), options);
-                if (!loaded.ok()) return loaded.status();
-                verified[r] = loaded->chunks_verified;
-                for (float v : out) {
-                  if (v != 0.0f) return absl::InternalError("not zero");
-                }
-                return absl::OkStatus();
-              })));
-  EXPECT_EQ(verified[0] + verified[1] + verified[2] + verified[3], 8u);
-  EXPECT_LT(*std::max_element(verified.begin(), verified.end()), 8u)
-      << "every check fell to one rank: " << verified[0] << verified[1]
-      << verified[2] << verified[3];
+  // One bit changed in chunk 1 at row 100, column 700 (inside one part in
+  // every case, and not in rank 0's in most).
+  const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
+  const std::string path = tmp.path() + "/" + at.file;
+  const long offset =
+      static_cast<long>(at.offset + ((100 - 64) * kCols + 700) * 4 + 1);
+  auto flip = [&] {
+    ASSERT_TRUE(testing_util::FlipBits(path, offset, 0x40).ok());
+  };
+  flip();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Outcome bad = load(c.boxes, c.world, c.options);
+    for (const absl::Status& s : bad.statuses) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_NE(s.message().find("crc32c mismatch in w@64,0"),
+                std::string::npos) << s;
+      EXPECT_NE(s.message().find(absl::StrCat(at.file, ", offset ", at.offset)),
+                std::string::npos) << s;
+    }
+  }
+  // Unchecked, the changed value loads (the only thing that would tell).
+  Outcome blind = load(quarters, 4, unchecked);
+  EXPECT_FALSE(blind.statuses[2].ok());  // columns 512..768: a wrong element
+  flip();  // back as it was
+
+  // A part that no other rank's parts complete stays unchecked (rows 0..60
+  // of the 64-row chunk 0, loaded alone), and only its bytes are read.
+  Outcome alone = load({Box{{0, 0}, {60, kCols}}}, 1, small);
+  ASSERT_TRUE(alone.statuses[0].ok()) << alone.statuses[0];
+  EXPECT_EQ(alone.verified, 0u);
+  EXPECT_EQ(alone.read, 60 * kCols * 4);
+}
+
+// The coordinator's check of strided parts (CheckSharedPieces on boxes and
+// signatures): parts that tile a chunk, alone or with contiguous pieces,
+// are checked; a wrong signature, or two ranks that read one box
+// differently, is kDataLoss naming the chunk and ranks; gaps, overlaps and
+// contiguous pieces that are not boxes leave the chunk unchecked; a box
+// outside its chunk is an internal error, a truncated part kDataLoss.
+TEST_F(FourRowChunksTest, CoordinatorChecksStridedPartsFromMessages) {
+  using internal_checkpoint::CheckSharedPieces;
+  using internal_checkpoint::CrcPiece;
+  using internal_checkpoint::EncodeSharedPieces;
+  using internal_checkpoint::SignedPart;
+  // Chunk 1 is rows 64..128; a box of it signed the slow way: the linear
+  // CRC of the chunk with everything outside the box zeroed.
+  constexpr uint64_t kChunk = 64 * kCols * 4;
+  auto sign = [&](const Box& box) {
+    std::vector<float> masked(64 * kCols, 0.0f);
+    for (int64_t i = 0; i < box.sizes[0]; ++i) {
+      for (int64_t j = 0; j < box.sizes[1]; ++j) {
+        const int64_t row = box.offsets[0] + i, col = box.offsets[1] + j;
+        masked[(row - 64) * kCols + col] = full[row * kCols + col];
+      }
+    }
+    return SignedPart{box, internal_format::Crc32cRaw(masked.data(), kChunk)};
+  };
+  auto message = [&](std::vector<SignedPart> parts,
+                     std::vector<CrcPiece> pieces = {}) {
+    absl::StatusOr<std::string> m =
+        EncodeSharedPieces(*md, {{"w", 1, std::move(pieces), std::move(parts)}});
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.value_or("");
+  };
+  const Box left{{64, 0}, {64, 300}}, right{{64, 300}, {64, kCols - 300}};
+  const std::string l = message({sign(left)}), r = message({sign(right)});
+  absl::StatusOr<uint64_t> checked = CheckSharedPieces(*md, {l, r});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+  // With a replica of the left part, and all from one rank.
+  checked = CheckSharedPieces(*md, {r, l, l});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+  checked = CheckSharedPieces(*md, {message({sign(left), sign(right)})});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+  // Rows 64..80 as a contiguous piece, the rest as two blocks.
+  const char* chunk1 = reinterpret_cast<const char*>(full.data() + 64 * kCols);
+  const uint64_t top = 16 * kCols * 4;
+  const CrcPiece rows{0, top, internal_format::Crc32c(chunk1, top)};
+  const Box bl{{80, 0}, {48, 512}}, br{{80, 512}, {48, 512}};
+  checked = CheckSharedPieces(
+      *md, {message({}, {rows}), message({sign(bl)}), message({sign(br)})});
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(*checked, 1u);
+
+  // A wrong signature.
+  SignedPart wrong = sign(right);
+  wrong.signature ^= 0x100;
+  absl::Status s = CheckSharedPieces(*md, {l, message({wrong})}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
+  EXPECT_NE(s.message().find(absl::StrCat("crc32c mismatch in w@64,0 (",
+                                          at.file, ", offset ", at.offset,
+                                          ", read in 2 parts by ranks 0, 1)")),
+            std::string::npos)
+      << s;
+  // Replicas that read the same box differently.
+  s = CheckSharedPieces(*md, {l, r, message({wrong})}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("ranks 1 and 2 read different bytes in"),
+            std::string::npos)
+      << s;
+
+  // Unchecked: a gap, an overlap (the volumes add up), and a contiguous
+  // piece that is not a box (rows 64..80 and half of row 80).
+  const Box narrow{{64, 300}, {64, kCols - 301}};
+  const Box shifted{{64, 299}, {64, kCols - 300}};
+  const Box wide{{64, 0}, {64, 301}};
+  const CrcPiece ragged{0, top + 2048,
+                        internal_format::Crc32c(chunk1, top + 2048)};
+  for (const std::vector<std::string>& untiled :
+       {std::vector<std::string>{l, message({sign(narrow)})},
+        std::vector<std::string>{message({sign(wide)}), message({sign(shifted)})},
+        std::vector<std::string>{message({}, {ragged}), message({sign(bl)}),
+                                 message({sign(br)})}}) {
+    checked = CheckSharedPieces(*md, untiled);
+    ASSERT_TRUE(checked.ok()) << checked.status();
+    EXPECT_EQ(*checked, 0u);
+  }
+
+  // Malformed: truncated, a box outside the chunk or empty.
+  s = CheckSharedPieces(*md, {l, r.substr(0, r.size() - 5)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("chunk checksums from rank 1"), std::string::npos)
+      << s;
+  for (const Box& outside : {Box{{0, 0}, {64, 300}}, Box{{64, 1000}, {64, 300}},
+                             Box{{64, 0}, {0, 300}}}) {
+    s = CheckSharedPieces(*md, {l, message({SignedPart{outside, 0}})}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("chunk checksums from rank 1"),
+              std::string::npos)
+        << s;
+  }
 }
 
 // A load whose bytes are all in the page cache reads on one thread per core

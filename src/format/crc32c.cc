@@ -104,6 +104,43 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
   return MulModP(XPow8N(size_b), crc_a) ^ crc_b;
 }
 
+uint32_t Crc32cRaw(const void* data, size_t size) {
+  return Update(0, data, size);
+}
+
+uint32_t Crc32cShift(uint32_t raw, uint64_t zero_bytes) {
+  return zero_bytes == 0 ? raw : MulModP(XPow8N(zero_bytes), raw);
+}
+
+// The register starts at all ones, zero bytes only shift it, and the result
+// is inverted.
+uint32_t Crc32cOfZeros(uint64_t size) {
+  return ~Crc32cShift(0xFFFFFFFFu, size);
+}
+
+// Crc32c(piece) = Crc32cRaw(piece) ^ Crc32cOfZeros(bytes); then the zeros
+// after it in the chunk.
+uint32_t Crc32cPieceSignature(uint32_t crc, uint64_t offset, uint64_t bytes,
+                              uint64_t chunk_bytes) {
+  return Crc32cShift(crc ^ Crc32cOfZeros(bytes), chunk_bytes - offset - bytes);
+}
+
+Crc32cShifter::Crc32cShifter(uint64_t zero_bytes) : zero_bytes_(zero_bytes) {
+  const uint32_t factor = XPow8N(zero_bytes);
+  for (int t = 0; t < 4; ++t) {
+    // table_[t][b] = (b << 8t) * factor, built from the eight single bits.
+    uint32_t basis[8];
+    for (int bit = 0; bit < 8; ++bit) {
+      basis[bit] = MulModP(factor, uint32_t{1} << (8 * t + bit));
+    }
+    table_[t][0] = 0;
+    for (int b = 1; b < 256; ++b) {
+      const int low = __builtin_ctz(static_cast<unsigned>(b));
+      table_[t][b] = table_[t][b & (b - 1)] ^ basis[low];
+    }
+  }
+}
+
 std::string Crc32cToHex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
 
 absl::StatusOr<uint32_t> Crc32cFromHex(std::string_view hex) {

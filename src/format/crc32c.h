@@ -21,6 +21,44 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 // Lets pieces of one chunk be checksummed on different threads.
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
 
+// Signatures of parts of a chunk. A chunk's bytes can be cut into parts that
+// are not contiguous (the columns of a row-major chunk, a 2-d block of it)
+// and read by different ranks. CRC32C is affine over GF(2), so each part can
+// be summarized on its own: its signature is the linear CRC of the chunk
+// with every byte outside the part zeroed (ISA-L's register with initial
+// value 0 and no final inversion). Signatures of parts that tile the chunk
+// XOR to Crc32c(chunk) ^ Crc32cOfZeros(chunk size), whatever the parts'
+// shapes and order.
+//
+// The linear CRC of `data`: Crc32cRaw(a + b) == Crc32cShift(Crc32cRaw(a),
+// |b|) ^ Crc32cRaw(b), and Crc32cRaw(zeros) == 0.
+uint32_t Crc32cRaw(const void* data, size_t size);
+// `raw` followed by `zero_bytes` zero bytes: raw * x^(8 * zero_bytes) mod P.
+uint32_t Crc32cShift(uint32_t raw, uint64_t zero_bytes);
+// Crc32c of `size` zero bytes.
+uint32_t Crc32cOfZeros(uint64_t size);
+// The signature of a contiguous part of a chunk of `chunk_bytes` bytes: its
+// `bytes` bytes at `offset`, whose Crc32c is `crc`.
+uint32_t Crc32cPieceSignature(uint32_t crc, uint64_t offset, uint64_t bytes,
+                              uint64_t chunk_bytes);
+
+// Crc32cShift by one fixed number of zero bytes, through four 256-entry
+// tables (the shift is linear in `raw`): for the many runs of a strided
+// part, which lie a fixed stride apart.
+class Crc32cShifter {
+ public:
+  explicit Crc32cShifter(uint64_t zero_bytes);
+  uint64_t zero_bytes() const { return zero_bytes_; }
+  uint32_t operator()(uint32_t raw) const {
+    return table_[0][raw & 0xff] ^ table_[1][(raw >> 8) & 0xff] ^
+           table_[2][(raw >> 16) & 0xff] ^ table_[3][raw >> 24];
+  }
+
+ private:
+  uint64_t zero_bytes_;
+  uint32_t table_[4][256];
+};
+
 // "1c291ca3": 8 lower-case hex digits.
 std::string Crc32cToHex(uint32_t crc);
 // kInvalidArgument unless exactly 8 hex digits.

@@ -1,5 +1,6 @@
 #include "format/crc32c.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <random>
@@ -78,6 +79,63 @@ TEST(Crc32cTest, CombineWithEmptyPieces) {
   EXPECT_EQ(Crc32cCombine(whole, Crc32c(nullptr, 0), 0), whole);
   EXPECT_EQ(Crc32cCombine(Crc32c(nullptr, 0), whole, data.size()), whole);
   EXPECT_EQ(Crc32cCombine(0, 0, 0), 0u);
+}
+
+// Signatures: the parts of a chunk cut any way (here: every k-th run of 37
+// bytes, as a column cut of a row-major chunk would give) sum to the
+// chunk's CRC32C, whichever rank computed which part.
+TEST(Crc32cTest, SignaturesOfPartsXorToTheWholeCrc) {
+  auto data = RandomBytes(37 * 64 + 5, 9);
+  const uint64_t n = data.size();
+  const uint32_t whole = Crc32c(data.data(), n);
+  std::vector<unsigned char> zeros(n, 0);
+  EXPECT_EQ(Crc32cOfZeros(n), Crc32c(zeros.data(), n));
+  EXPECT_EQ(Crc32cOfZeros(0), 0u);
+  EXPECT_EQ(Crc32cRaw(zeros.data(), n), 0u);
+  // Three parts: runs 0, 3, 6, ... / 1, 4, ... / 2, 5, ... and the tail.
+  for (int parts = 1; parts <= 4; ++parts) {
+    std::vector<uint32_t> sig(parts, 0);
+    for (uint64_t run = 0; run * 37 < n; ++run) {
+      const uint64_t begin = run * 37;
+      const uint64_t len = std::min<uint64_t>(37, n - begin);
+      std::vector<unsigned char> masked(n, 0);
+      std::memcpy(masked.data() + begin, data.data() + begin, len);
+      // Each run's signature on its own, the slow way ...
+      const uint32_t slow = Crc32cRaw(masked.data(), n);
+      // ... and from its bytes and position.
+      const uint32_t fast =
+          Crc32cShift(Crc32cRaw(data.data() + begin, len), n - begin - len);
+      ASSERT_EQ(slow, fast) << "run " << run;
+      EXPECT_EQ(Crc32cPieceSignature(Crc32c(data.data() + begin, len), begin,
+                                     len, n),
+                fast);
+      sig[run % parts] ^= fast;
+    }
+    uint32_t all = 0;
+    for (uint32_t s : sig) all ^= s;
+    EXPECT_EQ(all ^ Crc32cOfZeros(n), whole) << parts << " parts";
+  }
+  // One changed byte changes the sum.
+  data[100] ^= 1;
+  uint32_t changed = 0;
+  for (uint64_t begin = 0; begin < n; begin += 37) {
+    const uint64_t len = std::min<uint64_t>(37, n - begin);
+    changed ^= Crc32cShift(Crc32cRaw(data.data() + begin, len), n - begin - len);
+  }
+  EXPECT_NE(changed ^ Crc32cOfZeros(n), whole);
+}
+
+TEST(Crc32cTest, ShifterMatchesShift) {
+  std::mt19937 rng(11);
+  for (uint64_t zeros : {uint64_t{0}, uint64_t{1}, uint64_t{4096},
+                         uint64_t{65536 + 17}, uint64_t{1} << 40}) {
+    const Crc32cShifter shift(zeros);
+    EXPECT_EQ(shift.zero_bytes(), zeros);
+    for (int i = 0; i < 100; ++i) {
+      const uint32_t raw = static_cast<uint32_t>(rng());
+      ASSERT_EQ(shift(raw), Crc32cShift(raw, zeros)) << zeros;
+    }
+  }
 }
 
 TEST(Crc32cTest, CombineManyPieces) {
