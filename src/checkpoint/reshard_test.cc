@@ -457,6 +457,78 @@ class FourRowChunksTest : public testing::Test {
   TempDir tmp;
   std::vector<float> full;
   std::optional<Metadata> md;
+
+  struct Outcome {
+    std::vector<absl::Status> statuses;  // each rank's
+    uint64_t verified = 0;               // chunks, over the ranks
+    uint64_t read = 0;                   // bytes, over the ranks
+  };
+  // Loads boxes[r % boxes.size()] of "w" on rank r of `world` (in-process
+  // ranks) and compares every element with `full`.
+  Outcome LoadBoxes(const std::vector<Box>& boxes, int world,
+                    const LoadOptions& options) {
+    std::vector<uint64_t> verified(world, 0), read(world, 0);
+    Outcome out;
+    out.statuses = RunInProcess(world, [&](Communicator& comm) -> absl::Status {
+      const int r = comm.rank();
+      const Box& box = boxes[r % boxes.size()];
+      std::vector<float> part(box.num_elements(), -1.0f);
+      StateDict dst;
+      dst["w"] = ShardedTensor(
+          DType::kF32, {kRows, kCols},
+          {{box, TensorView(part.data(), DType::kF32, box.sizes)}});
+      LoadOptions o = options;
+      o.comm = &comm;
+      absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), o);
+      if (!loaded.ok()) return loaded.status();
+      verified[r] = loaded->chunks_verified;
+      read[r] = loaded->bytes_read;
+      for (int64_t i = 0; i < box.sizes[0]; ++i) {
+        for (int64_t j = 0; j < box.sizes[1]; ++j) {
+          if (part[i * box.sizes[1] + j] !=
+              full[(box.offsets[0] + i) * kCols + box.offsets[1] + j]) {
+            return absl::InternalError(
+                absl::StrCat("wrong element ", i, ",", j));
+          }
+        }
+      }
+      return absl::OkStatus();
+    });
+    for (int r = 0; r < world; ++r) {
+      out.verified += verified[r];
+      out.read += read[r];
+    }
+    return out;
+  }
+  // Every status is kDataLoss for a CRC32C mismatch in chunk 1 (rows
+  // 64..128), naming its file and offset.
+  void ExpectChunk1Mismatch(const std::vector<absl::Status>& statuses) {
+    const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
+    for (const absl::Status& s : statuses) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_NE(s.message().find("crc32c mismatch in w@64,0"),
+                std::string::npos) << s;
+      EXPECT_NE(s.message().find(absl::StrCat(at.file, ", offset ", at.offset)),
+                std::string::npos) << s;
+    }
+  }
+  // How many chunks CheckSharedPieces checks from `payloads` (rank r's at
+  // r), expecting it to succeed.
+  uint64_t Checked(const std::vector<std::string>& payloads) {
+    absl::StatusOr<uint64_t> checked =
+        internal_checkpoint::CheckSharedPieces(*md, payloads);
+    EXPECT_TRUE(checked.ok()) << checked.status();
+    return checked.value_or(0);
+  }
+  // CheckSharedPieces' error on `payloads`, expected to have `code` and to
+  // contain `text`.
+  void ExpectError(const std::vector<std::string>& payloads,
+                   absl::StatusCode code, const std::string& text) {
+    const absl::Status s =
+        internal_checkpoint::CheckSharedPieces(*md, payloads).status();
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(text), std::string::npos) << s;
+  }
 };
 
 // The rows of a row reshard cut chunks into parts that no one rank reads
@@ -470,38 +542,14 @@ class FourRowChunksTest : public testing::Test {
 TEST_F(FourRowChunksTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
 
   // Loads rows [cuts[r % n], cuts[r % n + 1]) on rank r of `world` (n the
-  // number of row ranges); each rank's status, and the chunks verified.
-  struct Outcome {
-    std::vector<absl::Status> statuses;
-    uint64_t verified = 0;
-  };
-  auto load = [&](std::vector<int64_t> cuts, int world,
-                  LoadOptions options) -> Outcome {
-    const int n = static_cast<int>(cuts.size()) - 1;
-    std::vector<uint64_t> verified(world, 0);
-    Outcome out;
-    out.statuses = RunInProcess(world, [&](Communicator& comm) -> absl::Status {
-      const int r = comm.rank();
-      const Box box{{cuts[r % n], 0}, {cuts[r % n + 1] - cuts[r % n], kCols}};
-      std::vector<float> rows(box.num_elements(), -1.0f);
-      StateDict dst;
-      dst["w"] = ShardedTensor(
-          DType::kF32, {kRows, kCols},
-          {{box, TensorView(rows.data(), DType::kF32, box.sizes)}});
-      LoadOptions o = options;
-      o.comm = &comm;
-      absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), o);
-      if (!loaded.ok()) return loaded.status();
-      verified[r] = loaded->chunks_verified;
-      for (int64_t i = 0; i < box.num_elements(); ++i) {
-        if (rows[i] != full[box.offsets[0] * kCols + i]) {
-          return absl::InternalError(absl::StrCat("wrong element ", i));
-        }
-      }
-      return absl::OkStatus();
-    });
-    for (uint64_t v : verified) out.verified += v;
-    return out;
+  // number of row ranges).
+  auto load = [&](const std::vector<int64_t>& cuts, int world,
+                  const LoadOptions& options) {
+    std::vector<Box> boxes;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      boxes.push_back(Box{{cuts[i], 0}, {cuts[i + 1] - cuts[i], kCols}});
+    }
+    return LoadBoxes(boxes, world, options);
   };
   LoadOptions no_broadcast;
   no_broadcast.broadcast_replicas = false;
@@ -550,12 +598,8 @@ TEST_F(FourRowChunksTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
     for (const Case& c : cases) {
       SCOPED_TRACE(c.name);
       Outcome bad = load(c.cuts, c.world, c.options);
+      ExpectChunk1Mismatch(bad.statuses);
       for (const absl::Status& s : bad.statuses) {
-        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-        EXPECT_NE(s.message().find("crc32c mismatch in w@64,0"),
-                  std::string::npos) << s;
-        EXPECT_NE(s.message().find(absl::StrCat(at.file, ", offset ", at.offset)),
-                  std::string::npos) << s;
         EXPECT_NE(s.message().find("read in parts by ranks"), std::string::npos)
             << s;
       }
@@ -574,7 +618,6 @@ TEST_F(FourRowChunksTest, RowPartsReadByDifferentRanksAreCheckedTogether) {
 // chunk unchecked; a truncated message is kDataLoss naming the rank, and a
 // piece of a chunk the checkpoint lacks is an internal error.
 TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
-  using internal_checkpoint::CheckSharedPieces;
   using internal_checkpoint::CrcPiece;
   using internal_checkpoint::EncodeSharedPieces;
   // Bytes [offset, offset + bytes) of chunk 1 (rows 64..128) as a piece.
@@ -597,56 +640,35 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   const std::string rest = message({piece(third, kChunk - third)});
 
   // Tiled by ranks 0 and 2 (rank 1 read nothing of it), in either order,
-  // and with rank 3 a replica of rank 0.
-  absl::StatusOr<uint64_t> checked =
-      CheckSharedPieces(*md, {first, encode({}), rest});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
-  checked = CheckSharedPieces(*md, {rest, first, first});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
-  // Whole from one rank, in two pieces.
-  checked = CheckSharedPieces(
-      *md, {message({piece(0, third), piece(third, kChunk - third)})});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
+  // and with rank 3 a replica of rank 0; whole from one rank, in two pieces.
+  EXPECT_EQ(Checked({first, encode({}), rest}), 1u);
+  EXPECT_EQ(Checked({rest, first, first}), 1u);
+  EXPECT_EQ(Checked({message({piece(0, third), piece(third, kChunk - third)})}),
+            1u);
 
   // A changed byte: the combined CRC32C differs from the stored one.
   CrcPiece wrong = piece(third, kChunk - third);
   wrong.crc ^= 1;
-  absl::Status s = CheckSharedPieces(*md, {first, message({wrong})}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
-  EXPECT_NE(s.message().find(absl::StrCat("crc32c mismatch in w@64,0 (",
-                                          at.file, ", offset ", at.offset,
-                                          ", read in parts by ranks 0, 1)")),
-            std::string::npos)
-      << s;
+  ExpectError({first, message({wrong})}, absl::StatusCode::kDataLoss,
+              absl::StrCat("crc32c mismatch in w@64,0 (", at.file, ", offset ",
+                           at.offset, ", read in parts by ranks 0, 1)"));
   // Replicas that read the same bytes differently.
-  s = CheckSharedPieces(*md, {first, rest, message({wrong})}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("ranks 1 and 2 read different bytes"),
-            std::string::npos)
-      << s;
+  ExpectError({first, rest, message({wrong})}, absl::StatusCode::kDataLoss,
+              "ranks 1 and 2 read different bytes");
 
   // A gap (nobody read the last page) and an uneven overlap: unchecked.
-  for (const std::vector<std::string>& gapped :
-       {std::vector<std::string>{first, message({piece(third, kChunk - third -
-                                                                  4096)})},
-        std::vector<std::string>{
-            first, message({piece(third - 4096, kChunk - third + 4096)})}}) {
-    checked = CheckSharedPieces(*md, gapped);
-    ASSERT_TRUE(checked.ok()) << checked.status();
-    EXPECT_EQ(*checked, 0u);
-  }
+  EXPECT_EQ(Checked({first, message({piece(third, kChunk - third - 4096)})}),
+            0u);
+  EXPECT_EQ(
+      Checked({first, message({piece(third - 4096, kChunk - third + 4096)})}),
+      0u);
 
   // Malformed messages.
-  s = CheckSharedPieces(*md, {first, rest.substr(0, rest.size() - 3)}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("chunk checksums from rank 1"), std::string::npos)
-      << s;
-  s = CheckSharedPieces(*md, {first + "x"}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  ExpectError({first, rest.substr(0, rest.size() - 3)},
+              absl::StatusCode::kDataLoss, "chunk checksums from rank 1");
+  ExpectError({first + "x"}, absl::StatusCode::kDataLoss,
+              "chunk checksums from rank 0");
   // A tensor the checkpoint lacks cannot be encoded; as bytes, its index
   // is past the checkpoint's tensors.
   EXPECT_EQ(EncodeSharedPieces(*md, {{"v", 1, {piece(0, third)}, {}}})
@@ -664,11 +686,8 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
   for (const std::string& bad :
        {past.Take(), message({piece(0, third)}, 4),
         message({CrcPiece{kChunk - 4, 8, 0}})}) {
-    s = CheckSharedPieces(*md, {first, bad}).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-    EXPECT_NE(s.message().find("chunk checksums from rank 1"),
-              std::string::npos)
-        << s;
+    ExpectError({first, bad}, absl::StatusCode::kInternal,
+                "chunk checksums from rank 1");
   }
 }
 
@@ -681,47 +700,9 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
 // parts (rows) in the same chunk, and with replicas. A changed byte fails
 // the load on every rank, naming the chunk and its file.
 TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
-  // Each rank loads boxes[r % boxes.size()] of "w"; each rank's status,
-  // the chunks verified over the ranks, and the bytes read.
-  struct Outcome {
-    std::vector<absl::Status> statuses;
-    uint64_t verified = 0;
-    uint64_t read = 0;
-  };
   auto load = [&](const std::vector<Box>& boxes, int world,
-                  LoadOptions options) -> Outcome {
-    std::vector<uint64_t> verified(world, 0), read(world, 0);
-    Outcome out;
-    out.statuses = RunInProcess(world, [&](Communicator& comm) -> absl::Status {
-      const int r = comm.rank();
-      const Box& box = boxes[r % boxes.size()];
-      std::vector<float> part(box.num_elements(), -1.0f);
-      StateDict dst;
-      dst["w"] = ShardedTensor(
-          DType::kF32, {kRows, kCols},
-          {{box, TensorView(part.data(), DType::kF32, box.sizes)}});
-      LoadOptions o = options;
-      o.comm = &comm;
-      absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), o);
-      if (!loaded.ok()) return loaded.status();
-      verified[r] = loaded->chunks_verified;
-      read[r] = loaded->bytes_read;
-      for (int64_t i = 0; i < box.sizes[0]; ++i) {
-        for (int64_t j = 0; j < box.sizes[1]; ++j) {
-          if (part[i * box.sizes[1] + j] !=
-              full[(box.offsets[0] + i) * kCols + box.offsets[1] + j]) {
-            return absl::InternalError(
-                absl::StrCat("wrong element ", i, ",", j));
-          }
-        }
-      }
-      return absl::OkStatus();
-    });
-    for (int r = 0; r < world; ++r) {
-      out.verified += verified[r];
-      out.read += read[r];
-    }
-    return out;
+                  const LoadOptions& options) {
+    return LoadBoxes(boxes, world, options);
   };
   LoadOptions small;
   small.bounce_buffer_bytes = 16384;  // 4 rows per slab: many per chunk
@@ -791,14 +772,7 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
   flip();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    Outcome bad = load(c.boxes, c.world, c.options);
-    for (const absl::Status& s : bad.statuses) {
-      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-      EXPECT_NE(s.message().find("crc32c mismatch in w@64,0"),
-                std::string::npos) << s;
-      EXPECT_NE(s.message().find(absl::StrCat(at.file, ", offset ", at.offset)),
-                std::string::npos) << s;
-    }
+    ExpectChunk1Mismatch(load(c.boxes, c.world, c.options).statuses);
   }
   // Unchecked, the changed value loads (the only thing that would tell).
   Outcome blind = load(quarters, 4, unchecked);
@@ -820,7 +794,6 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
 // contiguous pieces that are not boxes leave the chunk unchecked; a box
 // outside its chunk is an internal error, a truncated part kDataLoss.
 TEST_F(FourRowChunksTest, CoordinatorChecksStridedPartsFromMessages) {
-  using internal_checkpoint::CheckSharedPieces;
   using internal_checkpoint::CrcPiece;
   using internal_checkpoint::EncodeSharedPieces;
   using internal_checkpoint::SignedPart;
@@ -846,43 +819,29 @@ TEST_F(FourRowChunksTest, CoordinatorChecksStridedPartsFromMessages) {
   };
   const Box left{{64, 0}, {64, 300}}, right{{64, 300}, {64, kCols - 300}};
   const std::string l = message({sign(left)}), r = message({sign(right)});
-  absl::StatusOr<uint64_t> checked = CheckSharedPieces(*md, {l, r});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
-  // With a replica of the left part, and all from one rank.
-  checked = CheckSharedPieces(*md, {r, l, l});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
-  checked = CheckSharedPieces(*md, {message({sign(left), sign(right)})});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
+  // Tiled by two ranks, with a replica of the left part, or by one rank.
+  EXPECT_EQ(Checked({l, r}), 1u);
+  EXPECT_EQ(Checked({r, l, l}), 1u);
+  EXPECT_EQ(Checked({message({sign(left), sign(right)})}), 1u);
   // Rows 64..80 as a contiguous piece, the rest as two blocks.
   const char* chunk1 = reinterpret_cast<const char*>(full.data() + 64 * kCols);
   const uint64_t top = 16 * kCols * 4;
   const CrcPiece rows{0, top, internal_format::Crc32c(chunk1, top)};
   const Box bl{{80, 0}, {48, 512}}, br{{80, 512}, {48, 512}};
-  checked = CheckSharedPieces(
-      *md, {message({}, {rows}), message({sign(bl)}), message({sign(br)})});
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(*checked, 1u);
+  EXPECT_EQ(Checked({message({}, {rows}), message({sign(bl)}),
+                     message({sign(br)})}),
+            1u);
 
   // A wrong signature.
   SignedPart wrong = sign(right);
   wrong.signature ^= 0x100;
-  absl::Status s = CheckSharedPieces(*md, {l, message({wrong})}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
-  EXPECT_NE(s.message().find(absl::StrCat("crc32c mismatch in w@64,0 (",
-                                          at.file, ", offset ", at.offset,
-                                          ", read in 2 parts by ranks 0, 1)")),
-            std::string::npos)
-      << s;
+  ExpectError({l, message({wrong})}, absl::StatusCode::kDataLoss,
+              absl::StrCat("crc32c mismatch in w@64,0 (", at.file, ", offset ",
+                           at.offset, ", read in 2 parts by ranks 0, 1)"));
   // Replicas that read the same box differently.
-  s = CheckSharedPieces(*md, {l, r, message({wrong})}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("ranks 1 and 2 read different bytes in"),
-            std::string::npos)
-      << s;
+  ExpectError({l, r, message({wrong})}, absl::StatusCode::kDataLoss,
+              "ranks 1 and 2 read different bytes in");
 
   // Unchecked: a gap, an overlap (the volumes add up), and a contiguous
   // piece that is not a box (rows 64..80 and half of row 80).
@@ -891,28 +850,19 @@ TEST_F(FourRowChunksTest, CoordinatorChecksStridedPartsFromMessages) {
   const Box wide{{64, 0}, {64, 301}};
   const CrcPiece ragged{0, top + 2048,
                         internal_format::Crc32c(chunk1, top + 2048)};
-  for (const std::vector<std::string>& untiled :
-       {std::vector<std::string>{l, message({sign(narrow)})},
-        std::vector<std::string>{message({sign(wide)}), message({sign(shifted)})},
-        std::vector<std::string>{message({}, {ragged}), message({sign(bl)}),
-                                 message({sign(br)})}}) {
-    checked = CheckSharedPieces(*md, untiled);
-    ASSERT_TRUE(checked.ok()) << checked.status();
-    EXPECT_EQ(*checked, 0u);
-  }
+  EXPECT_EQ(Checked({l, message({sign(narrow)})}), 0u);
+  EXPECT_EQ(Checked({message({sign(wide)}), message({sign(shifted)})}), 0u);
+  EXPECT_EQ(Checked({message({}, {ragged}), message({sign(bl)}),
+                     message({sign(br)})}),
+            0u);
 
   // Malformed: truncated, a box outside the chunk or empty.
-  s = CheckSharedPieces(*md, {l, r.substr(0, r.size() - 5)}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("chunk checksums from rank 1"), std::string::npos)
-      << s;
+  ExpectError({l, r.substr(0, r.size() - 5)}, absl::StatusCode::kDataLoss,
+              "chunk checksums from rank 1");
   for (const Box& outside : {Box{{0, 0}, {64, 300}}, Box{{64, 1000}, {64, 300}},
                              Box{{64, 0}, {0, 300}}}) {
-    s = CheckSharedPieces(*md, {l, message({SignedPart{outside, 0}})}).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-    EXPECT_NE(s.message().find("chunk checksums from rank 1"),
-              std::string::npos)
-        << s;
+    ExpectError({l, message({SignedPart{outside, 0}})},
+                absl::StatusCode::kInternal, "chunk checksums from rank 1");
   }
 }
 
