@@ -125,6 +125,24 @@ struct Check {
   Box region;                        // kStrided: the part
 };
 
+// kDataLoss: `what`'s bytes at `loc` have CRC32C `computed`, not the stored
+// one. `note` follows the offset (", read in 3 pieces").
+absl::Status CrcMismatch(std::string_view what, const ByteLocation& loc,
+                         std::string_view note, uint32_t computed) {
+  return absl::DataLossError(absl::StrFormat(
+      "crc32c mismatch in %s (%s, offset %d%s): stored %s, computed %s", what,
+      loc.file, loc.offset, note, internal_format::Crc32cToHex(loc.crc32c),
+      internal_format::Crc32cToHex(computed)));
+}
+
+// ", read in parts by ranks 0, 2" (with `parts` > 0: "in 3 parts").
+std::string ReadByRanks(const std::set<int>& ranks, size_t parts = 0) {
+  return absl::StrFormat(", read in %sparts by rank%s %s",
+                         parts > 0 ? absl::StrCat(parts, " ") : "",
+                         ranks.size() > 1 ? "s" : "",
+                         absl::StrJoin(ranks, ", "));
+}
+
 // OK when `pieces` (in any order) tile `loc`'s bytes and their combined
 // CRC32C is its stored one; kDataLoss naming `what`, the file and offset
 // when it is not; an internal error when they do not tile. `note` follows
@@ -151,13 +169,7 @@ absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
         "in all",
         what, loc.file, loc.offset, note, covered, loc.nbytes, total));
   }
-  if (crc != loc.crc32c) {
-    return absl::DataLossError(absl::StrFormat(
-        "crc32c mismatch in %s (%s, offset %d%s): stored %s, computed %s",
-        what, loc.file, loc.offset, note,
-        internal_format::Crc32cToHex(loc.crc32c),
-        internal_format::Crc32cToHex(crc)));
-  }
+  if (crc != loc.crc32c) return CrcMismatch(what, loc, note, crc);
   return absl::OkStatus();
 }
 
@@ -1515,12 +1527,15 @@ absl::StatusOr<std::string> EncodeSharedPieces(
   for (const auto& [fqn, unused] : metadata.tensors) {
     index.emplace(fqn, static_cast<uint32_t>(index.size()));
   }
+  std::vector<uint32_t> tensor_of;  // of each shared[i]
+  tensor_of.reserve(shared.size());
   for (const SharedPieces& s : shared) {
     auto it = index.find(s.fqn);
     if (it == index.end()) {
       return absl::InternalError(absl::StrCat(
           "checksummed parts of ", s.fqn, ", which the checkpoint lacks"));
     }
+    tensor_of.push_back(it->second);
     for (const CrcPiece& p : s.pieces) {
       w.U32(it->second);
       w.U64(s.chunk);
@@ -1530,11 +1545,10 @@ absl::StatusOr<std::string> EncodeSharedPieces(
     }
   }
   w.U64(strided);
-  for (const SharedPieces& s : shared) {
-    if (s.strided.empty()) continue;
-    const uint32_t t = index.find(s.fqn)->second;  // found above
+  for (size_t i = 0; i < shared.size(); ++i) {
+    const SharedPieces& s = shared[i];
     for (const SignedPart& part : s.strided) {
-      w.U32(t);
+      w.U32(tensor_of[i]);
       w.U64(s.chunk);
       w.U32(part.signature);
       for (int64_t o : part.box.offsets) w.U64(static_cast<uint64_t>(o));
@@ -1659,13 +1673,8 @@ absl::StatusOr<bool> CheckBoxParts(std::string_view fqn,
   }
   const uint32_t crc = sum ^ internal_format::Crc32cOfZeros(chunk.location.nbytes);
   if (crc != chunk.location.crc32c) {
-    return absl::DataLossError(absl::StrFormat(
-        "crc32c mismatch in %s (%s, offset %d, read in %d parts by rank%s "
-        "%s): stored %s, computed %s",
-        entry(), chunk.location.file, chunk.location.offset, kept.size(),
-        ranks.size() > 1 ? "s" : "", absl::StrJoin(ranks, ", "),
-        internal_format::Crc32cToHex(chunk.location.crc32c),
-        internal_format::Crc32cToHex(crc)));
+    return CrcMismatch(entry(), chunk.location, ReadByRanks(ranks, kept.size()),
+                       crc);
   }
   return true;
 }
@@ -1852,9 +1861,7 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
         ranks.insert(part->rank);
       }
       return CheckPieces(entry(), chunk.location, std::move(pieces),
-                         absl::StrFormat(", read in parts by rank%s %s",
-                                         ranks.size() > 1 ? "s" : "",
-                                         absl::StrJoin(ranks, ", ")));
+                         ReadByRanks(ranks));
     }
     ++checked;
   }

@@ -700,10 +700,6 @@ TEST_F(FourRowChunksTest, CoordinatorChecksPartsFromMessages) {
 // parts (rows) in the same chunk, and with replicas. A changed byte fails
 // the load on every rank, naming the chunk and its file.
 TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
-  auto load = [&](const std::vector<Box>& boxes, int world,
-                  const LoadOptions& options) {
-    return LoadBoxes(boxes, world, options);
-  };
   LoadOptions small;
   small.bounce_buffer_bytes = 16384;  // 4 rows per slab: many per chunk
   LoadOptions runs = small;
@@ -741,7 +737,7 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    Outcome ok = load(c.boxes, c.world, c.options);
+    Outcome ok = LoadBoxes(c.boxes, c.world, c.options);
     for (const absl::Status& s : ok.statuses) ASSERT_TRUE(s.ok()) << s;
     // Every chunk checked once: by the coordinator, or (chunk 0 in the
     // mixed case) by the one rank that read it whole.
@@ -751,11 +747,11 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
   // from its first row's needed bytes to its last row's) or runs: nothing
   // more for the checks.
   constexpr uint64_t kSpans = 16 * (3 * kCols * 4 + 256 * 4);
-  EXPECT_EQ(load(quarters, 4, small).read, 4 * 4 * kSpans);
-  EXPECT_EQ(load(quarters, 4, runs).read, kRows * kCols * 4);
+  EXPECT_EQ(LoadBoxes(quarters, 4, small).read, 4 * 4 * kSpans);
+  EXPECT_EQ(LoadBoxes(quarters, 4, runs).read, kRows * kCols * 4);
   LoadOptions unchecked = small;
   unchecked.verify_checksums = false;
-  Outcome none = load(quarters, 4, unchecked);
+  Outcome none = LoadBoxes(quarters, 4, unchecked);
   for (const absl::Status& s : none.statuses) ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(none.verified, 0u);
   EXPECT_EQ(none.read, 4 * 4 * kSpans);
@@ -772,16 +768,16 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
   flip();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    ExpectChunk1Mismatch(load(c.boxes, c.world, c.options).statuses);
+    ExpectChunk1Mismatch(LoadBoxes(c.boxes, c.world, c.options).statuses);
   }
   // Unchecked, the changed value loads (the only thing that would tell).
-  Outcome blind = load(quarters, 4, unchecked);
+  Outcome blind = LoadBoxes(quarters, 4, unchecked);
   EXPECT_FALSE(blind.statuses[2].ok());  // columns 512..768: a wrong element
   flip();  // back as it was
 
   // A part that no other rank's parts complete stays unchecked (rows 0..60
   // of the 64-row chunk 0, loaded alone), and only its bytes are read.
-  Outcome alone = load({Box{{0, 0}, {60, kCols}}}, 1, small);
+  Outcome alone = LoadBoxes({Box{{0, 0}, {60, kCols}}}, 1, small);
   ASSERT_TRUE(alone.statuses[0].ok()) << alone.statuses[0];
   EXPECT_EQ(alone.verified, 0u);
   EXPECT_EQ(alone.read, 60 * kCols * 4);
