@@ -1810,7 +1810,10 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
     if (begin[c] == begin[c + 1]) continue;
     if (!strided.empty() && has_strided(c)) continue;
     while (first_chunk[t + 1] <= c) ++t;
-    const auto& [fqn, tm] = *tensors[t];
+    // Not a structured binding: lambdas may capture those only since
+    // C++20, which clang 14 (the fuzz build's compiler) lacks.
+    const std::string& fqn = tensors[t]->first;
+    const TensorMetadata& tm = tensors[t]->second;
     const ChunkMetadata& chunk = tm.chunks[c - first_chunk[t]];
     auto entry = [&] {
       return internal_format::EntryName(fqn, chunk.box,
