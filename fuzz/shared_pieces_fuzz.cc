@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "format/crc32c.h"
 #include "fuzz/fuzz_target.h"
+#include "fuzz/shared_pieces_util.h"
 
 namespace cairn::fuzz {
 namespace {
@@ -20,59 +21,6 @@ namespace {
 using internal_checkpoint::CrcPiece;
 using internal_checkpoint::SharedPieces;
 using internal_checkpoint::SignedPart;
-
-// Chunk bytes: byte i of every chunk is 7 * i + 1.
-std::string ChunkBytes(uint64_t n) {
-  std::string bytes(n, '\0');
-  for (uint64_t i = 0; i < n; ++i) bytes[i] = static_cast<char>(7 * i + 1);
-  return bytes;
-}
-
-const Metadata& TheMetadata() {
-  static const Metadata md = [] {
-    Metadata m;
-    m.world_size = 2;
-    auto add = [&](const std::string& fqn, DType dtype, const Shape& shape,
-                   const std::vector<Box>& boxes) {
-      TensorMetadata t;
-      t.dtype = dtype;
-      t.shape = shape;
-      uint64_t offset = 0;
-      for (const Box& box : boxes) {
-        const uint64_t n = static_cast<uint64_t>(box.num_elements()) *
-                           static_cast<uint64_t>(DTypeSize(dtype));
-        const std::string bytes = ChunkBytes(n);
-        t.chunks.push_back(
-            {box, ByteLocation{"data-00000.safetensors", offset, n,
-                               internal_format::Crc32c(bytes.data(), n)}});
-        offset += n;
-      }
-      m.tensors[fqn] = t;
-    };
-    add("a", DType::kF32, {64}, {Box{{0}, {32}}, Box{{32}, {32}}});
-    add("b", DType::kU8, {8, 6}, {Box{{0, 0}, {4, 6}}, Box{{4, 0}, {4, 6}}});
-    add("c", DType::kBF16, {2, 4, 4}, {Box{{0, 0, 0}, {2, 4, 4}}});
-    return m;
-  }();
-  return md;
-}
-
-// The signature of the elements of `part` (u8 elements of chunk 1 of "b",
-// rows 4..8 of 6 columns): the linear CRC of the chunk with the bytes
-// outside the part zeroed.
-uint32_t SignatureOfB1(const Box& part) {
-  std::string bytes = ChunkBytes(24);
-  for (int row = 0; row < 4; ++row) {
-    for (int col = 0; col < 6; ++col) {
-      const bool inside = row + 4 >= part.offsets[0] &&
-                          row + 4 < part.offsets[0] + part.sizes[0] &&
-                          col >= part.offsets[1] &&
-                          col < part.offsets[1] + part.sizes[1];
-      if (!inside) bytes[row * 6 + col] = 0;
-    }
-  }
-  return internal_format::Crc32cRaw(bytes.data(), bytes.size());
-}
 
 std::vector<std::string> Seeds() {
   const std::string b0 = ChunkBytes(24);
@@ -83,12 +31,13 @@ std::vector<std::string> Seeds() {
   // Rank 0: rows 0-2 of b's chunk 0, columns 0-3 of its chunk 1, the first
   // half of a's chunk 0. Rank 1: the rest of each.
   const Box left{{4, 0}, {4, 3}}, right{{4, 3}, {4, 3}};
+  const ChunkMetadata& b1 = TheMetadata().tensors.at("b").chunks[1];
   std::vector<std::vector<SharedPieces>> ranks(2);
   ranks[0].push_back({"b", 0, {CrcPiece{0, 12, crc(b0, 0, 12)}}, {}});
-  ranks[0].push_back({"b", 1, {}, {SignedPart{left, SignatureOfB1(left)}}});
+  ranks[0].push_back({"b", 1, {}, {SignedPart{left, SignatureOf(b1, 1, left)}}});
   ranks[0].push_back({"a", 0, {CrcPiece{0, 64, crc(a0, 0, 64)}}, {}});
   ranks[1].push_back({"b", 0, {CrcPiece{12, 12, crc(b0, 12, 12)}}, {}});
-  ranks[1].push_back({"b", 1, {}, {SignedPart{right, SignatureOfB1(right)}}});
+  ranks[1].push_back({"b", 1, {}, {SignedPart{right, SignatureOf(b1, 1, right)}}});
   ranks[1].push_back({"a", 0, {CrcPiece{64, 64, crc(a0, 64, 64)}}, {}});
   std::vector<std::string> messages;
   for (const auto& shared : ranks) {
