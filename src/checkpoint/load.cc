@@ -665,7 +665,9 @@ class Loader {
         task.sign_step = shifter.get();
       }
     }
-    // One copy per destination box that meets the slab.
+    // One copy per destination box that meets the slab; `within`: where
+    // each copy's part starts in the slab, per dimension.
+    std::vector<std::vector<int64_t>> within;
     for (const Target& tg : targets) {
       std::optional<Box> part =
           rank == 0 ? std::optional<Box>(slab) : Intersect(slab, tg.overlap);
@@ -674,8 +676,10 @@ class Loader {
       for (int d = 0; d < rank; ++d) local.offsets[d] -= tg.overlap.offsets[d];
       CAIRN_ASSIGN_OR_RETURN(TensorView dst, tg.dst.Slice(local));
       ReadTask::Copy copy;
+      std::vector<int64_t>& at = within.emplace_back(rank);
       for (int d = 0; d < rank; ++d) {
-        copy.src_offset += (part->offsets[d] - slab.offsets[d]) * cs[d];
+        at[d] = part->offsets[d] - slab.offsets[d];
+        copy.src_offset += at[d] * cs[d];
       }
       copy.dst = static_cast<std::byte*>(dst.data());
       copy.shape = part->sizes;
@@ -706,11 +710,20 @@ class Loader {
           Coalesced(runs)) {
         task.mode = ReadTask::Mode::kSpan;
       } else {
-        // Far-apart runs of one destination: read each run, packed.
+        // Far-apart runs of one destination: read each run, packed. The
+        // copy's source is then the packed slab, so its offset is measured
+        // in the slab's strides, not the chunk's (the destination may
+        // start inside the slab: a region read for several targets).
         task.mode = ReadTask::Mode::kRuns;
         task.runs = runs;
         task.runs.first_offset -= static_cast<int64_t>(in_chunk);
         task.src_strides = RowMajorByteStrides(slab.sizes, es);
+        for (size_t i = 0; i < task.copies.size(); ++i) {
+          task.copies[i].src_offset = 0;
+          for (int d = 0; d < rank; ++d) {
+            task.copies[i].src_offset += within[i][d] * task.src_strides[d];
+          }
+        }
       }
     }
     tasks_.push_back(std::move(task));

@@ -363,6 +363,72 @@ TEST(ReshardTest, SeveralDestinationsInOneChunkReadItOnce) {
   }
 }
 
+// Two destination boxes of one rank in one chunk, close enough that the
+// region they span is read once, far enough apart that a slab meeting only
+// the second is read as packed runs: its copy must start where the box
+// starts in the packed slab (measured in the slab's strides, not the
+// chunk's). Found by fuzz/reshard_fuzz.cc: the second box got rows of
+// never-written bytes. With and without checksums, alone and beside a
+// second rank (whose load made the parts checked from signatures).
+TEST(ReshardTest, ARegionReadAsRunsCopiesEachBoxFromItsPlace) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 16;
+  std::vector<float> full = Arange(kRows * kCols);
+  StateDict sd;
+  sd["w"] = TensorView(full.data(), DType::kF32, {kRows, kCols});
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  // Spanning [0:256, 0:6]: 1536 elements for 946 needed. Slabs hold 64
+  // rows (a 4 KiB span, the least a slab may be): the first meets only the
+  // first box, the others only the second, which starts at row 6, column
+  // 1 of the second slab.
+  const std::vector<Box> boxes = {Box{{0, 0}, {8, 2}},
+                                  Box{{70, 1}, {186, 5}}};
+  for (bool verify : {true, false}) {
+    for (int world : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat("verify ", verify, ", ", world, " ranks"));
+      std::vector<absl::Status> statuses =
+          RunInProcess(world, [&](Communicator& comm) -> absl::Status {
+            // Rank 1 loads one element.
+            const std::vector<Box> mine =
+                comm.rank() == 0 ? boxes
+                                 : std::vector<Box>{Box{{5, 5}, {1, 1}}};
+            std::vector<std::vector<float>> out;
+            std::vector<Shard> shards;
+            for (const Box& b : mine) out.emplace_back(b.num_elements(), -1.0f);
+            for (size_t k = 0; k < mine.size(); ++k) {
+              shards.push_back({mine[k], TensorView(out[k].data(), DType::kF32,
+                                                    mine[k].sizes)});
+            }
+            StateDict dst;
+            dst["w"] = ShardedTensor(DType::kF32, {kRows, kCols}, shards);
+            LoadOptions o;
+            o.comm = &comm;
+            o.verify_checksums = verify;
+            o.coalesce_gap_bytes = 0;     // runs, not spans
+            o.bounce_buffer_bytes = 4096;
+            absl::StatusOr<LoadResult> r = Load(dst, tmp.path(), o);
+            if (!r.ok()) return r.status();
+            for (size_t k = 0; k < mine.size(); ++k) {
+              const Box& b = mine[k];
+              for (int64_t i = 0; i < b.sizes[0]; ++i) {
+                for (int64_t j = 0; j < b.sizes[1]; ++j) {
+                  const float want =
+                      full[(b.offsets[0] + i) * kCols + b.offsets[1] + j];
+                  if (out[k][i * b.sizes[1] + j] != want) {
+                    return absl::InternalError(absl::StrCat(
+                        "box ", b.ToString(), " element ", i, ",", j, ": ",
+                        out[k][i * b.sizes[1] + j], ", not ", want));
+                  }
+                }
+              }
+            }
+            return absl::OkStatus();
+          });
+      for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+}
+
 // Column shards of row chunks whose file is in the page cache: each span is
 // copied from in place (the storage's view, no bounce buffer), bit-exact,
 // and a chunk read whole is still checksummed: a byte changed in the cached

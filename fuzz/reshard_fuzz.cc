@@ -1,0 +1,316 @@
+// Save a tensor cut one way by up to four ranks, load it cut any other way
+// by up to four ranks (threads of this process, RunInProcess), with the
+// checksums checked: every load must succeed (a wrong signature or CRC32C
+// of a correct read would be a false alarm) and every loaded byte must be
+// the saved one. The recipe picks the dtype, the shape, the save grid and
+// which ranks hold each box (replicas included), each loading rank's
+// boxes (overlapping and replicated ones allowed), and the load's buffer
+// size, coalescing gap, IO threads and replica broadcast: the read modes
+// (whole chunks, spans, runs, grouped reads) and the signing of rows,
+// columns and blocks in slabs of any number of runs.
+//
+// Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
+// fuzzing faster), removed at exit.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
+#include "cairn/state_dict.h"
+#include "fuzz/fuzz_target.h"
+
+namespace cairn::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Recipe {
+ public:
+  explicit Recipe(std::string_view data) : data_(data) {}
+  uint8_t Byte() {
+    if (data_.empty()) return 0;
+    const uint8_t b = static_cast<uint8_t>(data_[0]);
+    data_.remove_prefix(1);
+    return b;
+  }
+  // In [lo, hi].
+  int64_t In(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(Byte()) % (hi - lo + 1);
+  }
+
+ private:
+  std::string_view data_;
+};
+
+// The folder this process saves into, removed at exit.
+struct WorkDir {
+  fs::path path = fs::temp_directory_path() /
+                  absl::StrCat("cairn-fuzz-reshard-", getpid());
+  ~WorkDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// The byte of global element `index` at byte `b` of it.
+uint8_t ByteOf(int64_t index, size_t b) {
+  return static_cast<uint8_t>(index * 131 + static_cast<int64_t>(b) * 7 + 1);
+}
+
+int64_t LinearIndex(const Shape& shape, const std::vector<int64_t>& global) {
+  int64_t li = 0;
+  for (size_t d = 0; d < shape.size(); ++d) li = li * shape[d] + global[d];
+  return li;
+}
+
+// Calls fn(i, global index) for element i (row-major) of `box`.
+template <typename Fn>
+void ForEachElement(const Box& box, Fn fn) {
+  const int64_t n = box.num_elements();
+  std::vector<int64_t> g(box.offsets);
+  for (int64_t i = 0; i < n; ++i) {
+    fn(i, g);
+    for (size_t d = g.size(); d-- > 0;) {
+      if (++g[d] < box.offsets[d] + box.sizes[d]) break;
+      g[d] = box.offsets[d];
+    }
+  }
+}
+
+// Cuts of [0, n): sorted, from 0 to n, without repeats.
+std::vector<int64_t> Cuts(Recipe& in, int64_t n) {
+  std::vector<int64_t> cuts = {0, n};
+  const int extra = static_cast<int>(in.In(0, 3));
+  for (int k = 0; k < extra; ++k) cuts.push_back(in.In(0, n));
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
+std::string Describe(DType dtype, const Shape& shape,
+                     const std::vector<std::vector<Box>>& saved,
+                     const std::vector<std::vector<Box>>& loaded,
+                     const LoadOptions& o) {
+  auto ranks = [](const std::vector<std::vector<Box>>& boxes) {
+    std::vector<std::string> out;
+    for (const auto& r : boxes) {
+      std::vector<std::string> b;
+      for (const Box& box : r) b.push_back(box.ToString());
+      out.push_back(absl::StrCat("{", absl::StrJoin(b, " "), "}"));
+    }
+    return absl::StrJoin(out, " ");
+  };
+  return absl::StrCat(std::string(DTypeName(dtype)), " [", absl::StrJoin(shape, ","),
+                      "] saved ", ranks(saved), " loaded ", ranks(loaded),
+                      " bounce ", o.bounce_buffer_bytes, " gap ",
+                      o.coalesce_gap_bytes, " io_threads ", o.io_threads,
+                      " broadcast ", o.broadcast_replicas);
+}
+
+// Writes recipes for seeds: each value as the byte In() maps to it.
+struct RecipeWriter {
+  std::string out;
+  RecipeWriter& In(int64_t lo, int64_t value) {
+    out += static_cast<char>(value - lo);
+    return *this;
+  }
+};
+
+std::vector<std::string> Seeds() {
+  std::vector<std::string> seeds;
+  {
+    // f32 [64, 12] saved as two row blocks by two ranks, loaded as two
+    // column halves by two ranks: 32 runs of 24 bytes a chunk, checked
+    // from signatures.
+    RecipeWriter w;
+    w.In(0, 0).In(1, 2).In(1, 64).In(1, 12);   // f32, 2-d, 64 x 12
+    w.In(1, 2);                                // 2 saving ranks
+    w.In(0, 1).In(0, 32).In(0, 0);             // rows cut at 32, no column cut
+    w.In(0, 0).In(0, 0).In(0, 1).In(0, 0);     // box 0 on rank 0, box 1 on 1
+    w.In(1, 2);                                // 2 loading ranks
+    w.In(1, 1).In(0, 0).In(1, 64).In(0, 0).In(1, 6);
+    w.In(1, 1).In(0, 0).In(1, 64).In(0, 6).In(1, 6);
+    w.In(4, 10).In(0, 0).In(1, 2).In(0, 0);    // 1 KiB buffer, no gap
+    seeds.push_back(w.out);
+  }
+  {
+    // u8 [96, 5], one chunk replicated on two ranks, loaded by three ranks
+    // as 2-d blocks through 16-byte buffers: slabs of many short runs.
+    RecipeWriter w;
+    w.In(0, 2).In(1, 2).In(1, 96).In(1, 5);
+    w.In(1, 2);
+    w.In(0, 0).In(0, 0);                       // no cuts: one box
+    w.In(0, 0).In(0, 1);                       // rank 0, and rank 1 too
+    w.In(1, 3);
+    w.In(1, 1).In(0, 0).In(1, 48).In(0, 0).In(1, 3);
+    w.In(1, 1).In(0, 48).In(1, 48).In(0, 0).In(1, 3);
+    w.In(1, 2).In(0, 0).In(1, 96).In(0, 3).In(1, 2)
+        .In(0, 10).In(1, 40).In(0, 1).In(1, 4);
+    w.In(4, 4).In(0, 1).In(1, 3).In(0, 1);     // 16 B, 64 KiB gap, no broadcast
+    seeds.push_back(w.out);
+  }
+  {
+    // bf16 [4, 6, 5] saved on a 2 x 2 grid by four ranks, loaded whole
+    // by one rank and as a block by another.
+    RecipeWriter w;
+    w.In(0, 1).In(1, 3).In(1, 4).In(1, 6).In(1, 5);
+    w.In(1, 4);
+    w.In(0, 1).In(0, 2).In(0, 1).In(0, 3).In(0, 0);
+    for (int b = 0; b < 4; ++b) w.In(0, b).In(0, 0);
+    w.In(1, 2);
+    w.In(1, 1).In(0, 0).In(1, 4).In(0, 0).In(1, 6).In(0, 0).In(1, 5);
+    w.In(1, 1).In(0, 1).In(1, 2).In(0, 2).In(1, 3).In(0, 1).In(1, 3);
+    w.In(4, 16).In(0, 1).In(1, 3).In(0, 0);
+    seeds.push_back(w.out);
+  }
+  return seeds;
+}
+
+}  // namespace
+
+// Recipe, each value taken modulo its range: dtype (f32, bf16, u8, i64);
+// dimensions - 1 (up to 3); each dimension's size - 1 (up to 96 for the
+// first, 12 for the others); saving ranks - 1; per dimension, up to 3
+// extra cuts of the save grid; per box of the grid, its rank and whether
+// the next rank holds it too; loading ranks - 1; per loading rank, its
+// boxes - 1 (up to 2) and each box's offset and size - 1 per dimension;
+// then log2 of the bounce buffer - 4 (16 B to 64 KiB), the coalescing gap
+// (0 or 64 KiB), IO threads - 1 (up to 3), and replica broadcast.
+CAIRN_FUZZ_TARGET(reshard, &Seeds) {
+  static const WorkDir work;
+  Recipe in(data);
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kU8, DType::kI64};
+  const DType dtype = dtypes[in.In(0, 3)];
+  const size_t es = DTypeSize(dtype);
+  Shape shape(static_cast<size_t>(in.In(1, 3)));
+  for (size_t d = 0; d < shape.size(); ++d) {
+    shape[d] = in.In(1, d == 0 ? 96 : 12);
+  }
+  const int save_world = static_cast<int>(in.In(1, 4));
+  std::vector<std::vector<int64_t>> cuts;
+  for (int64_t n : shape) cuts.push_back(Cuts(in, n));
+  std::vector<std::vector<Box>> saved(save_world);
+  {
+    size_t box_count = 1;
+    for (const auto& c : cuts) box_count *= c.size() - 1;
+    for (size_t b = 0; b < box_count; ++b) {
+      Box box;
+      size_t rest = b;
+      for (size_t d = shape.size(); d-- > 0;) {
+        const size_t i = rest % (cuts[d].size() - 1);
+        rest /= cuts[d].size() - 1;
+        box.offsets.insert(box.offsets.begin(), cuts[d][i]);
+        box.sizes.insert(box.sizes.begin(), cuts[d][i + 1] - cuts[d][i]);
+      }
+      const int r = static_cast<int>(in.In(0, save_world - 1));
+      saved[r].push_back(box);
+      if (in.Byte() & 1) saved[(r + 1) % save_world].push_back(box);
+    }
+  }
+  const int load_world = static_cast<int>(in.In(1, 4));
+  std::vector<std::vector<Box>> loaded(load_world);
+  for (auto& boxes : loaded) {
+    const int n = static_cast<int>(in.In(1, 2));
+    for (int k = 0; k < n; ++k) {
+      Box box;
+      for (int64_t size : shape) {
+        const int64_t o = in.In(0, size - 1);
+        box.offsets.push_back(o);
+        box.sizes.push_back(in.In(1, size - o));
+      }
+      boxes.push_back(box);
+    }
+  }
+  LoadOptions options;
+  options.bounce_buffer_bytes = size_t{1} << in.In(4, 16);
+  options.coalesce_gap_bytes = in.Byte() & 1 ? 65536 : 0;
+  options.io_threads = static_cast<int>(in.In(1, 3));
+  options.broadcast_replicas = (in.Byte() & 1) == 0;
+  const std::string what = Describe(dtype, shape, saved, loaded, options);
+
+  // Save.
+  std::vector<std::vector<std::vector<uint8_t>>> src(save_world);
+  for (int r = 0; r < save_world; ++r) {
+    for (const Box& box : saved[r]) {
+      std::vector<uint8_t>& bytes = src[r].emplace_back(
+          static_cast<size_t>(box.num_elements()) * es);
+      ForEachElement(box, [&](int64_t i, const std::vector<int64_t>& g) {
+        const int64_t li = LinearIndex(shape, g);
+        for (size_t b = 0; b < es; ++b) bytes[i * es + b] = ByteOf(li, b);
+      });
+    }
+  }
+  const std::string dir = work.path.string();
+  std::vector<absl::Status> statuses =
+      RunInProcess(save_world, [&](Communicator& comm) -> absl::Status {
+        const int r = comm.rank();
+        std::vector<Shard> shards;
+        for (size_t k = 0; k < saved[r].size(); ++k) {
+          shards.push_back({saved[r][k], TensorView(src[r][k].data(), dtype,
+                                                    saved[r][k].sizes)});
+        }
+        StateDict sd;
+        sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
+        SaveOptions o;
+        o.comm = &comm;
+        o.overwrite = true;
+        o.io_threads = 2;
+        o.write_buffer_bytes = 4096;
+        return Save(sd, dir, o).status();
+      });
+  for (int r = 0; r < save_world; ++r) {
+    CAIRN_FUZZ_CHECK(statuses[r].ok(),
+                     absl::StrCat("save, rank ", r, ": ",
+                                  statuses[r].ToString(), "\n", what));
+  }
+
+  // Load, and compare every byte.
+  statuses = RunInProcess(load_world, [&](Communicator& comm) -> absl::Status {
+    const int r = comm.rank();
+    std::vector<std::vector<uint8_t>> dst;
+    std::vector<Shard> shards;
+    for (const Box& box : loaded[r]) {
+      dst.emplace_back(static_cast<size_t>(box.num_elements()) * es, 0xEE);
+    }
+    for (size_t k = 0; k < loaded[r].size(); ++k) {
+      shards.push_back({loaded[r][k], TensorView(dst[k].data(), dtype,
+                                                 loaded[r][k].sizes)});
+    }
+    StateDict sd;
+    sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
+    LoadOptions o = options;
+    o.comm = &comm;
+    absl::StatusOr<LoadResult> result = Load(sd, dir, o);
+    if (!result.ok()) return result.status();
+    for (size_t k = 0; k < loaded[r].size(); ++k) {
+      absl::Status wrong;
+      ForEachElement(loaded[r][k], [&](int64_t i, const std::vector<int64_t>& g) {
+        const int64_t li = LinearIndex(shape, g);
+        for (size_t b = 0; b < es && wrong.ok(); ++b) {
+          if (dst[k][i * es + b] != ByteOf(li, b)) {
+            wrong = absl::DataLossError(absl::StrCat(
+                "wrong byte ", b, " of element ", li, " in box ",
+                loaded[r][k].ToString(), ": ", dst[k][i * es + b],
+                " (0xEE: never written), not ", ByteOf(li, b)));
+          }
+        }
+      });
+      if (!wrong.ok()) return wrong;
+    }
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < load_world; ++r) {
+    CAIRN_FUZZ_CHECK(statuses[r].ok(),
+                     absl::StrCat("load, rank ", r, ": ",
+                                  statuses[r].ToString(), "\n", what));
+  }
+}
+
+}  // namespace cairn::fuzz
