@@ -7,7 +7,10 @@
 // boxes (overlapping and replicated ones allowed), and the load's buffer
 // size, coalescing gap, IO threads and replica broadcast: the read modes
 // (whole chunks, spans, runs, grouped reads) and the signing of rows,
-// columns and blocks in slabs of any number of runs.
+// columns and blocks in slabs of any number of runs. It may also damage
+// one byte of a stored chunk after the save: a chunk some rank loads
+// whole must then fail every rank's load, one nobody loads must change
+// nothing, and otherwise only that byte may go wrong.
 //
 // Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
 // fuzzing faster), removed at exit.
@@ -16,6 +19,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,13 +75,38 @@ int64_t LinearIndex(const Shape& shape, const std::vector<int64_t>& global) {
   return li;
 }
 
-// Calls fn(i, global index) for element i (row-major) of `box`.
+// A box's elements in memory: dense, or strided with every dimension
+// padded by one element (a view into a larger tensor).
+struct Buffer {
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> strides;  // elements
+
+  Buffer(const Box& box, size_t es, bool padded, uint8_t fill) {
+    strides.assign(box.sizes.size(), 1);
+    int64_t extent = 1;
+    for (size_t d = box.sizes.size(); d-- > 0;) {
+      strides[d] = extent;
+      extent *= box.sizes[d] + (padded ? 1 : 0);
+    }
+    bytes.assign(static_cast<size_t>(extent) * es, fill);
+  }
+  TensorView View(DType dtype, const Box& box) {
+    return TensorView(bytes.data(), dtype, box.sizes, strides);
+  }
+};
+
+// Calls fn(offset, global index) for every element of `box`, `offset`
+// being its first byte's in `buffer`.
 template <typename Fn>
-void ForEachElement(const Box& box, Fn fn) {
+void ForEachElement(const Box& box, const Buffer& buffer, size_t es, Fn fn) {
   const int64_t n = box.num_elements();
   std::vector<int64_t> g(box.offsets);
   for (int64_t i = 0; i < n; ++i) {
-    fn(i, g);
+    int64_t at = 0;
+    for (size_t d = 0; d < g.size(); ++d) {
+      at += (g[d] - box.offsets[d]) * buffer.strides[d];
+    }
+    fn(static_cast<size_t>(at) * es, g);
     for (size_t d = g.size(); d-- > 0;) {
       if (++g[d] < box.offsets[d] + box.sizes[d]) break;
       g[d] = box.offsets[d];
@@ -111,7 +141,8 @@ std::string Describe(DType dtype, const Shape& shape,
                       "] saved ", ranks(saved), " loaded ", ranks(loaded),
                       " bounce ", o.bounce_buffer_bytes, " gap ",
                       o.coalesce_gap_bytes, " io_threads ", o.io_threads,
-                      " broadcast ", o.broadcast_replicas);
+                      " broadcast ", o.broadcast_replicas, " batch ",
+                      o.broadcast_batch_bytes);
 }
 
 // Writes recipes for seeds: each value as the byte In() maps to it.
@@ -170,6 +201,33 @@ std::vector<std::string> Seeds() {
     w.In(4, 16).In(0, 1).In(1, 3).In(0, 0);
     seeds.push_back(w.out);
   }
+  {
+    // f32 [64, 12] saved as two row blocks; ranks 0 and 1 load the same
+    // left half (a replica group: one reads, broadcast in 256-byte batches,
+    // so chunks are read in pieces over several batches), rank 2 the right
+    // half; sources and destinations strided.
+    RecipeWriter w;
+    w.In(0, 0).In(1, 2).In(1, 64).In(1, 12);
+    w.In(1, 2);
+    w.In(0, 1).In(0, 32).In(0, 0);
+    w.In(0, 0).In(0, 0).In(0, 1).In(0, 0);
+    w.In(1, 3);
+    w.In(1, 1).In(0, 0).In(1, 64).In(0, 0).In(1, 6);
+    w.In(1, 1).In(0, 0).In(1, 64).In(0, 0).In(1, 6);
+    w.In(1, 1).In(0, 0).In(1, 64).In(0, 6).In(1, 6);
+    w.In(4, 10).In(0, 0).In(1, 2).In(0, 0);
+    w.In(0, 13).In(0, 3);                      // 256-byte batches, strided
+    seeds.push_back(w.out);
+  }
+  // Damaged copies: byte 100 of the first chunk of the column reshard
+  // (its parts tile it: caught or harmless), and of the 3-d grid, whose
+  // rank 0 loads every chunk whole (the load must fail).
+  for (size_t k : {size_t{0}, size_t{2}}) {
+    RecipeWriter w{seeds[k]};
+    w.In(0, 0).In(0, 0);                       // default batch, dense
+    w.In(0, 1).In(0, 100).In(0, 0).In(0, 0x10);
+    seeds.push_back(w.out);
+  }
   return seeds;
 }
 
@@ -182,7 +240,13 @@ std::vector<std::string> Seeds() {
 // the next rank holds it too; loading ranks - 1; per loading rank, its
 // boxes - 1 (up to 2) and each box's offset and size - 1 per dimension;
 // then log2 of the bounce buffer - 4 (16 B to 64 KiB), the coalescing gap
-// (0 or 64 KiB), IO threads - 1 (up to 3), and replica broadcast.
+// (0 or 64 KiB), IO threads - 1 (up to 3), replica broadcast, the
+// broadcast batch (0: the default, else 2^(8 + b % 13) bytes: 256 B to
+// 1 MiB, so that a group's chunks are read in pieces over several batches)
+// and the layout (bit 0: sources, bit 1: destinations are strided views,
+// each dimension padded by one element); last, the damage: a chunk
+// number + 1 (0: none), a 16-bit byte offset in it (modulo its size) and
+// the value XORed into that byte (0 counts as 1).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   static const WorkDir work;
   Recipe in(data);
@@ -233,18 +297,33 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   options.coalesce_gap_bytes = in.Byte() & 1 ? 65536 : 0;
   options.io_threads = static_cast<int>(in.In(1, 3));
   options.broadcast_replicas = (in.Byte() & 1) == 0;
-  const std::string what = Describe(dtype, shape, saved, loaded, options);
+  if (const uint8_t b = in.Byte(); b != 0) {
+    options.broadcast_batch_bytes = uint64_t{1} << (8 + b % 13);
+  }
+  const uint8_t layout = in.Byte();
+  const bool padded_src = (layout & 1) != 0, padded_dst = (layout & 2) != 0;
+  // A byte of the data files to damage after the save: which chunk (0:
+  // none), which byte of it, and the nonzero value XORed into it.
+  const uint8_t damage_chunk = in.Byte();
+  const uint16_t damage_at = static_cast<uint16_t>(in.Byte() | in.Byte() << 8);
+  const uint8_t damage_xor = std::max<uint8_t>(in.Byte(), 1);
+  const std::string what =
+      absl::StrCat(Describe(dtype, shape, saved, loaded, options),
+                   padded_src ? " padded sources" : "",
+                   padded_dst ? " padded destinations" : "");
 
   // Save.
-  std::vector<std::vector<std::vector<uint8_t>>> src(save_world);
+  std::vector<std::vector<Buffer>> src(save_world);
   for (int r = 0; r < save_world; ++r) {
     for (const Box& box : saved[r]) {
-      std::vector<uint8_t>& bytes = src[r].emplace_back(
-          static_cast<size_t>(box.num_elements()) * es);
-      ForEachElement(box, [&](int64_t i, const std::vector<int64_t>& g) {
-        const int64_t li = LinearIndex(shape, g);
-        for (size_t b = 0; b < es; ++b) bytes[i * es + b] = ByteOf(li, b);
-      });
+      Buffer& buffer = src[r].emplace_back(box, es, padded_src, 0x5A);
+      ForEachElement(box, buffer, es,
+                     [&](size_t at, const std::vector<int64_t>& g) {
+                       const int64_t li = LinearIndex(shape, g);
+                       for (size_t b = 0; b < es; ++b) {
+                         buffer.bytes[at + b] = ByteOf(li, b);
+                       }
+                     });
     }
   }
   const std::string dir = work.path.string();
@@ -253,8 +332,7 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
         const int r = comm.rank();
         std::vector<Shard> shards;
         for (size_t k = 0; k < saved[r].size(); ++k) {
-          shards.push_back({saved[r][k], TensorView(src[r][k].data(), dtype,
-                                                    saved[r][k].sizes)});
+          shards.push_back({saved[r][k], src[r][k].View(dtype, saved[r][k])});
         }
         StateDict sd;
         sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
@@ -271,17 +349,45 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
                                   statuses[r].ToString(), "\n", what));
   }
 
-  // Load, and compare every byte.
+  // Damage a byte of a stored chunk (global element `damaged`, byte
+  // `damaged_byte` of it).
+  std::optional<Box> damaged_chunk;
+  int64_t damaged = -1;
+  size_t damaged_byte = 0;
+  if (damage_chunk != 0) {
+    absl::StatusOr<Metadata> md = ReadMetadata(dir);
+    CAIRN_FUZZ_CHECK(md.ok(), md.status().ToString());
+    const TensorMetadata& tm = md->tensors.at("t");
+    const ChunkMetadata& chunk = tm.chunks[(damage_chunk - 1) % tm.chunks.size()];
+    const uint64_t at = damage_at % chunk.location.nbytes;
+    damaged_chunk = chunk.box;
+    damaged_byte = at % es;
+    ForEachElement(chunk.box, Buffer(chunk.box, es, false, 0), es,
+                   [&](size_t offset, const std::vector<int64_t>& g) {
+                     if (offset == at - damaged_byte) {
+                       damaged = LinearIndex(shape, g);
+                     }
+                   });
+    const fs::path file = fs::path(dir) / chunk.location.file;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(chunk.location.offset + at));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ damage_xor);
+    f.seekp(static_cast<std::streamoff>(chunk.location.offset + at));
+    f.write(&c, 1);
+    f.flush();
+    CAIRN_FUZZ_CHECK(f.good(), absl::StrCat("cannot damage ", file.string()));
+  }
+
+  // Load, and compare every byte but a damaged one.
   statuses = RunInProcess(load_world, [&](Communicator& comm) -> absl::Status {
     const int r = comm.rank();
-    std::vector<std::vector<uint8_t>> dst;
+    std::vector<Buffer> dst;
     std::vector<Shard> shards;
-    for (const Box& box : loaded[r]) {
-      dst.emplace_back(static_cast<size_t>(box.num_elements()) * es, 0xEE);
-    }
+    for (const Box& box : loaded[r]) dst.emplace_back(box, es, padded_dst, 0xEE);
     for (size_t k = 0; k < loaded[r].size(); ++k) {
-      shards.push_back({loaded[r][k], TensorView(dst[k].data(), dtype,
-                                                 loaded[r][k].sizes)});
+      shards.push_back({loaded[r][k], dst[k].View(dtype, loaded[r][k])});
     }
     StateDict sd;
     sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
@@ -291,25 +397,56 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     if (!result.ok()) return result.status();
     for (size_t k = 0; k < loaded[r].size(); ++k) {
       absl::Status wrong;
-      ForEachElement(loaded[r][k], [&](int64_t i, const std::vector<int64_t>& g) {
-        const int64_t li = LinearIndex(shape, g);
-        for (size_t b = 0; b < es && wrong.ok(); ++b) {
-          if (dst[k][i * es + b] != ByteOf(li, b)) {
-            wrong = absl::DataLossError(absl::StrCat(
-                "wrong byte ", b, " of element ", li, " in box ",
-                loaded[r][k].ToString(), ": ", dst[k][i * es + b],
-                " (0xEE: never written), not ", ByteOf(li, b)));
-          }
-        }
-      });
+      ForEachElement(
+          loaded[r][k], dst[k], es,
+          [&](size_t at, const std::vector<int64_t>& g) {
+            const int64_t li = LinearIndex(shape, g);
+            for (size_t b = 0; b < es && wrong.ok(); ++b) {
+              if (li == damaged && b == damaged_byte) continue;
+              if (dst[k].bytes[at + b] != ByteOf(li, b)) {
+                wrong = absl::DataLossError(absl::StrCat(
+                    "wrong byte ", b, " of element ", li, " in box ",
+                    loaded[r][k].ToString(), ": ", dst[k].bytes[at + b],
+                    " (0xEE: never written), not ", ByteOf(li, b)));
+              }
+            }
+          });
       if (!wrong.ok()) return wrong;
     }
     return absl::OkStatus();
   });
+  // What a damaged byte must do: fail every rank's load when some rank
+  // loads its whole chunk into one box (that rank reads and checks the
+  // chunk whole); change nothing when no rank loads any of its chunk;
+  // otherwise (parts of the chunk, checked when they tile it) fail the
+  // load or reach only the destinations of that one byte.
+  bool whole = false, touched = false;
+  if (damaged_chunk) {
+    for (const auto& boxes : loaded) {
+      for (const Box& box : boxes) {
+        whole |= Contains(box, *damaged_chunk);
+        touched |= Intersect(box, *damaged_chunk).has_value();
+      }
+    }
+  }
+  const std::string damage =
+      damaged_chunk ? absl::StrCat("\ndamaged byte ", damaged_byte,
+                                   " of element ", damaged, " in chunk ",
+                                   damaged_chunk->ToString())
+                    : "";
   for (int r = 0; r < load_world; ++r) {
-    CAIRN_FUZZ_CHECK(statuses[r].ok(),
-                     absl::StrCat("load, rank ", r, ": ",
-                                  statuses[r].ToString(), "\n", what));
+    if (whole) {
+      CAIRN_FUZZ_CHECK(statuses[r].code() == absl::StatusCode::kDataLoss,
+                       absl::StrCat("load, rank ", r, ": ",
+                                    statuses[r].ToString(), " (a damaged "
+                                    "chunk read whole must fail the load)\n",
+                                    what, damage));
+    } else if (!touched || statuses[r].code() != absl::StatusCode::kDataLoss) {
+      CAIRN_FUZZ_CHECK(statuses[r].ok(),
+                       absl::StrCat("load, rank ", r, ": ",
+                                    statuses[r].ToString(), "\n", what,
+                                    damage));
+    }
   }
 }
 
