@@ -42,6 +42,32 @@ struct Registrar {
 // libFuzzer, a failed test for the replay).
 [[noreturn]] void Fail(const char* file, int line, const std::string& what);
 
+// Reads a structure-aware target's input as a recipe of small numbers;
+// zeros once the bytes run out, so that every input is a valid recipe.
+class Recipe {
+ public:
+  explicit Recipe(std::string_view data) : data_(data) {}
+  uint8_t Byte() {
+    if (data_.empty()) return 0;
+    const uint8_t b = static_cast<uint8_t>(data_[0]);
+    data_.remove_prefix(1);
+    return b;
+  }
+  uint32_t U32() {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t{Byte()} << (8 * i);
+    return v;
+  }
+  // In [lo, hi] (a byte modulo the range: hi - lo below 256 to reach all).
+  int64_t In(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(Byte()) % (hi - lo + 1);
+  }
+  bool done() const { return data_.empty(); }
+
+ private:
+  std::string_view data_;
+};
+
 // Splits `data` into records, each a 2-byte little-endian length and that
 // many bytes (a short last record takes what is left): several ranks'
 // messages from one input.

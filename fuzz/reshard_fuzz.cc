@@ -36,24 +36,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class Recipe {
- public:
-  explicit Recipe(std::string_view data) : data_(data) {}
-  uint8_t Byte() {
-    if (data_.empty()) return 0;
-    const uint8_t b = static_cast<uint8_t>(data_[0]);
-    data_.remove_prefix(1);
-    return b;
-  }
-  // In [lo, hi].
-  int64_t In(int64_t lo, int64_t hi) {
-    return lo + static_cast<int64_t>(Byte()) % (hi - lo + 1);
-  }
-
- private:
-  std::string_view data_;
-};
-
 // The folder this process saves into, removed at exit.
 struct WorkDir {
   fs::path path = fs::temp_directory_path() /

@@ -34,29 +34,6 @@ using internal_checkpoint::CrcPiece;
 using internal_checkpoint::SharedPieces;
 using internal_checkpoint::SignedPart;
 
-// Reads a recipe's bytes; zeros once they run out.
-class Recipe {
- public:
-  explicit Recipe(std::string_view data) : data_(data) {}
-  uint8_t Byte() {
-    if (data_.empty()) return 0;
-    const uint8_t b = static_cast<uint8_t>(data_[0]);
-    data_.remove_prefix(1);
-    return b;
-  }
-  uint32_t U32() {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t{Byte()} << (8 * i);
-    return v;
-  }
-  // In [0, n), n > 0.
-  int64_t Below(int64_t n) { return static_cast<int64_t>(Byte()) % n; }
-  bool done() const { return data_.empty(); }
-
- private:
-  std::string_view data_;
-};
-
 struct Chunk {
   std::string fqn;
   size_t index;  // in its tensor
@@ -184,29 +161,30 @@ CAIRN_FUZZ_TARGET(shared_pieces_model, &Seeds) {
   static const std::vector<Chunk> chunks = AllChunks();
   Recipe in(data);
   (void)in.Byte();
-  const int ranks = 1 + static_cast<int>(in.Below(4));
+  const int ranks = static_cast<int>(in.In(1, 4));
   std::vector<Entry> entries;
   while (!in.done() && entries.size() < 64) {
     const uint8_t r = in.Byte();
     if (r == 0xff) break;
     Entry e;
     e.rank = r % ranks;
-    e.chunk = static_cast<size_t>(in.Below(static_cast<int64_t>(chunks.size())));
+    e.chunk = static_cast<size_t>(
+        in.In(0, static_cast<int64_t>(chunks.size()) - 1));
     const Chunk& c = chunks[e.chunk];
     const Box& cb = c.meta->box;
     e.strided = (in.Byte() & 1) != 0 && cb.rank() > 0;
     if (e.strided) {
       e.box = cb;
       for (int d = 0; d < cb.rank(); ++d) {
-        const int64_t o = in.Below(cb.sizes[d]);
+        const int64_t o = in.In(0, cb.sizes[d] - 1);
         e.box.offsets[d] = cb.offsets[d] + o;
-        e.box.sizes[d] = 1 + in.Below(cb.sizes[d] - o);
+        e.box.sizes[d] = in.In(1, cb.sizes[d] - o);
       }
       e.checksum = SignatureOf(*c.meta, c.elem_size, e.box);
     } else {
       const int64_t n = cb.num_elements();
-      const int64_t first = in.Below(n);
-      const int64_t count = 1 + in.Below(n - first);
+      const int64_t first = in.In(0, n - 1);
+      const int64_t count = in.In(1, n - first);
       e.piece.offset = static_cast<uint64_t>(first * c.elem_size);
       e.piece.bytes = static_cast<uint64_t>(count * c.elem_size);
       const std::string bytes = ChunkBytes(c.meta->location.nbytes);
@@ -217,7 +195,7 @@ CAIRN_FUZZ_TARGET(shared_pieces_model, &Seeds) {
   }
   if (entries.empty()) return;
   const size_t victim =
-      static_cast<size_t>(in.Below(static_cast<int64_t>(entries.size())));
+      static_cast<size_t>(in.In(0, static_cast<int64_t>(entries.size()) - 1));
   const uint32_t flip = in.U32();
   if (flip != 0) entries[victim].checksum ^= flip;
 
