@@ -1,4 +1,5 @@
-// Save a tensor cut one way by up to four ranks, load it cut any other way
+// Save a tensor cut one way by up to four ranks (globally, or rank-local
+// and then merged), load it cut any other way
 // by up to four ranks (threads of this process, RunInProcess), with the
 // checksums checked: every load must succeed (a wrong signature or CRC32C
 // of a correct read would be a false alarm) and every loaded byte must be
@@ -210,6 +211,12 @@ std::vector<std::string> Seeds() {
     w.In(0, 1).In(0, 100).In(0, 0).In(0, 0x10);
     seeds.push_back(w.out);
   }
+  {
+    // The column reshard, saved rank-local and merged.
+    RecipeWriter w{seeds[0]};
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 1);
+    seeds.push_back(w.out);
+  }
   return seeds;
 }
 
@@ -228,7 +235,8 @@ std::vector<std::string> Seeds() {
 // and the layout (bit 0: sources, bit 1: destinations are strided views,
 // each dimension padded by one element); last, the damage: a chunk
 // number + 1 (0: none), a 16-bit byte offset in it (modulo its size) and
-// the value XORed into that byte (0 counts as 1).
+// the value XORed into that byte (0 counts as 1); and whether to save
+// rank-local and Merge (bit 0).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   static const WorkDir work;
   Recipe in(data);
@@ -289,10 +297,13 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   const uint8_t damage_chunk = in.Byte();
   const uint16_t damage_at = static_cast<uint16_t>(in.Byte() | in.Byte() << 8);
   const uint8_t damage_xor = std::max<uint8_t>(in.Byte(), 1);
+  // Save rank-local (each rank its own folder, no collective), then Merge.
+  const bool rank_local = (in.Byte() & 1) != 0;
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
                    padded_src ? " padded sources" : "",
-                   padded_dst ? " padded destinations" : "");
+                   padded_dst ? " padded destinations" : "",
+                   rank_local ? " rank-local save, merged" : "");
 
   // Save.
   std::vector<std::vector<Buffer>> src(save_world);
@@ -309,6 +320,12 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     }
   }
   const std::string dir = work.path.string();
+  {
+    // A fresh folder: a rank-local save leaves rank folders behind that a
+    // later merge with fewer ranks must not see.
+    std::error_code ec;
+    fs::remove_all(work.path, ec);
+  }
   std::vector<absl::Status> statuses =
       RunInProcess(save_world, [&](Communicator& comm) -> absl::Status {
         const int r = comm.rank();
@@ -321,6 +338,7 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
         SaveOptions o;
         o.comm = &comm;
         o.overwrite = true;
+        o.rank_local = rank_local;
         o.io_threads = 2;
         o.write_buffer_bytes = 4096;
         return Save(sd, dir, o).status();
@@ -329,6 +347,13 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     CAIRN_FUZZ_CHECK(statuses[r].ok(),
                      absl::StrCat("save, rank ", r, ": ",
                                   statuses[r].ToString(), "\n", what));
+  }
+
+  if (rank_local) {
+    absl::StatusOr<MergeResult> merged = Merge(dir);
+    CAIRN_FUZZ_CHECK(merged.ok(), absl::StrCat("merge: ",
+                                               merged.status().ToString(),
+                                               "\n", what));
   }
 
   // Damage a byte of a stored chunk (global element `damaged`, byte
