@@ -366,6 +366,10 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     CAIRN_FUZZ_CHECK(md.ok(), md.status().ToString());
     const TensorMetadata& tm = md->tensors.at("t");
     const ChunkMetadata& chunk = tm.chunks[(damage_chunk - 1) % tm.chunks.size()];
+    // (Every box of the grid has elements, so every chunk has bytes.)
+    CAIRN_FUZZ_CHECK(chunk.location.nbytes > 0,
+                     absl::StrCat("a chunk of no bytes, ", chunk.box.ToString(),
+                                  ", in a tensor with elements\n", what));
     const uint64_t at = damage_at % chunk.location.nbytes;
     damaged_chunk = chunk.box;
     damaged_byte = at % es;

@@ -143,6 +143,11 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
             absl::StrJoin(tm.shape, ", ")));
       }
       for (const ChunkMetadata& chunk : tm.chunks) {
+        // A rank that holds none of a tensor lists it with an empty box
+        // (so that its own folder names the tensor); a global checkpoint
+        // has a zero-byte chunk only for a tensor with no elements, as a
+        // global save writes it (docs/format.md, 4.2).
+        if (chunk.box.empty() && NumElements(tm.shape) > 0) continue;
         auto [b, fresh] = boxes.try_emplace(
             {fqn, chunk.box.ToString()}, Origin{r, &chunk.location});
         if (!fresh) {

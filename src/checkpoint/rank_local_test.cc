@@ -154,6 +154,43 @@ TEST(RankLocalTest, MergedCheckpointLoadsWithOtherWorldSizes) {
   }
 }
 
+// A rank that holds none of a tensor writes it with an empty box; the
+// merged checkpoint lists only the chunks with bytes, as a global save of
+// the same state does (found by fuzz/reshard_fuzz.cc).
+TEST(RankLocalTest, MergeDropsTheEmptyBoxOfARankThatHoldsNothing) {
+  TempDir tmp;
+  std::vector<float> rows(4 * 3);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+  for (bool rank_local : {true, false}) {
+    const std::string dir = tmp.Sub(rank_local ? "local" : "global");
+    std::vector<absl::Status> st = RunInProcess(2, [&](Communicator& comm) {
+      std::vector<Shard> shards;
+      if (comm.rank() == 0) {
+        shards.push_back({Box{{0, 0}, {4, 3}},
+                          TensorView(rows.data(), DType::kF32, {4, 3})});
+      }
+      StateDict sd;
+      sd["t"] = ShardedTensor(DType::kF32, {4, 3}, shards);
+      SaveOptions o;
+      o.comm = &comm;
+      o.rank_local = rank_local;
+      return Save(sd, dir, o).status();
+    });
+    for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+    if (rank_local) {
+      absl::StatusOr<MergeResult> merged = Merge(dir);
+      ASSERT_TRUE(merged.ok()) << merged.status();
+      EXPECT_EQ(merged->duplicates, 0u);
+    }
+    absl::StatusOr<Metadata> md = ReadMetadata(dir);
+    ASSERT_TRUE(md.ok()) << md.status();
+    const std::vector<ChunkMetadata>& chunks = md->tensors.at("t").chunks;
+    ASSERT_EQ(chunks.size(), 1u) << dir;
+    EXPECT_EQ(chunks[0].box, (Box{{0, 0}, {4, 3}}));
+    EXPECT_EQ(chunks[0].location.nbytes, 48u);
+  }
+}
+
 TEST(RankLocalTest, MissingRankFolderIsAClearError) {
   TempDir tmp;
   ASSERT_TRUE(SaveRankLocal(tmp.path(), Pattern::kRows, 1).ok());
