@@ -1,5 +1,6 @@
 // Save a tensor cut one way by up to four ranks (globally, or rank-local
-// and then merged), load it cut any other way
+// and then merged; at once, or through an AsyncSaver whose caller
+// overwrites the tensor as soon as Save() returns), load it cut any other way
 // by up to four ranks (threads of this process, RunInProcess), with the
 // checksums checked: every load must succeed (a wrong signature or CRC32C
 // of a correct read would be a false alarm) and every loaded byte must be
@@ -27,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
 #include "cairn/state_dict.h"
@@ -211,10 +213,10 @@ std::vector<std::string> Seeds() {
     w.In(0, 1).In(0, 100).In(0, 0).In(0, 0x10);
     seeds.push_back(w.out);
   }
-  {
-    // The column reshard, saved rank-local and merged.
+  for (int mode : {1, 2, 3}) {
+    // The column reshard saved rank-local and merged, async, and both.
     RecipeWriter w{seeds[0]};
-    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 1);
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, mode);
     seeds.push_back(w.out);
   }
   return seeds;
@@ -235,8 +237,9 @@ std::vector<std::string> Seeds() {
 // and the layout (bit 0: sources, bit 1: destinations are strided views,
 // each dimension padded by one element); last, the damage: a chunk
 // number + 1 (0: none), a 16-bit byte offset in it (modulo its size) and
-// the value XORed into that byte (0 counts as 1); and whether to save
-// rank-local and Merge (bit 0).
+// the value XORed into that byte (0 counts as 1); and the save's mode
+// (bit 0: rank-local, then Merge; bit 1: through an AsyncSaver, the
+// sources overwritten as soon as Save() returns).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   static const WorkDir work;
   Recipe in(data);
@@ -298,12 +301,17 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   const uint16_t damage_at = static_cast<uint16_t>(in.Byte() | in.Byte() << 8);
   const uint8_t damage_xor = std::max<uint8_t>(in.Byte(), 1);
   // Save rank-local (each rank its own folder, no collective), then Merge.
-  const bool rank_local = (in.Byte() & 1) != 0;
+  const uint8_t save_mode = in.Byte();
+  const bool rank_local = (save_mode & 1) != 0;
+  // Save through an AsyncSaver, overwriting the sources as soon as Save()
+  // returns: what lands must be the values at the call.
+  const bool async = (save_mode & 2) != 0;
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
                    padded_src ? " padded sources" : "",
                    padded_dst ? " padded destinations" : "",
-                   rank_local ? " rank-local save, merged" : "");
+                   rank_local ? " rank-local save, merged" : "",
+                   async ? " async save, sources overwritten" : "");
 
   // Save.
   std::vector<std::vector<Buffer>> src(save_world);
@@ -341,7 +349,15 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
         o.rank_local = rank_local;
         o.io_threads = 2;
         o.write_buffer_bytes = 4096;
-        return Save(sd, dir, o).status();
+        if (!async) return Save(sd, dir, o).status();
+        absl::StatusOr<std::unique_ptr<AsyncSaver>> saver =
+            AsyncSaver::Create(&comm);
+        if (!saver.ok()) return saver.status();
+        absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> handle =
+            (*saver)->Save(sd, dir, o);
+        if (!handle.ok()) return handle.status();
+        for (Buffer& b : src[r]) std::fill(b.bytes.begin(), b.bytes.end(), 0xA5);
+        return (*handle)->Wait().status();
       });
   for (int r = 0; r < save_world; ++r) {
     CAIRN_FUZZ_CHECK(statuses[r].ok(),
