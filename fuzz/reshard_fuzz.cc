@@ -130,6 +130,62 @@ std::string Describe(DType dtype, const Shape& shape,
                       o.broadcast_batch_bytes);
 }
 
+// The extra leaves' values.
+std::vector<uint8_t> UBytes(int64_t n) {
+  std::vector<uint8_t> u(static_cast<size_t>(n));
+  for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<uint8_t>(i * 29 + 3);
+  return u;
+}
+std::string ObjectBytes(int r) {
+  std::string bytes(static_cast<size_t>(1 + (r * 37) % 300), '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(i * 13 + static_cast<size_t>(r));
+  }
+  return bytes;
+}
+constexpr int64_t kStep = 1234;
+
+// Adds the extra leaves to `sd`: for saving rank `r` with their values,
+// for a load (r < 0) as placeholders (every object, an empty string; the
+// scalar, 0; "u" over `u`, whatever it holds).
+void AddExtras(StateDict& sd, bool with_objects, std::vector<uint8_t>& u,
+               int save_world, int r) {
+  if (with_objects) {
+    for (int k = 0; k < save_world; ++k) {
+      if (r < 0 || k == r) {
+        sd[absl::StrCat("obj", k)] = Object{r < 0 ? "" : ObjectBytes(k)};
+      }
+    }
+    sd["shared"] = Object{r < 0 ? "" : ObjectBytes(1000)};
+    sd["step"] = r < 0 ? int64_t{0} : kStep;
+  }
+  if (!u.empty()) {
+    sd["u"] = TensorView(u.data(), DType::kU8, {static_cast<int64_t>(u.size())});
+  }
+}
+
+// Whether a load filled the extra leaves with the saved values.
+absl::Status CheckExtras(StateDict& sd, bool with_objects,
+                         const std::vector<uint8_t>& u, int save_world) {
+  if (with_objects) {
+    for (int k = 0; k <= save_world; ++k) {
+      const std::string name = k < save_world ? absl::StrCat("obj", k) : "shared";
+      const Object* o = sd[name].object();
+      if (o == nullptr || o->bytes != ObjectBytes(k < save_world ? k : 1000)) {
+        return absl::DataLossError(absl::StrCat("object ", name, " not loaded"));
+      }
+    }
+    const Scalar* step = sd["step"].scalar();
+    if (step == nullptr || *step != Scalar(kStep)) {
+      return absl::DataLossError("scalar step not loaded");
+    }
+  }
+  if (u != UBytes(static_cast<int64_t>(u.size()))) {
+    return absl::DataLossError("tensor u not loaded");
+  }
+  return absl::OkStatus();
+}
+
 // Writes recipes for seeds: each value as the byte In() maps to it.
 struct RecipeWriter {
   std::string out;
@@ -213,6 +269,13 @@ std::vector<std::string> Seeds() {
     w.In(0, 1).In(0, 100).In(0, 0).In(0, 0x10);
     seeds.push_back(w.out);
   }
+  {
+    // The 3-d grid with objects, a scalar and a 100-byte tensor "u".
+    RecipeWriter w{seeds[2]};
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0);
+    w.In(0, 3).In(1, 100);
+    seeds.push_back(w.out);
+  }
   for (int mode : {1, 2, 3}) {
     // The column reshard saved rank-local and merged, async, and both.
     RecipeWriter w{seeds[0]};
@@ -239,7 +302,8 @@ std::vector<std::string> Seeds() {
 // number + 1 (0: none), a 16-bit byte offset in it (modulo its size) and
 // the value XORed into that byte (0 counts as 1); and the save's mode
 // (bit 0: rank-local, then Merge; bit 1: through an AsyncSaver, the
-// sources overwritten as soon as Save() returns).
+// sources overwritten as soon as Save() returns); the extra leaves (bit 0:
+// objects and a scalar; bit 1: a u8 tensor "u", whose size - 1 follows).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   static const WorkDir work;
   Recipe in(data);
@@ -306,12 +370,19 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   // Save through an AsyncSaver, overwriting the sources as soon as Save()
   // returns: what lands must be the values at the call.
   const bool async = (save_mode & 2) != 0;
+  // Other leaves beside "t": objects (one per saving rank, and one every
+  // rank holds) and a scalar; a small u8 tensor every rank holds whole.
+  const uint8_t extras = in.Byte();
+  const bool with_objects = (extras & 1) != 0;
+  const int64_t u_size = (extras & 2) != 0 ? in.In(1, 255) : 0;
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
                    padded_src ? " padded sources" : "",
                    padded_dst ? " padded destinations" : "",
                    rank_local ? " rank-local save, merged" : "",
-                   async ? " async save, sources overwritten" : "");
+                   async ? " async save, sources overwritten" : "",
+                   with_objects ? " with objects and a scalar" : "",
+                   u_size > 0 ? absl::StrCat(" with u8 [", u_size, "]") : "");
 
   // Save.
   std::vector<std::vector<Buffer>> src(save_world);
@@ -343,6 +414,8 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
         }
         StateDict sd;
         sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
+        std::vector<uint8_t> u = UBytes(u_size);
+        AddExtras(sd, with_objects, u, save_world, r);
         SaveOptions o;
         o.comm = &comm;
         o.overwrite = true;
@@ -418,6 +491,8 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     }
     StateDict sd;
     sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
+    std::vector<uint8_t> u(static_cast<size_t>(u_size), 0xEE);
+    AddExtras(sd, with_objects, u, save_world, -1);
     LoadOptions o = options;
     o.comm = &comm;
     absl::StatusOr<LoadResult> result = Load(sd, dir, o);
@@ -440,7 +515,7 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
           });
       if (!wrong.ok()) return wrong;
     }
-    return absl::OkStatus();
+    return CheckExtras(sd, with_objects, u, save_world);
   });
   // What a damaged byte must do: fail every rank's load when some rank
   // loads its whole chunk into one box (that rank reads and checks the
