@@ -4,7 +4,8 @@
 // by up to four ranks (threads of this process, RunInProcess), with the
 // checksums checked: every load must succeed (a wrong signature or CRC32C
 // of a correct read would be a false alarm) and every loaded byte must be
-// the saved one. The recipe picks the dtype, the shape, the save grid and
+// the saved one, as must the objects, scalar and second tensor the recipe
+// may add beside it. The recipe picks the dtype, the shape, the save grid and
 // which ranks hold each box (replicas included), each loading rank's
 // boxes (overlapping and replicated ones allowed), and the load's buffer
 // size, coalescing gap, IO threads and replica broadcast: the read modes
