@@ -17,12 +17,9 @@
 //
 // Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
 // fuzzing faster), removed at exit.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +30,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
 #include "cairn/state_dict.h"
+#include "checkpoint/test_util.h"
 #include "fuzz/fuzz_target.h"
 
 namespace cairn::fuzz {
@@ -40,25 +38,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The folder this process saves into, removed at exit.
-struct WorkDir {
-  fs::path path = fs::temp_directory_path() /
-                  absl::StrCat("cairn-fuzz-reshard-", getpid());
-  ~WorkDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using testing_util::ByteAt;
+using testing_util::ElementPtr;
+using testing_util::ForEachIndex;
+using testing_util::LinearIndex;
 
-// The byte of global element `index` at byte `b` of it.
-uint8_t ByteOf(int64_t index, size_t b) {
-  return static_cast<uint8_t>(index * 131 + static_cast<int64_t>(b) * 7 + 1);
-}
-
-int64_t LinearIndex(const Shape& shape, const std::vector<int64_t>& global) {
-  int64_t li = 0;
-  for (size_t d = 0; d < shape.size(); ++d) li = li * shape[d] + global[d];
-  return li;
+// Byte `b` of global element `index` of the saved tensor.
+std::byte ByteOf(DType dtype, int64_t index, size_t b) {
+  return ByteAt(dtype, index, b, /*seed=*/7);
 }
 
 // A box's elements in memory: dense, or strided with every dimension
@@ -79,26 +66,11 @@ struct Buffer {
   TensorView View(DType dtype, const Box& box) {
     return TensorView(bytes.data(), dtype, box.sizes, strides);
   }
-};
-
-// Calls fn(offset, global index) for every element of `box`, `offset`
-// being its first byte's in `buffer`.
-template <typename Fn>
-void ForEachElement(const Box& box, const Buffer& buffer, size_t es, Fn fn) {
-  const int64_t n = box.num_elements();
-  std::vector<int64_t> g(box.offsets);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t at = 0;
-    for (size_t d = 0; d < g.size(); ++d) {
-      at += (g[d] - box.offsets[d]) * buffer.strides[d];
-    }
-    fn(static_cast<size_t>(at) * es, g);
-    for (size_t d = g.size(); d-- > 0;) {
-      if (++g[d] < box.offsets[d] + box.sizes[d]) break;
-      g[d] = box.offsets[d];
-    }
+  // Element pointer at `local` (relative to the box).
+  std::byte* At(DType dtype, const Box& box, const std::vector<int64_t>& local) {
+    return ElementPtr(View(dtype, box), local);
   }
-}
+};
 
 // Cuts of [0, n): sorted, from 0 to n, without repeats.
 std::vector<int64_t> Cuts(Recipe& in, int64_t n) {
@@ -306,7 +278,8 @@ std::vector<std::string> Seeds() {
 // sources overwritten as soon as Save() returns); the extra leaves (bit 0:
 // objects and a scalar; bit 1: a u8 tensor "u", whose size - 1 follows).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
-  static const WorkDir work;
+  // The folder this process saves into, removed at exit.
+  static const testing_util::TempDir work;
   Recipe in(data);
   const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kU8, DType::kI64};
   const DType dtype = dtypes[in.In(0, 3)];
@@ -390,21 +363,19 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   for (int r = 0; r < save_world; ++r) {
     for (const Box& box : saved[r]) {
       Buffer& buffer = src[r].emplace_back(box, es, padded_src, 0x5A);
-      ForEachElement(box, buffer, es,
-                     [&](size_t at, const std::vector<int64_t>& g) {
-                       const int64_t li = LinearIndex(shape, g);
-                       for (size_t b = 0; b < es; ++b) {
-                         buffer.bytes[at + b] = ByteOf(li, b);
-                       }
-                     });
+      ForEachIndex(box, [&](const auto& local, const auto& global) {
+        std::byte* p = buffer.At(dtype, box, local);
+        const int64_t li = LinearIndex(shape, global);
+        for (size_t b = 0; b < es; ++b) p[b] = ByteOf(dtype, li, b);
+      });
     }
   }
-  const std::string dir = work.path.string();
+  const std::string& dir = work.path();
   {
     // A fresh folder: a rank-local save leaves rank folders behind that a
     // later merge with fewer ranks must not see.
     std::error_code ec;
-    fs::remove_all(work.path, ec);
+    fs::remove_all(dir, ec);
   }
   std::vector<absl::Status> statuses =
       RunInProcess(save_world, [&](Communicator& comm) -> absl::Status {
@@ -463,22 +434,16 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     const uint64_t at = damage_at % chunk.location.nbytes;
     damaged_chunk = chunk.box;
     damaged_byte = at % es;
-    ForEachElement(chunk.box, Buffer(chunk.box, es, false, 0), es,
-                   [&](size_t offset, const std::vector<int64_t>& g) {
-                     if (offset == at - damaged_byte) {
-                       damaged = LinearIndex(shape, g);
-                     }
-                   });
-    const fs::path file = fs::path(dir) / chunk.location.file;
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(chunk.location.offset + at));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ damage_xor);
-    f.seekp(static_cast<std::streamoff>(chunk.location.offset + at));
-    f.write(&c, 1);
-    f.flush();
-    CAIRN_FUZZ_CHECK(f.good(), absl::StrCat("cannot damage ", file.string()));
+    int64_t e = 0;  // the element's index in the chunk
+    ForEachIndex(chunk.box, [&](const auto&, const auto& global) {
+      if (e++ == static_cast<int64_t>(at / es)) {
+        damaged = LinearIndex(shape, global);
+      }
+    });
+    const absl::Status flipped = testing_util::FlipBits(
+        (fs::path(dir) / chunk.location.file).string(),
+        chunk.location.offset + at, damage_xor);
+    CAIRN_FUZZ_CHECK(flipped.ok(), flipped.ToString());
   }
 
   // Load, and compare every byte but a damaged one.
@@ -500,20 +465,20 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     if (!result.ok()) return result.status();
     for (size_t k = 0; k < loaded[r].size(); ++k) {
       absl::Status wrong;
-      ForEachElement(
-          loaded[r][k], dst[k], es,
-          [&](size_t at, const std::vector<int64_t>& g) {
-            const int64_t li = LinearIndex(shape, g);
-            for (size_t b = 0; b < es && wrong.ok(); ++b) {
-              if (li == damaged && b == damaged_byte) continue;
-              if (dst[k].bytes[at + b] != ByteOf(li, b)) {
-                wrong = absl::DataLossError(absl::StrCat(
-                    "wrong byte ", b, " of element ", li, " in box ",
-                    loaded[r][k].ToString(), ": ", dst[k].bytes[at + b],
-                    " (0xEE: never written), not ", ByteOf(li, b)));
-              }
-            }
-          });
+      ForEachIndex(loaded[r][k], [&](const auto& local, const auto& global) {
+        const std::byte* p = dst[k].At(dtype, loaded[r][k], local);
+        const int64_t li = LinearIndex(shape, global);
+        for (size_t b = 0; b < es && wrong.ok(); ++b) {
+          if (li == damaged && b == damaged_byte) continue;
+          if (p[b] != ByteOf(dtype, li, b)) {
+            wrong = absl::DataLossError(absl::StrCat(
+                "wrong byte ", b, " of element ", li, " in box ",
+                loaded[r][k].ToString(), ": ", std::to_integer<int>(p[b]),
+                ", not ", std::to_integer<int>(ByteOf(dtype, li, b)),
+                " (238, 0xEE, is what the destination held before)"));
+          }
+        }
+      });
       if (!wrong.ok()) return wrong;
     }
     return CheckExtras(sd, with_objects, u, save_world);

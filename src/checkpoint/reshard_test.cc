@@ -35,6 +35,9 @@ namespace cairn {
 namespace {
 
 using testing_util::ByteAt;
+using testing_util::ElementPtr;
+using testing_util::ForEachIndex;
+using testing_util::LinearIndex;
 using testing_util::TempDir;
 
 // A grid of boxes covering `shape`: each dimension cut at random points.
@@ -106,39 +109,6 @@ std::unique_ptr<ShardMemory> MakeShardMemory(DType dtype, const Box& box,
   m->storage.resize(NumElements(padded) * es + es);
   m->view = TensorView(m->storage.data(), dtype, box.sizes, strides);
   return m;
-}
-
-// Element pointer of a view at `index` (relative to the view).
-std::byte* ElementPtr(const TensorView& v, const std::vector<int64_t>& index) {
-  int64_t off = 0;
-  for (int d = 0; d < v.rank(); ++d) off += index[d] * v.strides()[d];
-  return static_cast<std::byte*>(v.data()) +
-         off * static_cast<int64_t>(DTypeSize(v.dtype()));
-}
-
-// Calls fn(local index, global index) for every element of `box`.
-template <typename Fn>
-void ForEachIndex(const Box& box, Fn fn) {
-  if (box.empty()) return;
-  std::vector<int64_t> local(box.rank(), 0), global = box.offsets;
-  while (true) {
-    fn(local, global);
-    int d = box.rank() - 1;
-    for (; d >= 0; --d) {
-      ++local[d];
-      ++global[d];
-      if (local[d] < box.sizes[d]) break;
-      local[d] = 0;
-      global[d] = box.offsets[d];
-    }
-    if (d < 0) return;
-  }
-}
-
-int64_t LinearIndex(const Shape& shape, const std::vector<int64_t>& index) {
-  int64_t li = 0;
-  for (size_t d = 0; d < shape.size(); ++d) li = li * shape[d] + index[d];
-  return li;
 }
 
 struct Case {

@@ -10,10 +10,13 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cairn/box.h"
 #include "cairn/dtype.h"
+#include "cairn/tensor.h"
 
 namespace cairn::testing_util {
 
@@ -76,6 +79,42 @@ inline absl::Status FlipBits(const std::string& path, uint64_t offset,
     return absl::InternalError(absl::StrCat(path, ": cannot write at ", offset));
   }
   return absl::OkStatus();
+}
+
+// Element pointer of a view at `index` (relative to the view).
+inline std::byte* ElementPtr(const TensorView& v,
+                             const std::vector<int64_t>& index) {
+  int64_t off = 0;
+  for (int d = 0; d < v.rank(); ++d) off += index[d] * v.strides()[d];
+  return static_cast<std::byte*>(v.data()) +
+         off * static_cast<int64_t>(DTypeSize(v.dtype()));
+}
+
+// Calls fn(local index, global index) for every element of `box`.
+template <typename Fn>
+void ForEachIndex(const Box& box, Fn fn) {
+  if (box.empty()) return;
+  std::vector<int64_t> local(box.rank(), 0), global = box.offsets;
+  while (true) {
+    fn(local, global);
+    int d = box.rank() - 1;
+    for (; d >= 0; --d) {
+      ++local[d];
+      ++global[d];
+      if (local[d] < box.sizes[d]) break;
+      local[d] = 0;
+      global[d] = box.offsets[d];
+    }
+    if (d < 0) return;
+  }
+}
+
+// Row-major index in a tensor of `shape` of the element at `index`.
+inline int64_t LinearIndex(const Shape& shape,
+                           const std::vector<int64_t>& index) {
+  int64_t li = 0;
+  for (size_t d = 0; d < shape.size(); ++d) li = li * shape[d] + index[d];
+  return li;
 }
 
 }  // namespace cairn::testing_util

@@ -101,7 +101,7 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
 // CRC is affine in its input; the pre- and post-inversions of a and b cancel
 // out, leaving crc(a + b) = crc(a) * x^(8 * |b|) + crc(b) over GF(2).
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
-  return MulModP(XPow8N(size_b), crc_a) ^ crc_b;
+  return Crc32cShift(crc_a, size_b) ^ crc_b;
 }
 
 uint32_t Crc32cRaw(const void* data, size_t size) {
