@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -671,12 +672,14 @@ TEST_F(CliTest, VerifyPassesOnAGoodCheckpoint) {
   const fs::path dir = SaveDemo();
   Result r = Run("verify '" + dir.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.all();
-  EXPECT_THAT(r.out, HasSubstr("OK: "));
+  EXPECT_THAT(r.out, HasSubstr("OK: metadata.json (its checksum matched)"));
   EXPECT_THAT(r.out, HasSubstr("GB/s"));
   r = Run("verify --json 'file://" + dir.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.all();
   nlohmann::json j = ParseJson(r);
   EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["format_version"], cairn::kFormatVersion);
+  EXPECT_EQ(j["metadata_checksum"], true);
   EXPECT_EQ(j["objects"], 4);  // one RNG object per save rank
   EXPECT_TRUE(j["problems"].empty());
 }
@@ -725,6 +728,33 @@ TEST_F(CliTest, VerifyNamesEveryCorruptChunk) {
   for (const auto& p : j["problems"]) {
     EXPECT_EQ(p["kind"], "crc32c");
     EXPECT_TRUE(p["offset"].is_number());
+  }
+}
+
+// One changed digit in metadata.json (the step counter, which nothing
+// else checks): verify and inspect refuse it, naming the file.
+TEST_F(CliTest, VerifyRefusesAChangedMetadataFile) {
+  const fs::path dir = SaveDemo();
+  const fs::path path = dir / "metadata.json";
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("\"step\":{\"int64\":");
+  ASSERT_NE(at, std::string::npos);
+  char& digit = text[at + 16];
+  ASSERT_TRUE(digit >= '0' && digit <= '9') << text.substr(at, 24);
+  digit = digit == '9' ? '8' : static_cast<char>(digit + 1);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+  }
+  for (const char* cmd : {"verify", "inspect"}) {
+    Result r = Run(std::string(cmd) + " '" + dir.string() + "'");
+    EXPECT_EQ(r.rc, 1) << r.all();
+    EXPECT_THAT(r.err, HasSubstr(std::string("cairn ") + cmd + ": DATA_LOSS"));
+    EXPECT_THAT(r.err, HasSubstr(path.string() + ": metadata checksum mismatch"));
   }
 }
 

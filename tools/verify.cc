@@ -342,6 +342,9 @@ int RunVerify(const VerifyOptions& o) {
     j["tensors"] = md->tensors.size();
     j["chunks"] = num_chunks;
     j["objects"] = num_objects;
+    j["format_version"] = md->version;
+    // Checked by ReadMetadata above: version 2 has one, version 1 none.
+    j["metadata_checksum"] = md->version >= 2;
     j["files"] = by_file.size();
     j["bytes"] = total_bytes;
     j["seconds"] = seconds;
@@ -361,8 +364,10 @@ int RunVerify(const VerifyOptions& o) {
     for (const Problem& p : problems) std::cout << p.message << "\n";
     if (problems.empty()) {
       std::cout << absl::StrFormat(
-          "OK: %s and %s in %s, %s (%d bytes) checked in %.3f s (%.2f "
-          "GB/s)\n",
+          "OK: metadata.json (%s), %s and %s in %s, %s (%d bytes) checked "
+          "in %.3f s (%.2f GB/s)\n",
+          md->version >= 2 ? "its checksum matched"
+                           : "format version 1: it has no checksum of its own",
           Plural(num_chunks, "chunk"), Plural(num_objects, "object"),
           Plural(by_file.size(), "data file"), HumanBytes(total_bytes),
           total_bytes, seconds, gbps);

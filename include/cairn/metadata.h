@@ -15,7 +15,10 @@
 
 namespace cairn {
 
-inline constexpr int kFormatVersion = 1;
+// The format version cairn writes. Version 2 is version 1 with the
+// metadata file's own checksum (docs/format.md 4.1); readers accept both.
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr char kMetadataFileName[] = "metadata.json";
 
 // Where a run of bytes lives: a data file of the checkpoint, the absolute
@@ -46,6 +49,8 @@ struct TensorMetadata {
 };
 
 struct Metadata {
+  // The format version of the file it came from; what an encoder writes
+  // (version 1 has no checksum of its own). Default: kFormatVersion.
   int version = kFormatVersion;
   std::string created_by;  // "cairn 0.1.0"
   int world_size = 1;      // ranks that saved the checkpoint

@@ -46,8 +46,10 @@ class BadInputTest : public testing::Test {
   nlohmann::json Metadata() const {
     return nlohmann::json::parse(ReadFile(metadata_path()));
   }
+  // Writes `j` as metadata.json with a fresh checksum: the edit, not the
+  // checksum, is what the test checks.
   void SetMetadata(const nlohmann::json& j) {
-    WriteFile(metadata_path(), j.dump());
+    WriteFile(metadata_path(), testing_util::Resealed(j.dump()));
   }
 
   // Loads everything into fresh destinations.
@@ -94,11 +96,41 @@ TEST_F(BadInputTest, WrongTypesInMetadata) {
 
 TEST_F(BadInputTest, UnknownFormatVersion) {
   nlohmann::json j = Metadata();
-  j["version"] = 2;
+  j["version"] = kFormatVersion + 1;
   SetMetadata(j);
   absl::Status s = ReadMetadata(dir()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Msg(s), HasSubstr("version"));
+}
+
+// metadata.json changed after it was written (one digit of a scalar, which
+// nothing else checks): the load fails naming the file, and nothing is
+// placed. Version 1 metadata (no checksum) still loads.
+TEST_F(BadInputTest, MetadataChangedAfterItWasWritten) {
+  std::string text = ReadFile(metadata_path());
+  const size_t at = text.find(R"("step":{"int64":3})");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 16] = '7';
+  WriteFile(metadata_path(), text);
+  absl::Status s = LoadAllInto();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(s), HasSubstr(metadata_path()));
+  EXPECT_THAT(Msg(s), HasSubstr("metadata checksum mismatch"));
+  EXPECT_EQ(out_, std::vector<float>(64 * 32, 0.0f));
+  EXPECT_EQ(ReadMetadata(dir()).status().code(), absl::StatusCode::kDataLoss);
+  // Re-sealed, the edit loads (the checksum is the only thing that saw it).
+  WriteFile(metadata_path(), testing_util::Resealed(text));
+  StateDict dst;
+  dst["step"] = int64_t{0};
+  ASSERT_TRUE(Load(dst, dir()).ok());
+  EXPECT_EQ(std::get<int64_t>(*dst.Find("step")->scalar()), 7);
+  // Version 1, as earlier builds wrote it: no checksum, and it loads.
+  nlohmann::json j = Metadata();
+  j.erase("checksum");
+  j["version"] = 1;
+  WriteFile(metadata_path(), j.dump());
+  ASSERT_TRUE(LoadAllInto().ok());
+  EXPECT_EQ(out_, w_);
 }
 
 TEST_F(BadInputTest, UnknownFieldsAreIgnored) {

@@ -422,7 +422,7 @@ TEST(DistributedTest, DamagedMetadataFailsEveryRank) {
     }
   }
   ASSERT_FALSE(fqn.empty());
-  testing_util::WriteFile(path, j.dump());
+  testing_util::WriteFile(path, testing_util::Resealed(j.dump()));
   st = load();
   ExpectSameError(st, "elements are in no chunk");
   EXPECT_THAT(Msg(st[0]), HasSubstr(fqn));

@@ -144,8 +144,16 @@ TEST(RankLocalTest, MergedCheckpointLoadsWithOtherWorldSizes) {
     ASSERT_TRUE(md.ok()) << md.status();
     EXPECT_EQ(md->rank, -1);
     EXPECT_EQ(md->world_size, kWorld);
+    EXPECT_EQ(md->version, kFormatVersion);
     EXPECT_THAT(md->tensors.at("model.wq").chunks[0].location.file,
                 HasSubstr("rank-0000"));
+    // The rank folders' and the merged metadata carry their checksums.
+    for (const std::string name :
+         {"metadata.json", "rank-00000/metadata.json"}) {
+      EXPECT_TRUE(testing_util::ReadFile(dir + "/" + name)
+                      .starts_with(internal_format::kChecksumKeyPrefix))
+          << name;
+    }
     EXPECT_TRUE(LoadGlobal(dir, Pattern::kCols, 2, 5).ok());
     EXPECT_TRUE(LoadGlobal(dir, Pattern::kBlocks, 3, 5).ok());
     // Merging twice needs overwrite.
@@ -285,7 +293,7 @@ TEST(RankLocalTest, FolderOfAnotherRankIsRefused) {
   const size_t at = text.find("\"rank\":1");
   ASSERT_NE(at, std::string::npos);
   text.replace(at, 8, "\"rank\":2");
-  testing_util::WriteFile(path, text);
+  testing_util::WriteFile(path, testing_util::Resealed(text));
   absl::Status load = LoadOneRankLocal(tmp.path(), Pattern::kRows, kWorld, 1, 1);
   EXPECT_EQ(load.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Msg(load), HasSubstr("written by rank 2, not 1"));

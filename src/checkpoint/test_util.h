@@ -17,8 +17,18 @@
 #include "cairn/box.h"
 #include "cairn/dtype.h"
 #include "cairn/tensor.h"
+#include "format/metadata_codec.h"
 
 namespace cairn::testing_util {
+
+// The text of a metadata.json a test edited on purpose, with its checksum
+// recomputed, so that the load reaches the check of the edit (a text that
+// cannot take one is returned as it is).
+inline std::string Resealed(const std::string& text) {
+  absl::StatusOr<std::string> sealed =
+      internal_format::WithMetadataChecksum(text);
+  return sealed.ok() ? *std::move(sealed) : text;
+}
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents.
 class TempDir {

@@ -206,6 +206,30 @@ std::vector<const TensorEntry*> TensorList(const Metadata& metadata,
   return tensors;
 }
 
+// CRC32C of `text`, in pieces of at least 16 MiB on up to CpuThreads()
+// threads (a 16k-rank job's metadata.json is a GB), combined.
+uint32_t TextCrc32c(std::string_view text) {
+  constexpr size_t kMinPiece = size_t{16} << 20;
+  const int pieces = static_cast<int>(std::clamp<size_t>(
+      text.size() / kMinPiece, 1, internal_core::CpuThreads()));
+  if (pieces == 1) return Crc32c(text.data(), text.size());
+  const size_t step = text.size() / pieces;
+  std::vector<uint32_t> crcs(pieces);
+  // The lambda cannot fail.
+  (void)internal_core::ParallelFor(pieces, pieces, [&](int64_t i) {
+    const size_t begin = i * step;
+    const size_t end = i + 1 == pieces ? text.size() : begin + step;
+    crcs[i] = Crc32c(text.data() + begin, end - begin);
+    return absl::OkStatus();
+  });
+  uint32_t crc = crcs[0];
+  for (int i = 1; i < pieces; ++i) {
+    const size_t size = i + 1 == pieces ? text.size() - i * step : step;
+    crc = Crc32cCombine(crc, crcs[i], size);
+  }
+  return crc;
+}
+
 // The parts of the document that are already text.
 struct Prepared {
   // In metadata.scalars order: the value's text, or why it has none.
@@ -299,13 +323,17 @@ absl::Status PutTensor(
 }
 
 // The document is its head, the members of "tensors" (PutTensor) and its
-// tail. Members in key order: created_by, format, objects, rank, scalars,
-// structure, tensors, user, version, world_size.
+// tail. Members in key order: checksum (version 2), created_by, format,
+// objects, rank, scalars, structure, tensors, user, version, world_size.
 template <typename Sink>
 absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
-  // Members in key order: created_by, format, objects, rank, scalars,
-  // structure, tensors, user, version, world_size.
-  sink.Put('{');
+  // Version 2 opens with its checksum, written as zeros here and filled in
+  // when the whole text is there (Encode).
+  if (md.version >= 2) {
+    sink.Put("{\"checksum\":\"00000000\",");
+  } else {
+    sink.Put('{');
+  }
   PutKey(sink, "created_by");
   CAIRN_RETURN_IF_ERROR(PutString(sink, md.created_by));
   sink.Put(',');
@@ -640,10 +668,11 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     return Error("", absl::StrCat("\"version\" must be an integer, got ",
                                   Describe(*version)));
   }
-  if (*v != kFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source_, ": unsupported format version ", *v,
-                     " (this reader supports version ", kFormatVersion, ")"));
+  if (*v < kOldestReadableFormatVersion || *v > kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source_, ": unsupported format version ", *v,
+        " (this reader supports versions ", kOldestReadableFormatVersion,
+        " to ", kFormatVersion, ")"));
   }
 
   Metadata md;
@@ -735,6 +764,7 @@ class FastDecoder : private PlainJsonCursor {
     kScalars = 128,
     kStructure = 256,
     kUser = 512,
+    kChecksum = 1024,
   };
   static constexpr uint32_t kRequired = kFormat | kVersion | kCreatedBy |
                                         kWorldSize | kTensors | kObjects |
@@ -1052,6 +1082,11 @@ std::optional<Metadata> FastDecoder::Decode() {
       return once(kFormat) && String(&format) && format == kFormatName;
     }
     if (key == "version") return once(kVersion) && Uint(&version);
+    if (key == "checksum") {
+      // Checked against the text before decoding (CheckChecksum).
+      std::string_view checksum;
+      return once(kChecksum) && String(&checksum);
+    }
     if (key == "created_by") {
       std::string_view created_by;
       if (!once(kCreatedBy) || !String(&created_by)) return false;
@@ -1077,12 +1112,13 @@ std::optional<Metadata> FastDecoder::Decode() {
   });
   SkipSpace();
   if (!parsed || p_ != end_ || (seen & kRequired) != kRequired ||
-      version != static_cast<uint64_t>(kFormatVersion) || world_size == 0 ||
+      version < static_cast<uint64_t>(kOldestReadableFormatVersion) ||
+      version > static_cast<uint64_t>(kFormatVersion) || world_size == 0 ||
       world_size > static_cast<uint64_t>(std::numeric_limits<int>::max()) ||
       ((seen & kRank) && rank >= world_size)) {
     return std::nullopt;
   }
-  md.version = kFormatVersion;
+  md.version = static_cast<int>(version);
   md.world_size = static_cast<int>(world_size);
   if (seen & kRank) md.rank = static_cast<int>(rank);
   return md;
@@ -1113,10 +1149,12 @@ namespace {
 // The version check and the parts of the text EncodeMetadata embeds as
 // JSON values, normalised; with `scalars`, each scalar's text as well.
 absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
-  if (metadata.version != kFormatVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot encode metadata version ", metadata.version,
-                     "; this writer writes version ", kFormatVersion));
+  if (metadata.version < kOldestReadableFormatVersion ||
+      metadata.version > kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot encode metadata version ", metadata.version,
+        "; this writer writes versions ", kOldestReadableFormatVersion, " to ",
+        kFormatVersion));
   }
   std::optional<json> structure = json_util::Parse(metadata.structure);
   if (!structure) {
@@ -1258,6 +1296,11 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
       }));
   PointerSink tail(text.data() + at.back());
   PutTail(tail, metadata, prepared);
+  if (metadata.version >= 2) {
+    const std::string hex =
+        Crc32cToHex(TextCrc32c(std::string_view(text).substr(kChecksumPrefixBytes)));
+    text.replace(kChecksumKeyPrefix.size(), hex.size(), hex);
+  }
   return text;
 }
 
@@ -1315,22 +1358,98 @@ absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
                         DecodeThreads{internal_core::CpuThreads()});
 }
 
+namespace {
+
+// Whether `text` opens with a checksum member (`{"checksum":`), after
+// checking it: kDataLoss when that member is malformed or its CRC32C is not
+// the rest of the text's.
+absl::StatusOr<bool> CheckChecksum(std::string_view text,
+                                   std::string_view source) {
+  // `{"checksum":` claims one; the rest of the member must be as written.
+  if (!text.starts_with(
+          kChecksumKeyPrefix.substr(0, kChecksumKeyPrefix.size() - 1))) {
+    return false;
+  }
+  const std::string_view hex = text.substr(kChecksumKeyPrefix.size(), 8);
+  absl::StatusOr<uint32_t> stored = Crc32cFromHex(hex);
+  if (text.size() < kChecksumPrefixBytes ||
+      !std::all_of(hex.begin(), hex.end(),
+                   [](char c) {
+                     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                   }) ||
+      !text.starts_with(kChecksumKeyPrefix) || !stored.ok() ||
+      text.substr(kChecksumPrefixBytes - 2, 2) != "\",") {
+    return absl::DataLossError(absl::StrCat(
+        AsAbsl(source), ": malformed checksum member at the start of the metadata "
+                "(expected {\"checksum\":\"<8 lower-case hex digits>\", got ",
+        Quote(text.substr(0, kChecksumPrefixBytes)), ")"));
+  }
+  const uint32_t computed = TextCrc32c(text.substr(kChecksumPrefixBytes));
+  if (computed != *stored) {
+    return absl::DataLossError(absl::StrCat(
+        AsAbsl(source), ": metadata checksum mismatch: stored ", Crc32cToHex(*stored),
+        ", computed ", Crc32cToHex(computed), " over bytes ",
+        kChecksumPrefixBytes, "..", text.size(),
+        ": the file changed after it was written (damaged, truncated or "
+        "edited)"));
+  }
+  return true;
+}
+
+// The checksum check around a decoder: the checksum first (a damaged text is
+// reported as damaged, whatever else it breaks), and version 2 must have
+// one.
+template <typename Decode>
+absl::StatusOr<Metadata> Checked(std::string_view text, std::string_view source,
+                                 Decode decode) {
+  if (text.size() > kMaxMetadataBytes) return Decoder(source).Decode(text);
+  CAIRN_ASSIGN_OR_RETURN(const bool sealed, CheckChecksum(text, source));
+  CAIRN_ASSIGN_OR_RETURN(Metadata md, decode());
+  if (md.version >= 2 && !sealed) {
+    return absl::DataLossError(absl::StrCat(
+        AsAbsl(source), ": metadata of format version ", md.version,
+        " must begin with its checksum ({\"checksum\":\"<8 hex digits>\",): "
+        "the file is damaged or was not written by cairn"));
+  }
+  return md;
+}
+
+}  // namespace
+
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view json_text,
                                         std::string_view source,
                                         DecodeThreads threads) {
-  if (json_text.size() <= kMaxMetadataBytes) {
+  return Checked(json_text, source, [&]() -> absl::StatusOr<Metadata> {
     if (std::optional<Metadata> md =
             FastDecoder(json_text, source, threads).Decode()) {
       return *std::move(md);
     }
-  }
-  return Decoder(source).Decode(json_text);
+    return Decoder(source).Decode(json_text);
+  });
 }
 
 absl::StatusOr<Metadata> DecodeMetadataWithTreeForTesting(
     std::string_view json_text, std::string_view source) {
-  if (json_text.size() > kMaxMetadataBytes) return DecodeMetadata(json_text, source);
-  return Decoder(source).Decode(json_text);
+  return Checked(json_text, source,
+                 [&] { return Decoder(source).Decode(json_text); });
+}
+
+absl::StatusOr<std::string> WithMetadataChecksum(std::string_view json_text) {
+  std::string_view rest = json_text;
+  if (rest.starts_with(kChecksumKeyPrefix) &&
+      rest.size() >= kChecksumPrefixBytes) {
+    rest.remove_prefix(kChecksumPrefixBytes);
+  } else if (rest.starts_with('{')) {
+    rest.remove_prefix(1);
+  } else {
+    return absl::InvalidArgumentError(
+        "metadata text must begin with '{' to take a checksum");
+  }
+  std::string text(kChecksumKeyPrefix);
+  text += Crc32cToHex(TextCrc32c(rest));
+  text += "\",";
+  text += rest;
+  return text;
 }
 
 // Plan: every chunk inside the shape; no two non-empty chunks overlap; the

@@ -15,6 +15,14 @@
 
 namespace cairn::internal_format {
 
+// metadata.json's own checksum (format version 2, docs/format.md 4.1): the
+// text opens with the kChecksumPrefixBytes bytes {"checksum":"xxxxxxxx",
+// whose 8 hex digits are the CRC32C of every byte after them. Decoding
+// checks it whenever the text opens with kChecksumKeyPrefix, and requires
+// it of version 2.
+inline constexpr std::string_view kChecksumKeyPrefix = "{\"checksum\":\"";
+inline constexpr size_t kChecksumPrefixBytes = 23;
+
 // Largest metadata.json accepted (untrusted input), and so the largest a
 // save writes. 4 GiB: a 16k-rank FSDP job's is about 1 GB (see
 // bench/scale/README.md).
@@ -77,10 +85,18 @@ absl::StatusOr<std::string> EncodeMetadata(
 // commit).
 absl::Status CheckEncodable(const Metadata& metadata);
 
+// `json_text` (the text of a JSON object of at least one member, as any
+// writer gives it) with a checksum member opening it, computed for the rest:
+// an existing one is replaced. For tests and tools that edit a
+// metadata.json on purpose. kInvalidArgument if the text does not begin
+// with '{'.
+absl::StatusOr<std::string> WithMetadataChecksum(std::string_view json_text);
+
 // Parses and validates untrusted text. `source` (e.g. the file path) prefixes
-// every error. Rejects: malformed JSON; "format" != "cairn"; a major
-// version other than kFormatVersion (kFailedPrecondition, "unsupported
-// format version"); unsafe file names (ValidateRelativeName); unknown
+// every error. Rejects: a checksum that does not match (or a version 2
+// text without one); malformed JSON; "format" != "cairn"; a major
+// version outside kOldestReadableFormatVersion..kFormatVersion
+// (kFailedPrecondition, "unsupported format version"); unsafe file names (ValidateRelativeName); unknown
 // dtypes; negative or overflowing shapes; boxes outside their tensor; nbytes
 // != elements * dtype size; offset + nbytes overflow; bad crc32c hex.
 // Ignores unknown fields. Coverage of each tensor by its chunks is checked

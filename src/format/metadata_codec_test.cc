@@ -106,11 +106,41 @@ std::string Encoded(const Metadata& md) {
   return text.ok() ? *text : std::string();
 }
 
-// The sample's JSON, changed by `edit`, decoded.
+// The sample's JSON, changed by `edit`, decoded. The edited text gets a
+// fresh checksum (when it is still an object with members), so that what
+// is tested is the check of the edited field, not the checksum's.
 absl::StatusOr<Metadata> DecodeEdited(const std::function<void(json&)>& edit) {
   json j = json::parse(Encoded(SampleMetadata()));
+  j.erase("checksum");
   edit(j);
-  return DecodeMetadata(j.dump(), kSource);
+  std::string text = j.dump();
+  if (j.is_object() && !j.empty()) {
+    absl::StatusOr<std::string> sealed = WithMetadataChecksum(text);
+    EXPECT_TRUE(sealed.ok()) << sealed.status();
+    if (sealed.ok()) text = *std::move(sealed);
+  }
+  return DecodeMetadata(text, kSource);
+}
+
+// `text` with its checksum recomputed when it opens with one (a damaged or
+// truncated text keeps its damage, and the decoder behind the checksum is
+// what a test of it sees), else as it is.
+std::string Resealed(const std::string& text) {
+  if (!text.starts_with(kChecksumKeyPrefix) ||
+      text.size() < kChecksumPrefixBytes) {
+    return text;
+  }
+  absl::StatusOr<std::string> sealed = WithMetadataChecksum(text);
+  EXPECT_TRUE(sealed.ok()) << sealed.status();
+  return sealed.ok() ? *sealed : text;
+}
+
+// `j` (an encoding of version 2) as version 1 text, with no checksum: for
+// tests of other layouts of the text than cairn's (indented, reordered).
+json AsVersion1(json j) {
+  j.erase("checksum");
+  j["version"] = 1;
+  return j;
 }
 
 void ExpectRejected(const absl::Status& status, const std::string& mention,
@@ -164,7 +194,7 @@ TEST(MetadataCodecTest, EncodingIsDeterministicAndFollowsTheSchema) {
   EXPECT_EQ(a, Encoded(SampleMetadata()));
   json j = json::parse(a);
   EXPECT_EQ(j["format"], "cairn");
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], kFormatVersion);
   EXPECT_EQ(j["created_by"], "cairn 0.1.0");
   EXPECT_EQ(j["world_size"], 4);
   const json& c = Chunk0(j);
@@ -197,10 +227,12 @@ TEST(MetadataCodecTest, StructureAndUserAreStoredCanonically) {
   EXPECT_EQ(decoded->user, R"({"a":{"x":1,"y":2},"z":1})");
 }
 
-// The example of docs/format.md section 8, verbatim.
+// The example of docs/format.md section 8, verbatim (wrapped there; the
+// file is the one line it wraps, which is byte for byte what cairn writes,
+// checksum included).
 TEST(MetadataCodecTest, DocsExampleDecodes) {
-  const std::string example = R"json(
-{"created_by":"cairn 0.1.0","format":"cairn",
+  const std::string wrapped = R"json(
+{"checksum":"5d15454e","created_by":"cairn 0.1.0","format":"cairn",
  "objects":{"rng":{"crc32c":"5f0a33c1","file":"data-00001.safetensors","nbytes":16,"offset":4104}},
  "scalars":{"step":{"int64":100}},
  "structure":{"model":{"wq":"model.wq"},"rng":"rng","step":"step"},
@@ -208,8 +240,18 @@ TEST(MetadataCodecTest, DocsExampleDecodes) {
    {"crc32c":"1c291ca3","file":"data-00000.safetensors","nbytes":8,"offset":4096,"offsets":[0,0],"sizes":[1,4]},
    {"crc32c":"09a1f4e2","file":"data-00001.safetensors","nbytes":8,"offset":4096,"offsets":[1,0],"sizes":[1,4]}],
    "dtype":"BF16","shape":[2,4]}},
- "user":{},"version":1,"world_size":2}
+ "user":{},"version":2,"world_size":2}
 )json";
+  // Unwrapped: each line break and the indent after it removed.
+  std::string example;
+  for (size_t i = 0; i < wrapped.size(); ++i) {
+    if (wrapped[i] != '\n') {
+      example += wrapped[i];
+      continue;
+    }
+    while (i + 1 < wrapped.size() && wrapped[i + 1] == ' ') ++i;
+  }
+  example += '\n';
   auto decoded = DecodeMetadata(example, kSource);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->world_size, 2);
@@ -222,8 +264,8 @@ TEST(MetadataCodecTest, DocsExampleDecodes) {
       ValidateAgainstFileSizes(*decoded, {{"data-00000.safetensors", 4104},
                                           {"data-00001.safetensors", 4120}})
           .ok());
-  // Re-encoding gives the same JSON value.
-  EXPECT_EQ(json::parse(Encoded(*decoded)), json::parse(example));
+  // Re-encoding gives the same bytes, checksum included.
+  EXPECT_EQ(Encoded(*decoded), example);
 }
 
 TEST(MetadataCodecTest, EncodeRejectsBadInput) {
@@ -240,7 +282,7 @@ TEST(MetadataCodecTest, EncodeRejectsBadInput) {
   EXPECT_EQ(EncodeMetadata(md).status().code(),
             absl::StatusCode::kInvalidArgument);
   md = Metadata();
-  md.version = 2;
+  md.version = kFormatVersion + 1;
   EXPECT_EQ(EncodeMetadata(md).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -265,7 +307,7 @@ TEST(MetadataCodecTest, EncodeRefusesTextLongerThanTheLimit) {
 TEST(MetadataCodecTest, CheckEncodableAgreesWithEncode) {
   EXPECT_TRUE(CheckEncodable(SampleMetadata()).ok());
   std::vector<std::function<void(Metadata&)>> breaks = {
-      [](Metadata& md) { md.version = 2; },
+      [](Metadata& md) { md.version = kFormatVersion + 1; },
       [](Metadata& md) { md.structure = "{not json"; },
       [](Metadata& md) { md.user = "[1, 2]"; },
       [](Metadata& md) { md.created_by = "cairn \xff"; },
@@ -326,6 +368,131 @@ TEST(MetadataCodecTest, NotAnObject) {
   ExpectRejected(DecodeMetadata("\"cairn\"", kSource).status(), "object");
 }
 
+// ------------------------------------------------------------ checksum
+
+void ExpectSameAsTree(const std::string& damaged);
+
+// Version 2 opens with {"checksum":"xxxxxxxx", and the 8 hex digits are the
+// CRC32C of every byte after them; version 1 has none.
+TEST(MetadataCodecTest, ChecksumOpensTheTextAndCoversTheRest) {
+  const std::string text = Encoded(SampleMetadata());
+  ASSERT_TRUE(text.starts_with(kChecksumKeyPrefix)) << text.substr(0, 40);
+  ASSERT_EQ(text.substr(kChecksumPrefixBytes - 2, 15), "\",\"created_by\":");
+  const std::string rest = text.substr(kChecksumPrefixBytes);
+  EXPECT_EQ(text.substr(kChecksumKeyPrefix.size(), 8),
+            Crc32cToHex(Crc32c(rest.data(), rest.size())));
+  // Resealing a sealed text changes nothing.
+  EXPECT_EQ(WithMetadataChecksum(text).value_or(""), text);
+  // Version 1 is written without one, and decodes as version 1.
+  Metadata v1 = SampleMetadata();
+  v1.version = 1;
+  const std::string old = Encoded(v1);
+  EXPECT_TRUE(old.starts_with("{\"created_by\":")) << old.substr(0, 40);
+  absl::StatusOr<Metadata> back = DecodeMetadata(old, kSource);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, v1);
+  // A sealed text decodes to what was encoded, by both decoders.
+  back = DecodeMetadata(text, kSource);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, SampleMetadata());
+  ExpectSameAsTree(text);
+}
+
+// Any one flipped bit, anywhere in the file, is caught, whatever the byte
+// it lands in (a digit of a scalar, a name, the checksum itself, the
+// version, a brace): decoding fails with kDataLoss. Without the checksum a
+// flip in a scalar's digits or in the user object loads silently.
+TEST(MetadataCodecTest, EveryFlippedBitIsCaught) {
+  Metadata md;
+  md.world_size = 2;
+  md.tensors["w"] = RowSharded(DType::kF32, {4, 3}, 2, "data-00000.safetensors");
+  md.objects["o"] = {"data-00001.safetensors", 0, 3, 1};
+  md.scalars["step"] = int64_t{100};
+  md.scalars["lr"] = 0.25;
+  md.scalars["name"] = std::string("run-7");
+  md.user = R"({"note":"x"})";
+  const std::string text = Encoded(md);
+  ASSERT_TRUE(DecodeMetadata(text, kSource).ok());
+  int silent_without_checksum = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string t = text;
+      t[i] = static_cast<char>(t[i] ^ (1 << bit));
+      absl::StatusOr<Metadata> decoded = DecodeMetadata(t, kSource);
+      ASSERT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss)
+          << "byte " << i << " ('" << text[i] << "') bit " << bit;
+      EXPECT_THAT(std::string(decoded.status().message()), HasSubstr(kSource));
+      // The same flip behind a fresh checksum: what version 1 would do.
+      if (i >= kChecksumPrefixBytes && DecodeMetadata(Resealed(t), kSource).ok()) {
+        ++silent_without_checksum;
+      }
+    }
+  }
+  // The test has teeth: many of those flips decode to other values.
+  EXPECT_GT(silent_without_checksum, 20);
+}
+
+TEST(MetadataCodecTest, ChecksumMismatchNamesTheFileAndBothValues) {
+  std::string text = Encoded(SampleMetadata());
+  const size_t at = text.find(R"("step":{"int64":100})");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 18] = '1';  // step 100 -> 101
+  const absl::Status status = DecodeMetadata(text, kSource).status();
+  ExpectRejected(status, "metadata checksum mismatch");
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("stored " + text.substr(kChecksumKeyPrefix.size(), 8)));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("changed after it was written"));
+  ExpectRejected(DecodeMetadataWithTreeForTesting(text, kSource).status(),
+                 "metadata checksum mismatch");
+}
+
+TEST(MetadataCodecTest, Version2NeedsItsChecksumFirst) {
+  json j = json::parse(Encoded(SampleMetadata()));
+  j.erase("checksum");
+  ExpectRejected(DecodeMetadata(j.dump(), kSource).status(),
+                 "must begin with its checksum");
+  // Anywhere else it does not count (and whitespace inside the opening
+  // member is not the form the spec gives).
+  nlohmann::ordered_json moved = nlohmann::ordered_json::parse(j.dump());
+  moved["checksum"] = "00000000";
+  ExpectRejected(DecodeMetadata(moved.dump(), kSource).status(),
+                 "must begin with its checksum");
+  const std::string sealed = Encoded(SampleMetadata());
+  ExpectRejected(
+      DecodeMetadata("{ " + sealed.substr(1), kSource).status(),
+      "must begin with its checksum");
+  // Malformed opening members.
+  for (const std::string& head :
+       {std::string(R"({"checksum":"1c291ca",)"),
+        std::string(R"({"checksum":"1c291cag",)"),
+        std::string(R"({"checksum":"1C291CA3",)"),
+        std::string(R"({"checksum":"1c291ca3" ,)"),
+        std::string(R"({"checksum":5,)")}) {
+    SCOPED_TRACE(head);
+    ExpectRejected(
+        DecodeMetadata(head + sealed.substr(kChecksumPrefixBytes), kSource)
+            .status(),
+        "malformed checksum");
+  }
+}
+
+// Version 1 (no checksum) still loads; one that opens with a checksum has
+// it checked all the same.
+TEST(MetadataCodecTest, Version1WithoutChecksumStillDecodes) {
+  const std::string v1 = AsVersion1(json::parse(Encoded(SampleMetadata()))).dump();
+  absl::StatusOr<Metadata> back = DecodeMetadata(v1, kSource);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version, 1);
+  Metadata expected = SampleMetadata();
+  expected.version = 1;
+  EXPECT_EQ(*back, expected);
+  std::string sealed = WithMetadataChecksum(v1).value();
+  ASSERT_TRUE(DecodeMetadata(sealed, kSource).ok());
+  sealed[sealed.size() - 3] ^= 1;  // the world size's digit
+  ExpectRejected(DecodeMetadata(sealed, kSource).status(),
+                 "metadata checksum mismatch");
+}
+
 // ------------------------------------------------------------ format/version
 
 TEST(MetadataCodecTest, WrongFormat) {
@@ -338,7 +505,7 @@ TEST(MetadataCodecTest, WrongFormat) {
 }
 
 TEST(MetadataCodecTest, UnknownVersion) {
-  for (int v : {0, 2, 100, -1}) {
+  for (int v : {0, kFormatVersion + 1, 100, -1}) {
     auto status = DecodeEdited([v](json& j) {
                     j["version"] = v;
                     // A future version may change everything else too.
@@ -637,10 +804,13 @@ TEST(MetadataCodecTest, CorruptionNeverCrashes) {
     for (char b : kBytes) {
       std::string t = text;
       t[i] = b;
-      auto decoded = DecodeMetadata(t, kSource);
-      if (!decoded.ok()) {
-        EXPECT_THAT(std::string(decoded.status().message()),
-                    HasSubstr(kSource));
+      // As damaged (the checksum's verdict), and behind a fresh checksum.
+      for (const std::string& damaged : {t, Resealed(t)}) {
+        auto decoded = DecodeMetadata(damaged, kSource);
+        if (!decoded.ok()) {
+          EXPECT_THAT(std::string(decoded.status().message()),
+                      HasSubstr(kSource));
+        }
       }
     }
   }
@@ -648,7 +818,9 @@ TEST(MetadataCodecTest, CorruptionNeverCrashes) {
 
 // The fast decoder (no JSON tree) must give exactly what the tree decoder
 // gives: the same Metadata, or the same error, on good and damaged input.
-void ExpectSameAsTree(const std::string& text) {
+// A text that opens with a checksum is resealed first (Resealed).
+void ExpectSameAsTree(const std::string& damaged) {
+  const std::string text = Resealed(damaged);
   absl::StatusOr<Metadata> fast = DecodeMetadata(text, kSource);
   absl::StatusOr<Metadata> tree = DecodeMetadataWithTreeForTesting(text, kSource);
   ASSERT_EQ(fast.ok(), tree.ok()) << text << "\nfast: " << fast.status()
@@ -669,7 +841,7 @@ TEST(MetadataCodecTest, FastDecoderMatchesTheTreeDecoder) {
   ExpectSameAsTree(text);
   ExpectSameAsTree(Encoded(SampleMetadata()));
   // Re-indented (any JSON whitespace) and reordered members.
-  ExpectSameAsTree(json::parse(text).dump(2));
+  ExpectSameAsTree(AsVersion1(json::parse(text)).dump(2));
   // Every truncation and a set of single-byte corruptions.
   const std::string plain = Encoded(SampleMetadata());
   for (size_t n = 0; n < plain.size(); n += 7) {
@@ -690,8 +862,10 @@ TEST(MetadataCodecTest, FastDecoderMatchesTheTreeDecoder) {
 // Every part of a split decode starts where the part before it ended a
 // tensor, so splitting never changes the result: the same Metadata, or the
 // same error, as the one-pass decode (and hence as the tree decoder).
-// Returns the parts used.
-size_t ExpectSameInParts(const std::string& text, int threads = 4) {
+// Returns the parts used. A text that opens with a checksum is resealed
+// first (Resealed).
+size_t ExpectSameInParts(const std::string& damaged, int threads = 4) {
+  const std::string text = Resealed(damaged);
   size_t parts = 0;
   absl::StatusOr<Metadata> split = DecodeMetadata(
       text, kSource, DecodeThreads{threads, 0, 1, &parts});
@@ -778,7 +952,7 @@ TEST(MetadataCodecTest, MisleadingSplitPlacesDoNotChangeTheResult) {
   EXPECT_GT(fell_back, 0u);
   const std::string text = Encoded(ManyTensors(200));
   // Indented: `]},"` is never found, and the text is decoded in one pass.
-  json j = json::parse(text);
+  json j = AsVersion1(json::parse(text));
   EXPECT_EQ(ExpectSameInParts(j.dump(1)), 1u);
   // Members in another order (chunks last, so a tensor ends in `]}]}`):
   // still split at tensor ends.
