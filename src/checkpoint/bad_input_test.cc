@@ -175,6 +175,30 @@ TEST_F(BadInputTest, ChunkOutsideTheFile) {
   EXPECT_THAT(Msg(s), HasSubstr("model.w@32,0"));
 }
 
+// A metadata.json (consistent with itself, checksum included) that declares
+// model.w 2^36 rows tall, its second chunk covering all but the first 32:
+// LoadAll refuses it because that chunk runs past its file, before it
+// allocates the 8 TiB tensor the shape asks for.
+TEST_F(BadInputTest, LoadAllChecksTheFilesBeforeAllocating) {
+  const int64_t rows = int64_t{1} << 36;
+  nlohmann::json j = Metadata();
+  nlohmann::json& w = j["tensors"]["model.w"];
+  w["shape"] = {rows, 32};
+  w["chunks"][1]["sizes"] = {rows - 32, 32};
+  w["chunks"][1]["nbytes"] = static_cast<uint64_t>(rows - 32) * 32 * 4;
+  SetMetadata(j);
+  ASSERT_TRUE(ReadMetadata(dir()).ok());  // the metadata alone is valid
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("model.w@32,0"));
+  EXPECT_THAT(Msg(all.status()), HasSubstr("runs past the end of the file"));
+  // A data file gone: kNotFound naming it, also before allocating.
+  std::filesystem::remove(data_path());
+  all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("data-00000.safetensors"));
+}
+
 TEST_F(BadInputTest, SizesThatDisagreeWithTheBox) {
   nlohmann::json j = Metadata();
   j["tensors"]["model.w"]["chunks"][0]["nbytes"] = 12;

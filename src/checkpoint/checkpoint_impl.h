@@ -79,6 +79,13 @@ absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);
 absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
                                           const std::string& name);
 
+// OK when every chunk and object of `metadata` lies inside its data file
+// (ValidateAgainstFileSizes with the files' real sizes): kDataLoss naming
+// the FQN, file, offset and size, kNotFound naming a missing file. LoadAll
+// asks it before allocating, Merge before committing.
+absl::Status CheckLocationsAgainstFiles(Storage& storage,
+                                        const Metadata& metadata);
+
 // A checksummed, contiguous piece of a stored chunk (or object): where it
 // starts in the chunk, its bytes and their CRC32C.
 struct CrcPiece {

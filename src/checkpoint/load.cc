@@ -2590,9 +2590,38 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   return result;
 }
 
+absl::Status CheckLocationsAgainstFiles(Storage& storage,
+                                        const Metadata& metadata) {
+  std::map<std::string, uint64_t> file_sizes;
+  auto note_file = [&](const ByteLocation& loc) -> absl::Status {
+    if (file_sizes.contains(loc.file)) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<ReadableFile>> f =
+        storage.OpenForRead(loc.file);
+    // Absent from the map: ValidateAgainstFileSizes names it.
+    if (absl::IsNotFound(f.status())) return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(f.status());
+    file_sizes[loc.file] = (*f)->size();
+    return absl::OkStatus();
+  };
+  for (const auto& [fqn, tensor] : metadata.tensors) {
+    for (const ChunkMetadata& c : tensor.chunks) {
+      CAIRN_RETURN_IF_ERROR(note_file(c.location));
+    }
+  }
+  for (const auto& [fqn, loc] : metadata.objects) {
+    CAIRN_RETURN_IF_ERROR(note_file(loc));
+  }
+  return internal_format::ValidateAgainstFileSizes(metadata, file_sizes);
+}
+
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
                                              const LoadOptions& options) {
   CAIRN_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFromStorage(storage));
+  // Before any tensor is allocated at its declared shape: chunks that cover
+  // the shape and lie inside real files bound what a hostile metadata.json
+  // can make this allocate.
+  CAIRN_RETURN_IF_ERROR(Annotate(CheckLocationsAgainstFiles(storage, metadata),
+                                 absl::StrCat("checkpoint ", storage.url())));
   std::set<std::string> placed;
   auto make_leaf = [&](const std::string& fqn) -> absl::StatusOr<StateDict> {
     placed.insert(fqn);

@@ -201,22 +201,8 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
     CAIRN_RETURN_IF_ERROR(Annotate(internal_format::ValidateCoverage(fqn, tm),
                                    absl::StrCat("merging ", storage.url())));
   }
-  std::map<std::string, uint64_t> file_sizes;
-  auto note_file = [&](const ByteLocation& loc) -> absl::Status {
-    if (file_sizes.contains(loc.file)) return absl::OkStatus();
-    absl::StatusOr<std::unique_ptr<ReadableFile>> f = storage.OpenForRead(loc.file);
-    if (absl::IsNotFound(f.status())) return absl::OkStatus();  // reported below
-    CAIRN_RETURN_IF_ERROR(f.status());
-    file_sizes[loc.file] = (*f)->size();
-    return absl::OkStatus();
-  };
-  for (const auto& [fqn, tm] : out.tensors) {
-    for (const ChunkMetadata& c : tm.chunks) CAIRN_RETURN_IF_ERROR(note_file(c.location));
-  }
-  for (const auto& [fqn, loc] : out.objects) CAIRN_RETURN_IF_ERROR(note_file(loc));
-  CAIRN_RETURN_IF_ERROR(Annotate(
-      internal_format::ValidateAgainstFileSizes(out, file_sizes),
-      absl::StrCat("merging ", storage.url())));
+  CAIRN_RETURN_IF_ERROR(Annotate(CheckLocationsAgainstFiles(storage, out),
+                                 absl::StrCat("merging ", storage.url())));
 
   // 4. Commit.
   CAIRN_ASSIGN_OR_RETURN(bool exists, storage.Exists(kMetadataFileName));

@@ -1370,7 +1370,11 @@ absl::StatusOr<bool> CheckChecksum(std::string_view text,
           kChecksumKeyPrefix.substr(0, kChecksumKeyPrefix.size() - 1))) {
     return false;
   }
-  const std::string_view hex = text.substr(kChecksumKeyPrefix.size(), 8);
+  // (A text shorter than the member has no hex digits to look at.)
+  const std::string_view hex =
+      text.size() < kChecksumPrefixBytes
+          ? std::string_view()
+          : text.substr(kChecksumKeyPrefix.size(), 8);
   absl::StatusOr<uint32_t> stored = Crc32cFromHex(hex);
   if (text.size() < kChecksumPrefixBytes ||
       !std::all_of(hex.begin(), hex.end(),

@@ -474,6 +474,16 @@ TEST(MetadataCodecTest, Version2NeedsItsChecksumFirst) {
             .status(),
         "malformed checksum");
   }
+  // Every text cut short inside the opening member (found by
+  // fuzz/checkpoint_dir: a 12-byte one read past its end).
+  for (size_t n = 12; n < kChecksumPrefixBytes; ++n) {
+    SCOPED_TRACE(n);
+    ExpectRejected(DecodeMetadata(sealed.substr(0, n), kSource).status(),
+                   "malformed checksum");
+    ExpectRejected(
+        DecodeMetadataWithTreeForTesting(sealed.substr(0, n), kSource).status(),
+        "malformed checksum");
+  }
 }
 
 // Version 1 (no checksum) still loads; one that opens with a checksum has
