@@ -217,11 +217,15 @@ absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
 
 // Loads everything into newly allocated whole host tensors and rebuilds the
 // saved nesting of maps and lists. One process (options.comm is ignored).
+// Every chunk and object is checked against its data file's size before
+// anything is allocated: a damaged metadata.json cannot make it allocate a
+// tensor whose chunks do not lie in the files.
 absl::StatusOr<StateDict> LoadAll(std::string_view url,
                                   const LoadOptions& options = {});
 
-// Reads and validates metadata.json. kNotFound when there is no committed
-// checkpoint at `url`.
+// Reads and validates metadata.json (its checksum, docs/format.md 4.0;
+// every field; chunk coverage). kNotFound when there is no committed
+// checkpoint at `url`; kDataLoss naming the file when it is damaged.
 absl::StatusOr<Metadata> ReadMetadata(std::string_view url);
 
 struct MergeOptions {
