@@ -1,17 +1,19 @@
 // A real checkpoint on disk, damaged or edited by a recipe, then opened
 // every way a user can: ReadMetadata, Load on one rank (whole tensors),
 // Load on two ranks (each half of a matrix's columns: parts of every chunk,
-// checked across the ranks), and LoadAll. Never a crash, and never a load
-// that succeeds with values the files do not hold.
+// checked across the ranks), and LoadAll; a rank-local checkpoint is loaded
+// rank-local by its two ranks, then merged and loaded as a global one.
+// Never a crash, and never a load that succeeds with values the files do
+// not hold.
 //
-// The checkpoint is saved once per process by two ranks: a row-split F32
-// matrix, a replicated BF16 vector, a 0-d F64 tensor, an object per rank,
-// three scalars and a user object. The recipe then flips bits, sets bytes,
+// The checkpoint is saved once per process by two ranks, globally and
+// rank-local: a row-split F32 matrix, a replicated BF16 vector, a 0-d F64
+// tensor, an object per rank, three scalars and a user object. The recipe then flips bits, sets bytes,
 // inserts or erases bytes, truncates or removes files, replaces numbers and
 // strings of metadata.json with others (its own, or edge values such as
-// 2^63 and -1), and may reseal metadata.json (recompute its checksum, as a
-// tool that edits it on purpose would) so that the edits reach the checks
-// behind the checksum.
+// 2^63 and -1), and may reseal the metadata files (recompute their
+// checksums, as a tool that edits one on purpose would) so that the edits
+// reach the checks behind the checksum.
 //
 // The reference is an independent reading of the edited files (Expected):
 // metadata.json decoded and its coverage checked, every chunk and object
@@ -19,8 +21,10 @@
 // dtype and shape. A load that succeeds must give exactly what that reading
 // gives; where the reading fails, every load must fail. cairn may refuse
 // more than the reading does (it also checks that each location is an entry
-// of its file's safetensors header), never less. The two ranks of a load
-// must agree on its outcome.
+// of its file's safetensors header), never less. The two ranks of a global
+// load must agree on its outcome. A rank-local load is checked against its
+// rank folder alone (every element it fills held by that folder's chunks).
+// Unedited files must load.
 //
 // Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
 // fuzzing faster), removed at exit.
@@ -41,6 +45,7 @@
 #include "core/flatten.h"
 #include "format/crc32c.h"
 #include "format/metadata_codec.h"
+#include "format/names.h"
 #include "fuzz/fuzz_target.h"
 
 namespace cairn::fuzz {
@@ -64,10 +69,21 @@ std::vector<uint16_t> B() {
 constexpr double kS = -2.75;
 std::string Rng(int r) { return absl::StrCat("rng state of rank ", r, "!"); }
 
-// The saved checkpoint's files, by name, read once.
-const std::map<std::string, std::string>& Saved() {
-  static const std::map<std::string, std::string> files = [] {
-    testing_util::TempDir dir;
+// Every file under `dir`, by name relative to it.
+std::map<std::string, std::string> ReadFolder(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    out[fs::relative(e.path(), dir).string()] =
+        testing_util::ReadFile(e.path().string());
+  }
+  return out;
+}
+
+// The files of the checkpoint saved globally or rank-local, by name.
+std::map<std::string, std::string> SaveOnce(bool rank_local) {
+  testing_util::TempDir dir;
+  {
     std::vector<float> w = W();
     std::vector<uint16_t> b = B();
     double s = kS;
@@ -89,21 +105,22 @@ const std::map<std::string, std::string>& Saved() {
           sd["name"] = std::string("run-7");
           SaveOptions o;
           o.comm = &comm;
+          o.rank_local = rank_local;
           o.user_metadata = R"({"note":"x","n":[1,2]})";
           return Save(sd, dir.path(), o).status();
         });
     for (const absl::Status& s : st) {
       CAIRN_FUZZ_CHECK(s.ok(), absl::StrCat("the save failed: ", s.ToString()));
     }
-    std::map<std::string, std::string> out;
-    for (const auto& e : fs::recursive_directory_iterator(dir.path())) {
-      if (!e.is_regular_file()) continue;
-      out[fs::relative(e.path(), dir.path()).string()] =
-          testing_util::ReadFile(e.path().string());
-    }
-    return out;
-  }();
-  return files;
+  }
+  return ReadFolder(dir.path());
+}
+
+// Read once per process.
+const std::map<std::string, std::string>& Saved(bool rank_local) {
+  static const std::map<std::string, std::string> global = SaveOnce(false);
+  static const std::map<std::string, std::string> local = SaveOnce(true);
+  return rank_local ? local : global;
 }
 
 // ------------------------------------------------------------ the edits
@@ -211,27 +228,34 @@ void Edit(Recipe& in, std::map<std::string, std::string>& files) {
 struct Leaf {
   std::optional<std::string> bytes;  // a tensor's (row-major) or an object's
   std::optional<Scalar> scalar;
-  // A tensor's.
+  // A tensor's; `held`: which elements its chunks hold (all of them in a
+  // global checkpoint, whose coverage is checked).
   DType dtype = DType::kU8;
   Shape shape;
   bool tensor = false;
+  std::vector<bool> held;
 };
 
 // What a load of the edited files must give, by FQN: nullopt when the files
-// do not hold a valid checkpoint (no load may succeed then).
+// do not hold a valid checkpoint (no load may succeed then). Global: from
+// metadata.json; rank-local (`rank` >= 0): from that rank's folder, whose
+// metadata must say it is that rank's and whose file names are relative to
+// the folder.
 std::optional<std::map<std::string, Leaf>> Expected(
-    const std::map<std::string, std::string>& files) {
-  auto file = files.find(kMetadataFileName);
+    const std::map<std::string, std::string>& files, int rank = -1) {
+  const std::string folder =
+      rank < 0 ? "" : internal_format::RankFolderName(rank) + "/";
+  auto file = files.find(folder + kMetadataFileName);
   if (file == files.end()) return std::nullopt;
   absl::StatusOr<Metadata> md =
       internal_format::DecodeMetadata(file->second, "fuzz");
-  if (!md.ok() || md->rank >= 0 ||
-      !internal_format::ValidateAllCoverage(*md).ok()) {
+  if (!md.ok() || md->rank != rank ||
+      (rank < 0 && !internal_format::ValidateAllCoverage(*md).ok())) {
     return std::nullopt;
   }
   // The bytes of `loc`, if it is inside its file and its CRC32C matches.
   auto read = [&](const ByteLocation& loc) -> std::optional<std::string> {
-    auto f = files.find(loc.file);
+    auto f = files.find(folder + loc.file);
     if (f == files.end() || loc.offset > f->second.size() ||
         loc.nbytes > f->second.size() - loc.offset) {
       return std::nullopt;
@@ -257,6 +281,7 @@ std::optional<std::map<std::string, Leaf>> Expected(
     }
     const size_t es = DTypeSize(t.dtype);
     std::string bytes(static_cast<size_t>(n) * es, '\0');
+    std::vector<bool> held(static_cast<size_t>(n), false);
     const std::vector<int64_t> strides = [&] {
       std::vector<int64_t> s(t.shape.size(), 1);
       for (size_t d = t.shape.size(); d-- > 1;) s[d - 1] = s[d] * t.shape[d];
@@ -271,6 +296,7 @@ std::optional<std::map<std::string, Leaf>> Expected(
         int64_t at = 0;
         for (size_t d = 0; d < g.size(); ++d) at += g[d] * strides[d];
         std::memcpy(bytes.data() + at * es, chunk->data() + k * es, es);
+        held[at] = true;
         ++k;
       });
     }
@@ -279,6 +305,7 @@ std::optional<std::map<std::string, Leaf>> Expected(
     leaf.tensor = true;
     leaf.dtype = t.dtype;
     leaf.shape = t.shape;
+    leaf.held = std::move(held);
   }
   for (const auto& [fqn, loc] : md->objects) {
     std::optional<std::string> bytes = read(loc);
@@ -305,40 +332,49 @@ std::string Bytes(const void* p, size_t n) {
   return std::string(static_cast<const char*>(p), n);
 }
 
-// The destinations of one rank of `world` (1 or 2): whole tensors on one
-// rank; on two, rank r takes columns [3r, 3r + 3) of model.w.
+// The destinations of one rank: every leaf whole (kWhole, one rank);
+// columns [3r, 3r + 3) of model.w (kColumns, rank r of two); or what rank r
+// of the rank-local save holds (kOwnRows: rows [4r, 4r + 4) of model.w and
+// its own object).
+enum class Part { kWhole, kColumns, kOwnRows };
+
 struct Destination {
+  Box wbox;
   std::vector<float> w;
   std::vector<uint16_t> b = std::vector<uint16_t>(kVec, 0xeeee);
   double s = 1e99;
+  std::vector<int> objects;  // rng.k
   StateDict sd;
 
   // `sd` holds views of the members.
   Destination(const Destination&) = delete;
   Destination& operator=(const Destination&) = delete;
 
-  Destination(int world, int r) {
-    const int64_t cols = kCols / world;
-    w.assign(kRows * cols, -7.0f);
+  Destination(Part part, int r) {
+    const int64_t half_rows = kRows / 2, half_cols = kCols / 2;
+    wbox = part == Part::kWhole     ? Box{{0, 0}, {kRows, kCols}}
+           : part == Part::kColumns ? Box{{0, half_cols * r}, {kRows, half_cols}}
+                                    : Box{{half_rows * r, 0}, {half_rows, kCols}};
+    w.assign(static_cast<size_t>(wbox.num_elements()), -7.0f);
     sd["model"]["w"] = ShardedTensor(
         DType::kF32, {kRows, kCols},
-        {{Box{{0, cols * r}, {kRows, cols}},
-          TensorView(w.data(), DType::kF32, {kRows, cols})}});
+        {{wbox, TensorView(w.data(), DType::kF32, wbox.sizes)}});
     sd["model"]["b"] = TensorView(b.data(), DType::kBF16, {kVec});
     sd["model"]["s"] = TensorView(&s, DType::kF64, {});
-    for (int k = 0; k < 2; ++k) sd["rng"][absl::StrCat(k)] = Object{};
+    objects = part == Part::kOwnRows ? std::vector<int>{r} : std::vector<int>{0, 1};
+    for (int k : objects) sd["rng"][absl::StrCat(k)] = Object{};
     sd["step"] = int64_t{0};
     sd["lr"] = 0.0;
     sd["name"] = std::string();
   }
 
   // What was loaded is what `expected` holds.
-  void Check(const std::map<std::string, Leaf>& expected, int world, int r,
-             const char* what) const {
-    // The stored bytes of `fqn`; a tensor must be of the destination's
-    // dtype and shape.
+  void Check(const std::map<std::string, Leaf>& expected,
+             const std::string& what) const {
+    // The stored leaf `fqn`; a tensor must be of the destination's dtype
+    // and shape.
     auto stored = [&](const std::string& fqn, DType dtype = DType::kU8,
-                      Shape shape = {}) -> const std::string& {
+                      Shape shape = {}) -> const Leaf& {
       auto it = expected.find(fqn);
       CAIRN_FUZZ_CHECK(it != expected.end() && it->second.bytes,
                        absl::StrCat(what, ": loaded ", fqn, ", not in the files"));
@@ -348,29 +384,37 @@ struct Destination {
           absl::StrCat(what, ": loaded ", fqn, " stored as ",
                        std::string(DTypeName(leaf.dtype)), " [",
                        absl::StrJoin(leaf.shape, ","), "]"));
-      return *leaf.bytes;
+      return leaf;
     };
-    const std::string& ew = stored("model.w", DType::kF32, {kRows, kCols});
-    const int64_t cols = kCols / world;
-    CAIRN_FUZZ_CHECK(ew.size() == kRows * kCols * sizeof(float),
-                     absl::StrCat(what, ": model.w of another size loaded"));
-    for (int64_t i = 0; i < kRows; ++i) {
-      CAIRN_FUZZ_CHECK(
-          std::memcmp(w.data() + i * cols,
-                      ew.data() + (i * kCols + cols * r) * sizeof(float),
-                      cols * sizeof(float)) == 0,
-          absl::StrCat(what, ": rank ", r, " loaded other values in row ", i,
-                       " of model.w than the files hold"));
-    }
-    CAIRN_FUZZ_CHECK(Bytes(b.data(), kVec * 2) ==
-                         stored("model.b", DType::kBF16, {kVec}),
-                     absl::StrCat(what, ": model.b differs from the files"));
-    CAIRN_FUZZ_CHECK(Bytes(&s, sizeof s) == stored("model.s", DType::kF64),
-                     absl::StrCat(what, ": model.s differs from the files"));
-    for (int k = 0; k < 2; ++k) {
+    // Every element of the destination's box held by the files, and equal.
+    auto same = [&](const Leaf& leaf, const Box& box, const void* got,
+                    size_t es, const std::string& fqn) {
+      const std::vector<int64_t> shape = leaf.shape;
+      size_t k = 0;
+      testing_util::ForEachIndex(box, [&](const std::vector<int64_t>&,
+                                          const std::vector<int64_t>& g) {
+        const int64_t at = testing_util::LinearIndex(shape, g);
+        CAIRN_FUZZ_CHECK(leaf.held[at],
+                         absl::StrCat(what, ": loaded element ", at, " of ",
+                                      fqn, ", which the files do not hold"));
+        CAIRN_FUZZ_CHECK(
+            std::memcmp(static_cast<const char*>(got) + k * es,
+                        leaf.bytes->data() + at * es, es) == 0,
+            absl::StrCat(what, ": element ", at, " of ", fqn,
+                         " differs from the files"));
+        ++k;
+      });
+    };
+    same(stored("model.w", DType::kF32, {kRows, kCols}), wbox, w.data(),
+         sizeof(float), "model.w");
+    same(stored("model.b", DType::kBF16, {kVec}), Box{{0}, {kVec}}, b.data(),
+         sizeof(uint16_t), "model.b");
+    same(stored("model.s", DType::kF64), Box{{}, {}}, &s, sizeof s, "model.s");
+    for (int k : objects) {
       const std::string fqn = absl::StrCat("rng.", k);
       CAIRN_FUZZ_CHECK(
-          sd.Find("rng")->Find(absl::StrCat(k))->object()->bytes == stored(fqn),
+          sd.Find("rng")->Find(absl::StrCat(k))->object()->bytes ==
+              *stored(fqn).bytes,
           absl::StrCat(what, ": ", fqn, " differs from the files"));
     }
     for (const char* fqn : {"step", "lr", "name"}) {
@@ -419,47 +463,29 @@ void LoadAllAndCompare(
 
 std::vector<std::string> Seeds() {
   // Unedited; a flipped data byte; a number of metadata.json resealed; a
-  // truncated data file; metadata.json removed.
+  // truncated data file; metadata.json removed; the rank-local save
+  // unedited, and with a byte of a rank folder's file flipped.
   return {std::string(),
+          std::string("\x02", 1),
+          std::string("\x02\x01\x03\x00\x00\x00\x00\x00\x20", 9),
           std::string("\x00\x01\x00\x00\x00\x00\x00\x10", 8),
           std::string("\x01\x06\x00\x00\x00\x00\x00\x05\x00\x00\x00\x03", 12),
           std::string("\x00\x02\x01\x00\x00\x00\x00\x40\x00\x00\x00", 11),
           std::string("\x00\x03\x00\x03", 4)};
 }
 
-}  // namespace
-
-CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
-  Recipe in(data);
-  const bool reseal = in.Byte() & 1;
-  std::map<std::string, std::string> files = Saved();
-  const int edits = static_cast<int>(in.In(0, 4));
-  for (int k = 0; k < edits; ++k) Edit(in, files);
-  auto meta = files.find(kMetadataFileName);
-  if (reseal && meta != files.end()) {
-    meta->second = testing_util::Resealed(meta->second);
-  }
-  const bool edited = files != Saved();
-
-  static const testing_util::TempDir work;
-  const std::string dir = work.Sub("ckpt");
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  for (const auto& [name, bytes] : files) {
-    fs::create_directories(fs::path(dir + "/" + name).parent_path());
-    testing_util::WriteFile(dir + "/" + name, bytes);
-  }
-
+// The loads of a global checkpoint at `dir`, whose files are `files`;
+// `edited`: whether they differ from what cairn wrote.
+void CheckGlobalLoads(const std::string& dir,
+                      const std::map<std::string, std::string>& files,
+                      bool edited) {
   const std::optional<std::map<std::string, Leaf>> expected = Expected(files);
   CAIRN_FUZZ_CHECK(edited || expected.has_value(),
                    "the reference rejects the unedited checkpoint");
-
-  absl::StatusOr<Metadata> read = ReadMetadata(dir);
-  (void)read;
-
+  (void)ReadMetadata(dir);
   // One rank, whole tensors.
   {
-    Destination one(1, 0);
+    Destination one(Part::kWhole, 0);
     absl::StatusOr<LoadResult> loaded = Load(one.sd, dir);
     CAIRN_FUZZ_CHECK(edited || loaded.ok(),
                      absl::StrCat("the unedited checkpoint does not load: ",
@@ -467,12 +493,12 @@ CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
     if (loaded.ok()) {
       CAIRN_FUZZ_CHECK(expected.has_value(),
                        "a load succeeded on files that hold no valid checkpoint");
-      one.Check(*expected, 1, 0, "one rank");
+      one.Check(*expected, "one rank");
     }
   }
   // Two ranks, half the columns each: every chunk of model.w in parts.
   {
-    Destination two[2] = {{2, 0}, {2, 1}};
+    Destination two[2] = {{Part::kColumns, 0}, {Part::kColumns, 1}};
     std::vector<absl::Status> st =
         RunInProcess(2, [&](Communicator& comm) -> absl::Status {
           LoadOptions o;
@@ -489,10 +515,79 @@ CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
       CAIRN_FUZZ_CHECK(expected.has_value(),
                        "a two-rank load succeeded on files that hold no valid "
                        "checkpoint");
-      for (int r = 0; r < 2; ++r) two[r].Check(*expected, 2, r, "two ranks");
+      for (int r = 0; r < 2; ++r) {
+        two[r].Check(*expected, absl::StrCat("two ranks, rank ", r));
+      }
     }
   }
   LoadAllAndCompare(dir, expected);
+}
+
+}  // namespace
+
+// First byte: bit 0 reseals every metadata file after the edits; bit 1
+// takes the rank-local save (loaded rank-local, then merged and loaded as
+// a global checkpoint).
+CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
+  Recipe in(data);
+  const uint8_t flags = in.Byte();
+  const bool reseal = flags & 1;
+  const bool rank_local = flags & 2;
+  const std::map<std::string, std::string>& saved = Saved(rank_local);
+  std::map<std::string, std::string> files = saved;
+  const int edits = static_cast<int>(in.In(0, 4));
+  for (int k = 0; k < edits; ++k) Edit(in, files);
+  if (reseal) {
+    for (auto& [name, bytes] : files) {
+      if (name == kMetadataFileName ||
+          internal_format::RankOfMetadataName(name) >= 0) {
+        bytes = testing_util::Resealed(bytes);
+      }
+    }
+  }
+  const bool edited = files != saved;
+
+  static const testing_util::TempDir work;
+  const std::string dir = work.Sub("ckpt");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  for (const auto& [name, bytes] : files) {
+    fs::create_directories(fs::path(dir + "/" + name).parent_path());
+    testing_util::WriteFile(dir + "/" + name, bytes);
+  }
+  if (!rank_local) {
+    CheckGlobalLoads(dir, files, edited);
+    return;
+  }
+
+  // Rank-local: each rank loads what it saved from its own folder, with no
+  // collective (the ranks need not agree).
+  Destination own[2] = {{Part::kOwnRows, 0}, {Part::kOwnRows, 1}};
+  std::vector<absl::Status> st =
+      RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+        LoadOptions o;
+        o.comm = &comm;
+        o.rank_local = true;
+        return Load(own[comm.rank()].sd, dir, o).status();
+      });
+  for (int r = 0; r < 2; ++r) {
+    CAIRN_FUZZ_CHECK(edited || st[r].ok(),
+                     absl::StrCat("the unedited rank-local checkpoint does not "
+                                  "load on rank ", r, ": ", st[r].ToString()));
+    if (!st[r].ok()) continue;
+    const std::optional<std::map<std::string, Leaf>> expected =
+        Expected(files, r);
+    CAIRN_FUZZ_CHECK(expected.has_value(),
+                     absl::StrCat("a rank-local load succeeded on rank ", r,
+                                  " whose folder holds no valid checkpoint"));
+    own[r].Check(*expected, absl::StrCat("rank-local, rank ", r));
+  }
+  // Merged (no data is read), then loaded as any global checkpoint.
+  absl::StatusOr<MergeResult> merged = Merge(dir);
+  CAIRN_FUZZ_CHECK(edited || merged.ok(),
+                   absl::StrCat("the unedited rank-local checkpoint does not "
+                                "merge: ", merged.status().ToString()));
+  if (merged.ok()) CheckGlobalLoads(dir, ReadFolder(dir), edited);
 }
 
 }  // namespace cairn::fuzz
