@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -255,6 +256,13 @@ std::vector<std::string> Seeds() {
     w.In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, 0).In(0, mode);
     seeds.push_back(w.out);
   }
+  for (int cache : {1, 3}) {
+    // The 3-d grid with its extras through a plan cache, after a first
+    // save of rotated boxes (a miss) and of the same boxes (a hit).
+    RecipeWriter w{seeds[6]};
+    w.In(0, cache);
+    seeds.push_back(w.out);
+  }
   return seeds;
 }
 
@@ -276,7 +284,9 @@ std::vector<std::string> Seeds() {
 // the value XORed into that byte (0 counts as 1); and the save's mode
 // (bit 0: rank-local, then Merge; bit 1: through an AsyncSaver, the
 // sources overwritten as soon as Save() returns); the extra leaves (bit 0:
-// objects and a scalar; bit 1: a u8 tensor "u", whose size - 1 follows).
+// objects and a scalar; bit 1: a u8 tensor "u", whose size - 1 follows);
+// the plan cache (bit 0: on, after a first save; bit 1: of the same boxes,
+// else of each rank's boxes moved to the next rank).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   // The folder this process saves into, removed at exit.
   static const testing_util::TempDir work;
@@ -349,6 +359,19 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   const uint8_t extras = in.Byte();
   const bool with_objects = (extras & 1) != 0;
   const int64_t u_size = (extras & 2) != 0 ? in.In(1, 255) : 0;
+  // Save with a SavePlanCache per rank that saw a first save (into another
+  // folder) of the same boxes, or of each rank's boxes moved to the next
+  // rank: the same local plans on every rank must hit, and a hit must mean
+  // every rank's boxes are the ones of the first save (a stale plan would
+  // store the wrong boxes, which the load below would also catch). Global
+  // saves only (a rank-local save plans nothing globally).
+  const uint8_t cache_mode = in.Byte();
+  const bool cached = (cache_mode & 1) != 0 && !rank_local;
+  std::vector<std::vector<Box>> first_saved = saved;
+  if (cached && (cache_mode & 2) == 0) {
+    std::rotate(first_saved.begin(), first_saved.begin() + 1,
+                first_saved.end());
+  }
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
                    padded_src ? " padded sources" : "",
@@ -356,7 +379,11 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
                    rank_local ? " rank-local save, merged" : "",
                    async ? " async save, sources overwritten" : "",
                    with_objects ? " with objects and a scalar" : "",
-                   u_size > 0 ? absl::StrCat(" with u8 [", u_size, "]") : "");
+                   u_size > 0 ? absl::StrCat(" with u8 [", u_size, "]") : "",
+                   cached ? ((cache_mode & 2) != 0
+                                 ? " plan cache after a save of the same boxes"
+                                 : " plan cache after a save of rotated boxes")
+                          : "");
 
   // Save.
   std::vector<std::vector<Buffer>> src(save_world);
@@ -370,44 +397,91 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
       });
     }
   }
-  const std::string& dir = work.path();
+  const std::string dir = work.Sub("ckpt");
   {
     // A fresh folder: a rank-local save leaves rank folders behind that a
     // later merge with fewer ranks must not see.
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
-  std::vector<absl::Status> statuses =
-      RunInProcess(save_world, [&](Communicator& comm) -> absl::Status {
-        const int r = comm.rank();
-        std::vector<Shard> shards;
-        for (size_t k = 0; k < saved[r].size(); ++k) {
-          shards.push_back({saved[r][k], src[r][k].View(dtype, saved[r][k])});
-        }
-        StateDict sd;
-        sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
-        std::vector<uint8_t> u = UBytes(u_size);
-        AddExtras(sd, with_objects, u, save_world, r);
-        SaveOptions o;
-        o.comm = &comm;
-        o.overwrite = true;
-        o.rank_local = rank_local;
-        o.io_threads = 2;
-        o.write_buffer_bytes = 4096;
-        if (!async) return Save(sd, dir, o).status();
+  std::vector<std::unique_ptr<SavePlanCache>> caches(save_world);
+  for (auto& cache : caches) cache = std::make_unique<SavePlanCache>();
+  std::vector<int> hits(save_world, 0);
+  // Saves `boxes` (rank r's backed by bufs[r]) to `to`; with `overwrite`
+  // (an asynchronous save) the sources are overwritten as soon as Save()
+  // returns.
+  auto save = [&](const std::vector<std::vector<Box>>& boxes,
+                  std::vector<std::vector<Buffer>>& bufs, const std::string& to,
+                  bool overwrite) {
+    return RunInProcess(save_world, [&](Communicator& comm) -> absl::Status {
+      const int r = comm.rank();
+      std::vector<Shard> shards;
+      for (size_t k = 0; k < boxes[r].size(); ++k) {
+        shards.push_back({boxes[r][k], bufs[r][k].View(dtype, boxes[r][k])});
+      }
+      StateDict sd;
+      sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
+      std::vector<uint8_t> u = UBytes(u_size);
+      AddExtras(sd, with_objects, u, save_world, r);
+      SaveOptions o;
+      o.comm = &comm;
+      o.overwrite = true;
+      o.rank_local = rank_local;
+      o.io_threads = 2;
+      o.write_buffer_bytes = 4096;
+      if (cached) o.plan_cache = caches[r].get();
+      absl::StatusOr<SaveResult> result;
+      if (!async) {
+        result = Save(sd, to, o);
+      } else {
         absl::StatusOr<std::unique_ptr<AsyncSaver>> saver =
             AsyncSaver::Create(&comm);
         if (!saver.ok()) return saver.status();
         absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> handle =
-            (*saver)->Save(sd, dir, o);
+            (*saver)->Save(sd, to, o);
         if (!handle.ok()) return handle.status();
-        for (Buffer& b : src[r]) std::fill(b.bytes.begin(), b.bytes.end(), 0xA5);
-        return (*handle)->Wait().status();
-      });
+        if (overwrite) {
+          for (Buffer& b : bufs[r]) std::fill(b.bytes.begin(), b.bytes.end(), 0xA5);
+        }
+        result = (*handle)->Wait();
+      }
+      if (result.ok()) hits[r] = result->plan_cache_hit ? 1 : 0;
+      return result.status();
+    });
+  };
+  std::vector<absl::Status> statuses;
+  if (cached) {
+    std::vector<std::vector<Buffer>> first_src(save_world);
+    for (int r = 0; r < save_world; ++r) {
+      for (const Box& box : first_saved[r]) {
+        first_src[r].emplace_back(box, es, padded_src, 0x33);
+      }
+    }
+    statuses = save(first_saved, first_src, work.Sub("first"), false);
+    for (int r = 0; r < save_world; ++r) {
+      CAIRN_FUZZ_CHECK(statuses[r].ok(),
+                       absl::StrCat("first save, rank ", r, ": ",
+                                    statuses[r].ToString(), "\n", what));
+    }
+  }
+  statuses = save(saved, src, dir, true);
   for (int r = 0; r < save_world; ++r) {
     CAIRN_FUZZ_CHECK(statuses[r].ok(),
                      absl::StrCat("save, rank ", r, ": ",
                                   statuses[r].ToString(), "\n", what));
+  }
+  if (cached) {
+    // The local plans are the same on every rank iff every rank's boxes
+    // are (the other leaves are the same in both saves).
+    const bool same = first_saved == saved;
+    for (int r = 0; r < save_world; ++r) {
+      CAIRN_FUZZ_CHECK(hits[r] == hits[0],
+                       absl::StrCat("ranks disagree on the plan cache\n", what));
+      CAIRN_FUZZ_CHECK(hits[r] == (same ? 1 : 0),
+                       absl::StrCat(same ? "the same plans missed the cache"
+                                         : "other plans hit the cache",
+                                    "\n", what));
+    }
   }
 
   if (rank_local) {
