@@ -758,6 +758,33 @@ TEST_F(CliTest, VerifyRefusesAChangedMetadataFile) {
   }
 }
 
+// A version 1 checkpoint (no metadata checksum, as earlier builds wrote it)
+// still verifies, and verify says its metadata is unprotected.
+TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
+  const fs::path dir = SaveDemo();
+  const fs::path path = dir / "metadata.json";
+  nlohmann::json j;
+  {
+    std::ifstream in(path, std::ios::binary);
+    j = nlohmann::json::parse(in);
+  }
+  j.erase("checksum");
+  j["version"] = 1;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << j.dump() << "\n";
+  }
+  Result r = Run("verify '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("OK: metadata.json (format version 1: it has "
+                               "no checksum of its own)"));
+  r = Run("verify --json '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json v = ParseJson(r);
+  EXPECT_EQ(v["format_version"], 1);
+  EXPECT_EQ(v["metadata_checksum"], false);
+}
+
 TEST_F(CliTest, VerifyNamesATruncatedFile) {
   const fs::path dir = SaveDemo();
   auto md = cairn::ReadMetadata(dir.string());
