@@ -13,7 +13,11 @@
 // columns and blocks in slabs of any number of runs. It may also damage
 // one byte of a stored chunk after the save: a chunk some rank loads
 // whole must then fail every rank's load, one nobody loads must change
-// nothing, and otherwise only that byte may go wrong.
+// nothing, and otherwise only that byte may go wrong. It may save through
+// a SavePlanCache that saw a first save of the same or of other boxes (the
+// same plans must hit on every rank, others miss), and request leaves the
+// checkpoint does not hold, strictly (every rank fails with kNotFound) or
+// not (they are listed as missing and left as they were).
 //
 // Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
 // fuzzing faster), removed at exit.
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
@@ -263,6 +268,13 @@ std::vector<std::string> Seeds() {
     w.In(0, cache);
     seeds.push_back(w.out);
   }
+  for (int mode : {1, 3}) {
+    // The 3-d grid with its extras, absent leaves requested, strict (every
+    // rank fails) and not (they are listed as missing, left untouched).
+    RecipeWriter w{seeds[6]};
+    w.In(0, 0).In(0, mode);
+    seeds.push_back(w.out);
+  }
   return seeds;
 }
 
@@ -286,7 +298,8 @@ std::vector<std::string> Seeds() {
 // sources overwritten as soon as Save() returns); the extra leaves (bit 0:
 // objects and a scalar; bit 1: a u8 tensor "u", whose size - 1 follows);
 // the plan cache (bit 0: on, after a first save; bit 1: of the same boxes,
-// else of each rank's boxes moved to the next rank).
+// else of each rank's boxes moved to the next rank); the load's mode (bit
+// 0: request leaves the checkpoint does not hold; bit 1: non-strict).
 CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   // The folder this process saves into, removed at exit.
   static const testing_util::TempDir work;
@@ -372,8 +385,17 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     std::rotate(first_saved.begin(), first_saved.begin() + 1,
                 first_saved.end());
   }
+  // Destinations the checkpoint does not hold (a tensor, an object and a
+  // scalar under "absent"): a strict load must fail on every rank with
+  // kNotFound; a non-strict one must list them as missing and leave them
+  // as they were.
+  const uint8_t load_mode = in.Byte();
+  const bool absent = (load_mode & 1) != 0;
+  options.strict = (load_mode & 2) == 0;
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
+                   absent ? " absent leaves requested" : "",
+                   options.strict ? "" : " non-strict",
                    padded_src ? " padded sources" : "",
                    padded_dst ? " padded destinations" : "",
                    rank_local ? " rank-local save, merged" : "",
@@ -533,10 +555,32 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     sd["t"] = ShardedTensor(dtype, shape, std::move(shards));
     std::vector<uint8_t> u(static_cast<size_t>(u_size), 0xEE);
     AddExtras(sd, with_objects, u, save_world, -1);
+    float untouched[3] = {1.5f, -2.5f, 3.5f};
+    if (absent) {
+      sd["absent"]["t"] = TensorView(untouched, DType::kF32, {3});
+      sd["absent"]["o"] = Object{"kept"};
+      sd["absent"]["s"] = int64_t{-9};
+    }
     LoadOptions o = options;
     o.comm = &comm;
     absl::StatusOr<LoadResult> result = Load(sd, dir, o);
     if (!result.ok()) return result.status();
+    std::vector<std::string> missing = result->missing;
+    std::sort(missing.begin(), missing.end());
+    const std::vector<std::string> expected_missing =
+        absent ? std::vector<std::string>{"absent.o", "absent.s", "absent.t"}
+               : std::vector<std::string>{};
+    if (missing != expected_missing) {
+      return absl::InternalError(absl::StrCat(
+          "missing: ", absl::StrJoin(result->missing, ", "), "; expected ",
+          absl::StrJoin(expected_missing, ", ")));
+    }
+    if (absent &&
+        (untouched[0] != 1.5f || untouched[1] != -2.5f ||
+         untouched[2] != 3.5f || sd["absent"]["o"].object()->bytes != "kept" ||
+         *sd["absent"]["s"].scalar() != Scalar(int64_t{-9}))) {
+      return absl::InternalError("a missing leaf was changed");
+    }
     for (size_t k = 0; k < loaded[r].size(); ++k) {
       absl::Status wrong;
       ForEachIndex(loaded[r][k], [&](const auto& local, const auto& global) {
@@ -570,6 +614,17 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
         touched |= Intersect(box, *damaged_chunk).has_value();
       }
     }
+  }
+  if (absent && options.strict) {
+    for (int r = 0; r < load_world; ++r) {
+      CAIRN_FUZZ_CHECK(
+          statuses[r].code() == absl::StatusCode::kNotFound &&
+              absl::StrContains(statuses[r].message(), "absent."),
+          absl::StrCat("load, rank ", r, ": ", statuses[r].ToString(),
+                       " (a strict load of leaves the checkpoint does not "
+                       "hold must fail with kNotFound naming one)\n", what));
+    }
+    return;
   }
   const std::string damage =
       damaged_chunk ? absl::StrCat("\ndamaged byte ", damaged_byte,
