@@ -491,17 +491,25 @@ TEST(CheckpointTest, LargeEntriesAreAlignedForDirectReads) {
   StateDict dst;
   dst["b_big"] = b;
   dst["e_big"] = e;
-  dst["d_object"] = Object{};
   uint64_t direct = 0;
   absl::StatusOr<LoadResult> loaded = LoadCountingDirectBytes(
       tmp.path(), dst, LoadOptions{.strict = false}, &direct);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_TRUE(SameBytes(b, Filled(DType::kF32, {129, 131}, 2)));
   EXPECT_TRUE(SameBytes(e, Filled(DType::kF16, {300, 123}, 4)));
-  EXPECT_EQ(dst.Find("d_object")->object()->bytes, object);
-  EXPECT_EQ(loaded->chunks_verified, 3u);
-  // (The object is read into a string's memory, which is not aligned.)
+  EXPECT_EQ(loaded->chunks_verified, 2u);
   EXPECT_EQ(direct, 67596 / 4096 * 4096 + 73800 / 4096 * 4096);
+  // The object, loaded apart: it is read into a string's memory, which is
+  // not aligned, so through the page cache, and the kernel's readahead
+  // after it could bring all of e_big into the cache before e_big's own
+  // read starts, which then rightly copies from the cache (a load of both
+  // at once failed this count about once in ten runs on a busy machine).
+  StateDict obj;
+  obj["d_object"] = Object{};
+  loaded = Load(obj, tmp.path(), LoadOptions{.strict = false});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(obj.Find("d_object")->object()->bytes, object);
+  EXPECT_EQ(loaded->chunks_verified, 1u);
 }
 
 // Small chunks that lie back to back in a file are read with one request
