@@ -282,19 +282,13 @@ std::optional<std::map<std::string, Leaf>> Expected(
     const size_t es = DTypeSize(t.dtype);
     std::string bytes(static_cast<size_t>(n) * es, '\0');
     std::vector<bool> held(static_cast<size_t>(n), false);
-    const std::vector<int64_t> strides = [&] {
-      std::vector<int64_t> s(t.shape.size(), 1);
-      for (size_t d = t.shape.size(); d-- > 1;) s[d - 1] = s[d] * t.shape[d];
-      return s;
-    }();
     for (const ChunkMetadata& c : t.chunks) {
       std::optional<std::string> chunk = read(c.location);
       if (!chunk) return std::nullopt;
       size_t k = 0;
       testing_util::ForEachIndex(c.box, [&](const std::vector<int64_t>&,
                                             const std::vector<int64_t>& g) {
-        int64_t at = 0;
-        for (size_t d = 0; d < g.size(); ++d) at += g[d] * strides[d];
+        const int64_t at = testing_util::LinearIndex(t.shape, g);
         std::memcpy(bytes.data() + at * es, chunk->data() + k * es, es);
         held[at] = true;
         ++k;

@@ -16,7 +16,7 @@
 namespace cairn {
 
 // The format version cairn writes. Version 2 is version 1 with the
-// metadata file's own checksum (docs/format.md 4.1); readers accept both.
+// metadata file's own checksum (docs/format.md 4.0); readers accept both.
 inline constexpr int kFormatVersion = 2;
 inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr char kMetadataFileName[] = "metadata.json";

@@ -503,7 +503,7 @@ TEST(CheckpointTest, LargeEntriesAreAlignedForDirectReads) {
   // not aligned, so through the page cache, and the kernel's readahead
   // after it could bring all of e_big into the cache before e_big's own
   // read starts, which then rightly copies from the cache (a load of both
-  // at once failed this count about once in ten runs on a busy machine).
+  // at once failed this count in one of eight runs beside a ctest loop).
   StateDict obj;
   obj["d_object"] = Object{};
   loaded = Load(obj, tmp.path(), LoadOptions{.strict = false});

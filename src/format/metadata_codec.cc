@@ -1365,33 +1365,32 @@ namespace {
 // the rest of the text's.
 absl::StatusOr<bool> CheckChecksum(std::string_view text,
                                    std::string_view source) {
-  // `{"checksum":` claims one; the rest of the member must be as written.
+  // `{"checksum":` (the prefix without its opening quote) claims one; the
+  // rest of the member must be exactly as written.
   if (!text.starts_with(
           kChecksumKeyPrefix.substr(0, kChecksumKeyPrefix.size() - 1))) {
     return false;
   }
-  // (A text shorter than the member has no hex digits to look at.)
-  const std::string_view hex =
-      text.size() < kChecksumPrefixBytes
-          ? std::string_view()
-          : text.substr(kChecksumKeyPrefix.size(), 8);
-  absl::StatusOr<uint32_t> stored = Crc32cFromHex(hex);
+  const auto lower_hex = [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  };
+  const std::string_view hex = text.substr(
+      std::min(text.size(), kChecksumKeyPrefix.size()), 8);
   if (text.size() < kChecksumPrefixBytes ||
-      !std::all_of(hex.begin(), hex.end(),
-                   [](char c) {
-                     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-                   }) ||
-      !text.starts_with(kChecksumKeyPrefix) || !stored.ok() ||
+      !text.starts_with(kChecksumKeyPrefix) ||
+      !std::all_of(hex.begin(), hex.end(), lower_hex) ||
       text.substr(kChecksumPrefixBytes - 2, 2) != "\",") {
     return absl::DataLossError(absl::StrCat(
         AsAbsl(source), ": malformed checksum member at the start of the metadata "
                 "(expected {\"checksum\":\"<8 lower-case hex digits>\", got ",
         Quote(text.substr(0, kChecksumPrefixBytes)), ")"));
   }
+  // Eight lower-case hex digits always parse.
+  const uint32_t stored = *Crc32cFromHex(hex);
   const uint32_t computed = TextCrc32c(text.substr(kChecksumPrefixBytes));
-  if (computed != *stored) {
+  if (computed != stored) {
     return absl::DataLossError(absl::StrCat(
-        AsAbsl(source), ": metadata checksum mismatch: stored ", Crc32cToHex(*stored),
+        AsAbsl(source), ": metadata checksum mismatch: stored ", Crc32cToHex(stored),
         ", computed ", Crc32cToHex(computed), " over bytes ",
         kChecksumPrefixBytes, "..", text.size(),
         ": the file changed after it was written (damaged, truncated or "
@@ -1406,13 +1405,15 @@ absl::StatusOr<bool> CheckChecksum(std::string_view text,
 template <typename Decode>
 absl::StatusOr<Metadata> Checked(std::string_view text, std::string_view source,
                                  Decode decode) {
+  // Too long to look at: the decoder's own size error, before any CRC.
   if (text.size() > kMaxMetadataBytes) return Decoder(source).Decode(text);
   CAIRN_ASSIGN_OR_RETURN(const bool sealed, CheckChecksum(text, source));
   CAIRN_ASSIGN_OR_RETURN(Metadata md, decode());
   if (md.version >= 2 && !sealed) {
     return absl::DataLossError(absl::StrCat(
         AsAbsl(source), ": metadata of format version ", md.version,
-        " must begin with its checksum ({\"checksum\":\"<8 hex digits>\",): "
+        " must begin with its checksum ({\"checksum\":\"<8 lower-case hex "
+        "digits>\",): "
         "the file is damaged or was not written by cairn"));
   }
   return md;
