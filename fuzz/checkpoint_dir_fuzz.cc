@@ -21,7 +21,9 @@
 // dtype and shape. A load that succeeds must give exactly what that reading
 // gives; where the reading fails, every load must fail. cairn may refuse
 // more than the reading does (it also checks that each location is an entry
-// of its file's safetensors header), never less. The two ranks of a global
+// of its file's safetensors header, and that no two of them share bytes),
+// never less; LoadAll must refuse chunks or objects that share bytes (checked
+// pair by pair here). The two ranks of a global
 // load must agree on its outcome. A rank-local load is checked against its
 // rank folder alone (every element it fills held by that folder's chunks).
 // Unedited files must load.
@@ -421,13 +423,43 @@ struct Destination {
   }
 };
 
+// Whether two chunks or objects of the global metadata.json in `files`
+// share a byte of a file (every pair compared; zero-byte ones share none).
+bool LocationsShareBytes(const std::map<std::string, std::string>& files) {
+  auto file = files.find(kMetadataFileName);
+  if (file == files.end()) return false;
+  absl::StatusOr<Metadata> md =
+      internal_format::DecodeMetadata(file->second, "fuzz");
+  if (!md.ok()) return false;
+  std::vector<const ByteLocation*> locs;
+  for (const auto& [fqn, t] : md->tensors) {
+    for (const ChunkMetadata& c : t.chunks) locs.push_back(&c.location);
+  }
+  for (const auto& [fqn, loc] : md->objects) locs.push_back(&loc);
+  for (size_t i = 0; i < locs.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) {
+      const ByteLocation& a = *locs[i];
+      const ByteLocation& b = *locs[k];
+      if (a.file == b.file && a.nbytes > 0 && b.nbytes > 0 &&
+          a.offset < b.offset + b.nbytes && b.offset < a.offset + a.nbytes) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// LoadAll must give what the files hold, and must refuse a checkpoint whose
+// chunks or objects share bytes (it checks that before allocating).
 void LoadAllAndCompare(
-    const std::string& dir,
+    const std::string& dir, const std::map<std::string, std::string>& files,
     const std::optional<std::map<std::string, Leaf>>& expected) {
   absl::StatusOr<StateDict> all = LoadAll(dir);
   if (!all.ok()) return;
   CAIRN_FUZZ_CHECK(expected.has_value(),
                    "LoadAll succeeded on files that hold no valid checkpoint");
+  CAIRN_FUZZ_CHECK(!LocationsShareBytes(files),
+                   "LoadAll succeeded on chunks or objects that share bytes");
   absl::StatusOr<internal_core::Flattened> flat = internal_core::Flatten(*all);
   CAIRN_FUZZ_CHECK(flat.ok(), flat.status().ToString());
   // The leaves' FQNs are the metadata's where the structure places each
@@ -514,7 +546,7 @@ void CheckGlobalLoads(const std::string& dir,
       }
     }
   }
-  LoadAllAndCompare(dir, expected);
+  LoadAllAndCompare(dir, files, expected);
 }
 
 }  // namespace

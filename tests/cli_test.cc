@@ -785,6 +785,42 @@ TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
   EXPECT_EQ(v["metadata_checksum"], false);
 }
 
+// Two chunks at the same bytes (each CRC32C then matches): verify names the
+// pair. Written as version 1, which has no checksum to reseal.
+TEST_F(CliTest, VerifyNamesChunksThatShareBytes) {
+  const fs::path dir = SaveDemo();
+  const fs::path path = dir / "metadata.json";
+  nlohmann::json j;
+  {
+    std::ifstream in(path, std::ios::binary);
+    j = nlohmann::json::parse(in);
+  }
+  j.erase("checksum");
+  j["version"] = 1;
+  nlohmann::json& chunks = j["tensors"]["model.layers.1.mlp.w2"]["chunks"];
+  ASSERT_GE(chunks.size(), 2u);
+  const uint64_t offset = chunks[0]["offset"];
+  const std::string file = chunks[0]["file"];
+  for (const char* key : {"file", "offset", "nbytes", "crc32c"}) {
+    chunks[1][key] = chunks[0][key];
+  }
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << j.dump() << "\n";
+  }
+  Result r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("shares bytes with"));
+  EXPECT_THAT(r.out, HasSubstr(file));
+  EXPECT_THAT(r.out, HasSubstr("offset " + std::to_string(offset)));
+  r = Run("verify --json '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  nlohmann::json v = ParseJson(r);
+  bool overlap = false;
+  for (const auto& p : v["problems"]) overlap |= p["kind"] == "overlap";
+  EXPECT_TRUE(overlap) << v.dump();
+}
+
 TEST_F(CliTest, VerifyNamesATruncatedFile) {
   const fs::path dir = SaveDemo();
   auto md = cairn::ReadMetadata(dir.string());

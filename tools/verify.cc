@@ -4,9 +4,10 @@
 //  1. Read and validate metadata.json (ReadMetadata).
 //  2. Open every data file the metadata references; a missing file is a
 //     problem naming the file and the first FQN stored in it.
-//  3. Check that each tensor's chunks cover it exactly once, and that every
-//     chunk and object lies inside its file (a truncated file is a problem
-//     naming the FQN, the file, the offset and the real size).
+//  3. Check that each tensor's chunks cover it exactly once, that no two
+//     chunks or objects share a byte of a file, and that every chunk and
+//     object lies inside its file (a truncated file is a problem naming the
+//     FQN, the file, the offset and the real size).
 //  4. Parse each data file's safetensors header and check that it lists every
 //     chunk and object at the metadata's offset, with its length, name,
 //     dtype and shape.
@@ -57,7 +58,8 @@ struct VerifyOptions {
 
 // One thing wrong with the checkpoint.
 struct Problem {
-  std::string kind;  // missing_file, truncated, coverage, header, read, crc32c
+  // missing_file, truncated, coverage, overlap, header, read, crc32c
+  std::string kind;
   std::string fqn;   // empty when the problem is a whole file
   std::string file;
   std::optional<uint64_t> offset;
@@ -206,6 +208,12 @@ int RunVerify(const VerifyOptions& o) {
     if (absl::Status s = internal_format::ValidateCoverage(fqn, t); !s.ok()) {
       problems.push_back({"coverage", fqn, "", std::nullopt, s.ToString()});
     }
+  }
+  // Every chunk's CRC could match and the load still give wrong values if
+  // two of them read the same bytes; the first such pair is reported.
+  if (absl::Status s = internal_format::ValidateDisjointLocations(*md);
+      !s.ok()) {
+    problems.push_back({"overlap", "", "", std::nullopt, s.ToString()});
   }
   // One line per short file first; the chunks it cuts off follow.
   for (const auto& [name, in_file] : by_file) {

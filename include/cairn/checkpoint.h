@@ -217,9 +217,10 @@ absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
 
 // Loads everything into newly allocated whole host tensors and rebuilds the
 // saved nesting of maps and lists. One process (options.comm is ignored).
-// Every chunk and object is checked against its data file's size before
-// anything is allocated: a damaged metadata.json cannot make it allocate a
-// tensor whose chunks do not lie in the files.
+// Every chunk and object is checked against its data file's size, and
+// against every other (no two may share a byte), before anything is
+// allocated: a damaged metadata.json cannot make it allocate more than the
+// data files hold.
 absl::StatusOr<StateDict> LoadAll(std::string_view url,
                                   const LoadOptions& options = {});
 

@@ -199,6 +199,59 @@ TEST_F(BadInputTest, LoadAllChecksTheFilesBeforeAllocating) {
   EXPECT_THAT(Msg(all.status()), HasSubstr("data-00000.safetensors"));
 }
 
+// A metadata.json (checksum included) in which model.w is 96 rows tall and
+// its third chunk, rows 64-95, points at the first chunk's bytes (CRC32C and
+// all): LoadAll refuses it before allocating, naming both chunks, so many
+// chunks on one entry cannot make it allocate more than the files hold. A
+// Load into the caller's own tensors, which would otherwise fill rows 64-95
+// with rows 0-31, refuses it too.
+TEST_F(BadInputTest, ChunksThatShareBytes) {
+  const nlohmann::json original = Metadata();
+  nlohmann::json j = original;
+  nlohmann::json& w = j["tensors"]["model.w"];
+  w["shape"] = {96, 32};
+  nlohmann::json third = w["chunks"][0];
+  third["offsets"] = {64, 0};
+  w["chunks"].push_back(third);
+  SetMetadata(j);
+  ASSERT_TRUE(ReadMetadata(dir()).ok());  // the metadata alone is valid
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("shares bytes with"));
+  EXPECT_THAT(Msg(all.status()), HasSubstr("\"model.w@0,0\""));
+  EXPECT_THAT(Msg(all.status()), HasSubstr("\"model.w@64,0\""));
+  EXPECT_THAT(Msg(all.status()), HasSubstr("data-00000.safetensors"));
+
+  std::vector<float> out(96 * 32, -1.0f);
+  StateDict dst;
+  dst["model"]["w"] = TensorView(out.data(), DType::kF32, {96, 32});
+  absl::Status s = Load(dst, dir()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(s), HasSubstr("model.w@0,0 and model.w@64,0 are both "
+                                "stored at data-00000.safetensors"));
+  EXPECT_EQ(out, std::vector<float>(96 * 32, -1.0f));  // nothing placed
+
+  // An object pointed at a chunk's bytes (its size and CRC32C too): refused.
+  j = original;
+  nlohmann::json& rng = j["objects"]["rng"];
+  const nlohmann::json& chunk = j["tensors"]["model.w"]["chunks"][1];
+  rng["offset"] = chunk["offset"];
+  rng["nbytes"] = chunk["nbytes"];
+  rng["crc32c"] = chunk["crc32c"];
+  SetMetadata(j);
+  all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("object \"rng\""));
+  EXPECT_THAT(Msg(all.status()), HasSubstr("model.w@32,0"));
+  out.assign(64 * 32, -1.0f);
+  dst = StateDict();
+  dst["model"]["w"] = TensorView(out.data(), DType::kF32, {64, 32});
+  dst["rng"] = Object{};
+  s = Load(dst, dir()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(s), HasSubstr("are both stored at"));
+}
+
 TEST_F(BadInputTest, SizesThatDisagreeWithTheBox) {
   nlohmann::json j = Metadata();
   j["tensors"]["model.w"]["chunks"][0]["nbytes"] = 12;

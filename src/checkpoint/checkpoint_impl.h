@@ -80,8 +80,10 @@ absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
                                           const std::string& name);
 
 // OK when every chunk and object of `metadata` lies inside its data file
-// (ValidateAgainstFileSizes with the files' real sizes): kDataLoss naming
-// the FQN, file, offset and size, kNotFound naming a missing file. LoadAll
+// (ValidateAgainstFileSizes with the files' real sizes) and no two share a
+// byte (ValidateDisjointLocations): kDataLoss naming the FQN, file, offset
+// and size, kNotFound naming a missing file. So what LoadAll allocates is
+// bounded by the files' total size, whatever metadata.json declares. LoadAll
 // asks it before allocating, Merge before committing.
 absl::Status CheckLocationsAgainstFiles(Storage& storage,
                                         const Metadata& metadata);

@@ -770,6 +770,13 @@ class Loader {
       files_.resize(opened);  // a later Read opens them again
       return open;
     }
+    // Entries tile their file, so two needed locations that are both
+    // entries share a byte only when they are the same entry: a second
+    // chunk or object at an entry another one claims would load the other
+    // one's bytes, its CRC32C matching (LoadAll, Merge and verify check every
+    // pair of the checkpoint, ValidateDisjointLocations; this checks the
+    // pairs this Read needs).
+    absl::flat_hash_map<std::pair<int, uint64_t>, const Needed*> claimed;
     for (const Needed& n : needed_) {
       const ByteLocation& loc = *n.location;
       if (!files_[n.file].entries.contains(
@@ -778,6 +785,14 @@ class Loader {
             "%s (%s, offset %d, %d bytes) is not an entry of that file's "
             "safetensors header: metadata.json and the data file disagree",
             n.what, loc.file, loc.offset, loc.nbytes));
+      }
+      if (loc.nbytes == 0) continue;
+      auto [it, inserted] = claimed.try_emplace({n.file, loc.offset}, &n);
+      if (!inserted && it->second->location != n.location) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s and %s are both stored at %s, offset %d (%d bytes): no two "
+            "chunks or objects may share bytes",
+            it->second->what, n.what, loc.file, loc.offset, loc.nbytes));
       }
     }
     return absl::OkStatus();
@@ -2611,7 +2626,11 @@ absl::Status CheckLocationsAgainstFiles(Storage& storage,
   for (const auto& [fqn, loc] : metadata.objects) {
     CAIRN_RETURN_IF_ERROR(note_file(loc));
   }
-  return internal_format::ValidateAgainstFileSizes(metadata, file_sizes);
+  CAIRN_RETURN_IF_ERROR(
+      internal_format::ValidateAgainstFileSizes(metadata, file_sizes));
+  // Inside real files and sharing no bytes: the total a caller allocates
+  // from these locations is at most the files' total size.
+  return internal_format::ValidateDisjointLocations(metadata);
 }
 
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,

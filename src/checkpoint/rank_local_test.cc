@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
@@ -255,6 +257,32 @@ TEST(RankLocalTest, MergeRejectsReplicasThatDiffer) {
   absl::Status m = Merge(tmp.path()).status();
   EXPECT_EQ(m.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Msg(m), HasSubstr("object config is stored by rank 0 and rank 1"));
+}
+
+// A rank folder whose metadata (resealed) points one object at another's
+// bytes, size and CRC32C: the merge refuses it, naming both, rather than
+// commit a checkpoint that loads the wrong bytes.
+TEST(RankLocalTest, MergeRefusesObjectsThatShareBytes) {
+  TempDir tmp;
+  for (int r = 0; r < 2; ++r) {
+    NoCollectives comm(r, 2);
+    StateDict sd;
+    sd[absl::StrCat("a", r)] = Object{"first!"};
+    sd[absl::StrCat("b", r)] = Object{"second"};
+    SaveOptions o;
+    o.comm = &comm;
+    o.rank_local = true;
+    ASSERT_TRUE(Save(sd, tmp.path(), o).ok());
+  }
+  const std::string path = tmp.Sub("rank-00001/metadata.json");
+  nlohmann::json j = nlohmann::json::parse(testing_util::ReadFile(path));
+  j["objects"]["b1"] = j["objects"]["a1"];
+  testing_util::WriteFile(path, testing_util::Resealed(j.dump()));
+  absl::Status m = Merge(tmp.path()).status();
+  EXPECT_EQ(m.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(m), HasSubstr("object \"b1\""));
+  EXPECT_THAT(Msg(m), HasSubstr("shares bytes with object \"a1\""));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("metadata.json")));
 }
 
 // Overwriting with fewer ranks un-commits the extra ranks' folders, so the

@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -1658,6 +1659,53 @@ absl::Status ValidateAgainstFileSizes(
   }
   for (const auto& [fqn, loc] : metadata.objects) {
     CAIRN_RETURN_IF_ERROR(check(absl::StrCat("object ", Quote(fqn)), loc));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDisjointLocations(const Metadata& metadata) {
+  struct Span {
+    const ByteLocation* loc;
+    const std::string* fqn;
+    const TensorMetadata* tensor;  // null for an object
+    const Box* box;
+  };
+  std::vector<Span> spans;
+  for (const auto& [fqn, tensor] : metadata.tensors) {
+    for (const ChunkMetadata& chunk : tensor.chunks) {
+      if (chunk.location.nbytes == 0) continue;  // shares no byte
+      spans.push_back({&chunk.location, &fqn, &tensor, &chunk.box});
+    }
+  }
+  for (const auto& [fqn, loc] : metadata.objects) {
+    if (loc.nbytes != 0) spans.push_back({&loc, &fqn, nullptr, nullptr});
+  }
+  // By file, then offset; ties by size and FQN, so which pair is reported
+  // does not depend on the sort.
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.loc->file, a.loc->offset, a.loc->nbytes, *a.fqn) <
+           std::tie(b.loc->file, b.loc->offset, b.loc->nbytes, *b.fqn);
+  });
+  auto name = [](const Span& s) {
+    return s.tensor == nullptr
+               ? absl::StrCat("object ", Quote(*s.fqn))
+               : absl::StrCat("chunk ",
+                              Quote(ChunkName(*s.fqn, s.tensor->shape, *s.box)));
+  };
+  // Sorted by offset, and disjoint up to the first overlap: so a span
+  // overlaps an earlier one of its file exactly when it starts before the
+  // previous one ends.
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& prev = spans[i - 1];
+    const Span& s = spans[i];
+    if (prev.loc->file == s.loc->file &&
+        s.loc->offset < prev.loc->offset + prev.loc->nbytes) {
+      return absl::DataLossError(absl::StrCat(
+          name(s), " (", s.loc->file, ", offset ", s.loc->offset, ", nbytes ",
+          s.loc->nbytes, ") shares bytes with ", name(prev), " (offset ",
+          prev.loc->offset, ", nbytes ", prev.loc->nbytes,
+          "): no two chunks or objects may overlap in their files"));
+    }
   }
   return absl::OkStatus();
 }

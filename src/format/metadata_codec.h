@@ -153,6 +153,14 @@ absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
 absl::Status ValidateAgainstFileSizes(
     const Metadata& metadata, const std::map<std::string, uint64_t>& file_sizes);
 
+// OK when no two chunks or objects (of any tensors) share a byte of a file,
+// as in everything cairn writes (zero-byte ones share none). kDataLoss
+// naming both otherwise. Offsets and sizes must already be known not to
+// overflow (DecodeMetadata checks offset + nbytes < 2^64). Sorts every
+// location: for LoadAll, Merge and verify, which touch every byte anyway,
+// not for every load.
+absl::Status ValidateDisjointLocations(const Metadata& metadata);
+
 }  // namespace cairn::internal_format
 
 #endif  // CAIRN_FORMAT_METADATA_CODEC_H_

@@ -1334,6 +1334,58 @@ TEST(MetadataCodecTest, AgainstFileSizes) {
             absl::StatusCode::kDataLoss);
 }
 
+TEST(MetadataCodecTest, DisjointLocations) {
+  Metadata md;
+  md.tensors["w"] = RowSharded(DType::kF32, {4, 2}, 2, "data-00000.safetensors",
+                               4096);  // [4096, 4112), [4112, 4128)
+  md.tensors["v"] = RowSharded(DType::kF32, {2, 2}, 1, "data-00000.safetensors",
+                               4128);  // [4128, 4144): adjacent is fine
+  md.tensors["x"] = RowSharded(DType::kF32, {2, 2}, 1, "data-00001.safetensors",
+                               4096);  // same offsets, other file
+  md.objects["o"] = {"data-00000.safetensors", 100, 50, 0};
+  // Zero-byte chunks and objects share no byte, wherever they point.
+  md.tensors["e"] = RowSharded(DType::kF32, {0, 2}, 1, "data-00000.safetensors",
+                               4100);
+  md.objects["empty"] = {"data-00000.safetensors", 4100, 0, 0};
+  EXPECT_TRUE(ValidateDisjointLocations(md).ok());
+
+  // A chunk that reads another tensor's bytes: both named.
+  Metadata shared = md;
+  shared.tensors["v"].chunks[0].location.offset = 4112;
+  absl::Status status = ValidateDisjointLocations(shared);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("\"w@2,0\""));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("chunk \"v\""));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("offset 4112"));
+
+  // One byte of overlap is enough.
+  shared = md;
+  shared.tensors["v"].chunks[0].location.offset = 4127;
+  EXPECT_EQ(ValidateDisjointLocations(shared).code(),
+            absl::StatusCode::kDataLoss);
+
+  // An object inside a chunk.
+  shared = md;
+  shared.objects["o"].offset = 4100;
+  shared.objects["o"].nbytes = 4;
+  status = ValidateDisjointLocations(shared);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("object \"o\""));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("w@0,0"));
+
+  // A long object spanning w's first chunk: the pair is named whichever
+  // starts first.
+  shared = md;
+  shared.objects["o"].offset = 4000;
+  shared.objects["o"].nbytes = 120;  // [4000, 4120)
+  status = ValidateDisjointLocations(shared);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("w@0,0"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("object \"o\""));
+}
+
 // ------------------------------------------------------------ metadata.cc
 
 TEST(MetadataTest, NBytesAndTotalBytes) {
