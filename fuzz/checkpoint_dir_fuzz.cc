@@ -228,21 +228,31 @@ void Edit(Recipe& in, std::map<std::string, std::string>& files) {
 // ------------------------------------------------------------ the reference
 
 struct Leaf {
-  std::optional<std::string> bytes;  // a tensor's (row-major) or an object's
+  // A tensor's (row-major) or an object's; an object's is nullopt when it
+  // cannot be read (outside its file, or its CRC32C does not match), a
+  // tensor's when it is too large for these files to hold.
+  std::optional<std::string> bytes;
   std::optional<Scalar> scalar;
-  // A tensor's; `held`: which elements its chunks hold (all of them in a
-  // global checkpoint, whose coverage is checked).
+  // A tensor's; `held`: which elements its readable chunks hold (a chunk
+  // that cannot be read holds none; in a global checkpoint, whose coverage
+  // is checked, the others hold all of them).
   DType dtype = DType::kU8;
   Shape shape;
   bool tensor = false;
   std::vector<bool> held;
+  // Every chunk (or the object) readable: LoadAll may succeed only when
+  // every leaf is.
+  bool complete = true;
 };
 
 // What a load of the edited files must give, by FQN: nullopt when the files
-// do not hold a valid checkpoint (no load may succeed then). Global: from
-// metadata.json; rank-local (`rank` >= 0): from that rank's folder, whose
-// metadata must say it is that rank's and whose file names are relative to
-// the folder.
+// do not hold a valid checkpoint (no load may succeed then). A leaf that
+// cannot be read, or a chunk of one, does not make the checkpoint invalid:
+// a load that does not need it may succeed (a merge can bring in a damaged
+// extra tensor from another rank's folder), and a load that does must fail
+// (Destination::Check). Global: from metadata.json; rank-local (`rank` >= 0):
+// from that rank's folder, whose metadata must say it is that rank's and
+// whose file names are relative to the folder.
 std::optional<std::map<std::string, Leaf>> Expected(
     const std::map<std::string, std::string>& files, int rank = -1) {
   const std::string folder =
@@ -273,20 +283,33 @@ std::optional<std::map<std::string, Leaf>> Expected(
     const std::string& fqn = entry.first;
     const TensorMetadata& t = entry.second;  // (clang 14: no lambda capture
                                              // of a structured binding)
+    Leaf& leaf = out[fqn];
+    leaf.tensor = true;
+    leaf.dtype = t.dtype;
+    leaf.shape = t.shape;
     // Small tensors only (the saved ones are); a bigger one cannot be
-    // covered by chunks inside these files anyway.
+    // covered by chunks inside these files, so no load may give it.
     int64_t n = 1;
+    bool small = true;
     for (int64_t d : t.shape) {
       if (d > (int64_t{1} << 20) || (n *= d) > (int64_t{1} << 20)) {
-        return std::nullopt;
+        small = false;
+        break;
       }
+    }
+    if (!small) {
+      leaf.complete = false;
+      continue;
     }
     const size_t es = DTypeSize(t.dtype);
     std::string bytes(static_cast<size_t>(n) * es, '\0');
     std::vector<bool> held(static_cast<size_t>(n), false);
     for (const ChunkMetadata& c : t.chunks) {
       std::optional<std::string> chunk = read(c.location);
-      if (!chunk) return std::nullopt;
+      if (!chunk) {
+        leaf.complete = false;
+        continue;
+      }
       size_t k = 0;
       testing_util::ForEachIndex(c.box, [&](const std::vector<int64_t>&,
                                             const std::vector<int64_t>& g) {
@@ -296,17 +319,13 @@ std::optional<std::map<std::string, Leaf>> Expected(
         ++k;
       });
     }
-    Leaf& leaf = out[fqn];
     leaf.bytes = std::move(bytes);
-    leaf.tensor = true;
-    leaf.dtype = t.dtype;
-    leaf.shape = t.shape;
     leaf.held = std::move(held);
   }
   for (const auto& [fqn, loc] : md->objects) {
-    std::optional<std::string> bytes = read(loc);
-    if (!bytes) return std::nullopt;
-    out[fqn].bytes = std::move(bytes);
+    Leaf& leaf = out[fqn];
+    leaf.bytes = read(loc);
+    leaf.complete = leaf.bytes.has_value();
   }
   for (const auto& [fqn, s] : md->scalars) out[fqn].scalar = s;
   return out;
@@ -458,6 +477,11 @@ void LoadAllAndCompare(
   if (!all.ok()) return;
   CAIRN_FUZZ_CHECK(expected.has_value(),
                    "LoadAll succeeded on files that hold no valid checkpoint");
+  for (const auto& [fqn, leaf] : *expected) {
+    CAIRN_FUZZ_CHECK(leaf.complete,
+                     absl::StrCat("LoadAll succeeded, but ", fqn,
+                                  " cannot be read from the files"));
+  }
   CAIRN_FUZZ_CHECK(!LocationsShareBytes(files),
                    "LoadAll succeeded on chunks or objects that share bytes");
   absl::StatusOr<internal_core::Flattened> flat = internal_core::Flatten(*all);
