@@ -22,8 +22,10 @@
 //    issue 6's 5 s target is checked against.
 //  load: metadata.json written and read back through the file storage (the
 //    read is from the page cache), DecodeMetadata (every rank), coverage of
-//    every tensor (the coordinator), and rank 0's DefaultLoadPlanner local
-//    plan for the sharding it saved.
+//    every tensor (the coordinator), that no two locations share a byte
+//    (disjoint_locations: LoadAll, Merge and cairn verify check it; a Load
+//    does not), and rank 0's DefaultLoadPlanner local plan for the sharding
+//    it saved.
 //
 // Not simulated: the communication (gather, scatter, broadcasts), the data
 // files, the ranks' own work (their local planning and plan encoding are
@@ -788,6 +790,10 @@ absl::StatusOr<Result> Run(Layout layout, int world, int64_t tensors,
   }
   CAIRN_RETURN_IF_ERROR(Timed(load, "coverage", [&] {
     return internal_format::ValidateAllCoverage(decoded);
+  }));
+  // Not on a Load's path: what LoadAll, Merge and cairn verify add to it.
+  CAIRN_RETURN_IF_ERROR(Timed(load, "disjoint_locations", [&] {
+    return internal_format::ValidateDisjointLocations(decoded);
   }));
   StateDict dest = RankState(layout, world, tensors, 0);
   CAIRN_RETURN_IF_ERROR(Timed(load, "load_plan_rank0", [&] {
