@@ -26,6 +26,12 @@
 //   6  the same, but CRC each piece of the source first, then copy it with
 //      non-temporal (streaming) stores, so the destination is written
 //      without being read (not exact: the bytes checked are the source's)
+//   7  pread PIECE bytes into a small buffer of the thread's own (it stays
+//      in cache), CRC32C it there, then copy it out with streaming stores:
+//      exact (only this thread writes the buffer between check and copy),
+//      and the destination is written without being read
+//   8  memcpy from a resident copy of the file (no file, no CRC): the
+//      bandwidth a warm load is held to, on the same two threads
 #include <fcntl.h>
 #include <isa-l/crc.h>
 #include <sys/mman.h>
@@ -70,7 +76,7 @@ __attribute__((target("avx2"))) void StreamCopy(char* d, const char* s,
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s FILE MODE(0-6) [PIECE [TASK]]\n",
+    std::fprintf(stderr, "usage: %s FILE MODE(0-8) [PIECE [TASK]]\n",
                  argv[0]);
     return 2;
   }
@@ -96,6 +102,14 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  std::vector<char> copy;  // mode 8's source
+  if (mode == 8) {
+    copy.resize(size);
+    if (pread(fd, copy.data(), size, 0) != static_cast<ssize_t>(size)) {
+      std::perror("pread");
+      return 1;
+    }
+  }
   for (int round = 0; round < 3; ++round) {
     std::atomic<size_t> next{0};
     std::atomic<unsigned> sink{0};
@@ -113,6 +127,7 @@ int main(int argc, char** argv) {
     for (int t = 0; t < 2; ++t) {
       threads.emplace_back([&] {
         unsigned acc = 0;
+        std::vector<unsigned char> bounce(mode == 7 ? piece : 0);
         for (;;) {
           const size_t off = next.fetch_add(task);
           if (off >= size) break;
@@ -145,6 +160,17 @@ int main(int argc, char** argv) {
               }
             }
             _mm_sfence();
+          } else if (mode == 7) {
+            for (size_t p = 0; p < n; p += piece) {
+              const size_t m = std::min(piece, n - p);
+              (void)!pread(fd, bounce.data(), m, static_cast<off_t>(off + p));
+              crc = crc32_iscsi(bounce.data(), static_cast<int>(m), crc);
+              StreamCopy(reinterpret_cast<char*>(out) + p,
+                         reinterpret_cast<const char*>(bounce.data()), m);
+            }
+            _mm_sfence();
+          } else if (mode == 8) {
+            std::memcpy(out, copy.data() + off, n);
           } else if (mode == 2 || mode == 3) {
             void* map = mmap(nullptr, n, PROT_READ,
                              MAP_SHARED | (mode == 3 ? MAP_POPULATE : 0), fd,
