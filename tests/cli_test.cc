@@ -16,6 +16,7 @@
 #include <string>
 
 #include "cairn/cairn.h"
+#include "format/metadata_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "synthetic_model.h"
@@ -759,7 +760,8 @@ TEST_F(CliTest, VerifyRefusesAChangedMetadataFile) {
 }
 
 // A version 1 checkpoint (no metadata checksum, as earlier builds wrote it)
-// still verifies, and verify says its metadata is unprotected.
+// still verifies, and verify says its metadata is unprotected; sealed, it
+// says the checksum matched.
 TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
   const fs::path dir = SaveDemo();
   const fs::path path = dir / "metadata.json";
@@ -783,6 +785,24 @@ TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
   nlohmann::json v = ParseJson(r);
   EXPECT_EQ(v["format_version"], 1);
   EXPECT_EQ(v["metadata_checksum"], false);
+
+  // The same version 1 text sealed (by a tool that edits metadata on
+  // purpose): readers check it, and verify says so.
+  absl::StatusOr<std::string> sealed =
+      cairn::internal_format::WithMetadataChecksum(j.dump());
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << *sealed;
+  }
+  r = Run("verify --json '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  v = ParseJson(r);
+  EXPECT_EQ(v["format_version"], 1);
+  EXPECT_EQ(v["metadata_checksum"], true);
+  r = Run("verify '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("OK: metadata.json (its checksum matched)"));
 }
 
 // Two chunks at the same bytes (each CRC32C then matches): verify names the

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -156,6 +157,19 @@ int RunVerify(const VerifyOptions& o) {
   if (!storage.ok()) {
     PrintError("verify", storage.status());
     return 1;
+  }
+
+  // Whether metadata.json opens with its checksum (ReadMetadata checked it
+  // then), whatever its version: version 2 must, version 1 may (a version
+  // 1 text resealed by hand is checked too).
+  bool sealed = md->version >= 2;
+  if (absl::StatusOr<std::unique_ptr<ReadableFile>> f =
+          (*storage)->OpenForRead(kMetadataFileName);
+      f.ok() && (*f)->size() >= internal_format::kChecksumKeyPrefix.size()) {
+    std::string head(internal_format::kChecksumKeyPrefix.size(), '\0');
+    if ((*f)->ReadAt(0, std::as_writable_bytes(std::span(head))).ok()) {
+      sealed = head == internal_format::kChecksumKeyPrefix;
+    }
   }
 
   // Everything that has a checksum.
@@ -351,8 +365,7 @@ int RunVerify(const VerifyOptions& o) {
     j["chunks"] = num_chunks;
     j["objects"] = num_objects;
     j["format_version"] = md->version;
-    // Checked by ReadMetadata above: version 2 has one, version 1 none.
-    j["metadata_checksum"] = md->version >= 2;
+    j["metadata_checksum"] = sealed;
     j["files"] = by_file.size();
     j["bytes"] = total_bytes;
     j["seconds"] = seconds;
@@ -374,8 +387,8 @@ int RunVerify(const VerifyOptions& o) {
       std::cout << absl::StrFormat(
           "OK: metadata.json (%s), %s and %s in %s, %s (%d bytes) checked "
           "in %.3f s (%.2f GB/s)\n",
-          md->version >= 2 ? "its checksum matched"
-                           : "format version 1: it has no checksum of its own",
+          sealed ? "its checksum matched"
+                 : "format version 1: it has no checksum of its own",
           Plural(num_chunks, "chunk"), Plural(num_objects, "object"),
           Plural(by_file.size(), "data file"), HumanBytes(total_bytes),
           total_bytes, seconds, gbps);
