@@ -732,25 +732,32 @@ TEST_F(CliTest, VerifyNamesEveryCorruptChunk) {
   }
 }
 
+void WriteText(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+// The metadata.json of `dir` without its checksum and as version 1 (which
+// needs none), for a test to edit and write back without resealing.
+nlohmann::json Version1Metadata(const fs::path& dir) {
+  nlohmann::json j = nlohmann::json::parse(ReadFile(dir / "metadata.json"));
+  j.erase("checksum");
+  j["version"] = 1;
+  return j;
+}
+
 // One changed digit in metadata.json (the step counter, which nothing
 // else checks): verify and inspect refuse it, naming the file.
 TEST_F(CliTest, VerifyRefusesAChangedMetadataFile) {
   const fs::path dir = SaveDemo();
   const fs::path path = dir / "metadata.json";
-  std::string text;
-  {
-    std::ifstream in(path, std::ios::binary);
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string text = ReadFile(path);
   const size_t at = text.find("\"step\":{\"int64\":");
   ASSERT_NE(at, std::string::npos);
   char& digit = text[at + 16];
   ASSERT_TRUE(digit >= '0' && digit <= '9') << text.substr(at, 24);
   digit = digit == '9' ? '8' : static_cast<char>(digit + 1);
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << text;
-  }
+  WriteText(path, text);
   for (const char* cmd : {"verify", "inspect"}) {
     Result r = Run(std::string(cmd) + " '" + dir.string() + "'");
     EXPECT_EQ(r.rc, 1) << r.all();
@@ -765,17 +772,8 @@ TEST_F(CliTest, VerifyRefusesAChangedMetadataFile) {
 TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
   const fs::path dir = SaveDemo();
   const fs::path path = dir / "metadata.json";
-  nlohmann::json j;
-  {
-    std::ifstream in(path, std::ios::binary);
-    j = nlohmann::json::parse(in);
-  }
-  j.erase("checksum");
-  j["version"] = 1;
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << j.dump() << "\n";
-  }
+  const nlohmann::json j = Version1Metadata(dir);
+  WriteText(path, j.dump());
   Result r = Run("verify '" + dir.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.all();
   EXPECT_THAT(r.out, HasSubstr("OK: metadata.json (format version 1: it has "
@@ -791,10 +789,7 @@ TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
   absl::StatusOr<std::string> sealed =
       cairn::internal_format::WithMetadataChecksum(j.dump());
   ASSERT_TRUE(sealed.ok()) << sealed.status();
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << *sealed;
-  }
+  WriteText(path, *sealed);
   r = Run("verify --json '" + dir.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.all();
   v = ParseJson(r);
@@ -809,14 +804,7 @@ TEST_F(CliTest, VerifySaysAVersion1MetadataHasNoChecksum) {
 // pair. Written as version 1, which has no checksum to reseal.
 TEST_F(CliTest, VerifyNamesChunksThatShareBytes) {
   const fs::path dir = SaveDemo();
-  const fs::path path = dir / "metadata.json";
-  nlohmann::json j;
-  {
-    std::ifstream in(path, std::ios::binary);
-    j = nlohmann::json::parse(in);
-  }
-  j.erase("checksum");
-  j["version"] = 1;
+  nlohmann::json j = Version1Metadata(dir);
   nlohmann::json& chunks = j["tensors"]["model.layers.1.mlp.w2"]["chunks"];
   ASSERT_GE(chunks.size(), 2u);
   const uint64_t offset = chunks[0]["offset"];
@@ -824,10 +812,7 @@ TEST_F(CliTest, VerifyNamesChunksThatShareBytes) {
   for (const char* key : {"file", "offset", "nbytes", "crc32c"}) {
     chunks[1][key] = chunks[0][key];
   }
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << j.dump() << "\n";
-  }
+  WriteText(dir / "metadata.json", j.dump());
   Result r = Run("verify '" + dir.string() + "'");
   EXPECT_EQ(r.rc, 1) << r.all();
   EXPECT_THAT(r.out, HasSubstr("shares bytes with"));
