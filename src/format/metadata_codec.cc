@@ -1668,8 +1668,8 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
   // What the sort compares, and nothing else, held in place (a 16k-rank
   // checkpoint has millions of chunks in thousands of files): the file as
   // an index in order of first appearance, the range, and the location's
-  // number in the order ForEachLocation visits them, which breaks ties the
-  // same way whatever the sort does and finds the names for a message.
+  // number in the order for_each_location visits them, which breaks ties
+  // the same way whatever the sort does and finds the names for a message.
   struct Span {
     uint32_t file;
     uint32_t index;
