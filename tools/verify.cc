@@ -426,9 +426,12 @@ void RegisterVerify(CLI::App& app) {
                   "bytes per read (one buffer per thread), e.g. 8MiB")
       ->capture_default_str();
   cmd->footer(
-      "Recomputes the CRC32C of every chunk and object from the data files,\n"
-      "checks that each data file's safetensors header lists every chunk at\n"
-      "the metadata's offset, and reports missing or truncated files.\n"
+      "Checks metadata.json (its own checksum, every field, that each\n"
+      "tensor's chunks cover it once and that no two chunks or objects\n"
+      "share bytes), recomputes the CRC32C of every chunk and object from\n"
+      "the data files, checks that each data file's safetensors header lists\n"
+      "every chunk at the metadata's offset, and reports missing or\n"
+      "truncated files.\n"
       "Reports every problem (FQN, file, offset) and exits 1 if there is\n"
       "any; otherwise prints a one-line summary and exits 0.\n\n"
       "Examples:\n"
