@@ -201,8 +201,9 @@ TEST_F(BadInputTest, LoadAllChecksTheFilesBeforeAllocating) {
 
 // A metadata.json (checksum included) in which model.w is 96 rows tall and
 // its third chunk, rows 64-95, points at the first chunk's bytes (CRC32C and
-// all): LoadAll refuses it before allocating, naming both chunks, so many
-// chunks on one entry cannot make it allocate more than the files hold. A
+// all): LoadAll refuses it, naming both chunks, in the check it runs before
+// allocating (LoadAllChecksTheFilesBeforeAllocating shows the order), so
+// many chunks on one entry cannot make it allocate more than the files hold. A
 // Load into the caller's own tensors, which would otherwise fill rows 64-95
 // with rows 0-31, refuses it too.
 TEST_F(BadInputTest, ChunksThatShareBytes) {

@@ -2637,8 +2637,8 @@ absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
                                              const LoadOptions& options) {
   CAIRN_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFromStorage(storage));
   // Before any tensor is allocated at its declared shape: chunks that cover
-  // the shape and lie inside real files bound what a hostile metadata.json
-  // can make this allocate.
+  // the shape, lie inside real files and share no bytes bound what a
+  // hostile metadata.json can make this allocate by the files' total size.
   CAIRN_RETURN_IF_ERROR(Annotate(CheckLocationsAgainstFiles(storage, metadata),
                                  absl::StrCat("checkpoint ", storage.url())));
   std::set<std::string> placed;

@@ -1689,39 +1689,30 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
       const TensorMetadata& tensor = entry.second;
       for (const ChunkMetadata& chunk : tensor.chunks) {
         if (chunk.location.nbytes == 0) continue;  // shares no byte
-        if (!fn(chunk.location, [&] {
-              return absl::StrCat(
-                  "chunk ", Quote(ChunkName(fqn, tensor.shape, chunk.box)));
-            })) {
-          return;
-        }
+        fn(chunk.location, [&] {
+          return absl::StrCat(
+              "chunk ", Quote(ChunkName(fqn, tensor.shape, chunk.box)));
+        });
       }
     }
     for (const auto& entry : metadata.objects) {
       const std::string& fqn = entry.first;
       if (entry.second.nbytes == 0) continue;
-      if (!fn(entry.second,
-              [&] { return absl::StrCat("object ", Quote(fqn)); })) {
-        return;
-      }
+      fn(entry.second, [&] { return absl::StrCat("object ", Quote(fqn)); });
     }
   };
   absl::flat_hash_map<std::string_view, uint32_t> files;
   std::vector<Span> spans;
-  bool too_many = false;
   for_each_location([&](const ByteLocation& loc, auto&&) {
-    if (spans.size() == std::numeric_limits<uint32_t>::max()) {
-      too_many = true;
-      return false;
-    }
     const uint32_t file =
         files.try_emplace(loc.file, static_cast<uint32_t>(files.size()))
             .first->second;
     spans.push_back(
         {file, static_cast<uint32_t>(spans.size()), loc.offset, loc.nbytes});
-    return true;
   });
-  if (too_many) {
+  // (A metadata.json is at most 4 GiB, so far fewer locations than this;
+  // the numbers above would have wrapped.)
+  if (spans.size() > std::numeric_limits<uint32_t>::max()) {
     return absl::ResourceExhaustedError(
         "more than 2^32 - 1 chunks and objects to check for shared bytes");
   }
@@ -1742,7 +1733,6 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
       }
       if (seen == prev.index) names[1] = name();
       ++seen;
-      return true;
     });
     return absl::DataLossError(absl::StrCat(
         names[0], " (", file, ", offset ", s.offset, ", nbytes ", s.nbytes,
