@@ -72,9 +72,22 @@ class SavePlanCache {
 
 struct SaveOptions {
   // Replace a committed checkpoint at the URL; otherwise that is
-  // kAlreadyExists. The old checkpoint is un-committed before any data is
-  // written. Default: false.
+  // kAlreadyExists. The old checkpoint stays committed and loadable until
+  // the new one commits (the new data files have names of their own and
+  // metadata.json is replaced in one rename); its files are removed after.
+  // Default: false.
+  //
+  // Only one save into a location runs at a time: a save that finds
+  // another holding the location's lock (save.lock) fails on every rank
+  // with kAborted, touching nothing.
   bool overwrite = false;
+  // The save's id, recorded in metadata.json and in its data files' names:
+  // 1 to 64 characters of [0-9A-Za-z_-], the same on every rank, never
+  // reused for the same location. Empty (the default): a fresh random id
+  // from the coordinator (rank 0 in rank-local mode, whose broadcast of it
+  // is then that mode's one collective; pass an id, e.g. made of the job's
+  // id and the step, to save rank-locally with no collective at all).
+  std::string save_id = "";
   // Concurrent writes in flight per process. Default: 8.
   int io_threads = 8;
   // Write data files with O_DIRECT through aligned buffers where the
@@ -93,13 +106,15 @@ struct SaveOptions {
   DedupPolicy dedup = DedupPolicy::kBalanceBytes;
   // Null: plan every save in full.
   SavePlanCache* plan_cache = nullptr;
-  // Rank-local mode: no collective at all. Each rank writes its own folder
-  // rank-NNNNN/ (its rank in `comm`) with its own data and metadata.json,
-  // holding everything it holds (no dedup, no coverage check across ranks).
+  // Rank-local mode: no collective but the save id's broadcast (none when
+  // `save_id` is given). Each rank writes its own folder rank-NNNNN/ (its
+  // rank in `comm`) with its own data and metadata.json, holding
+  // everything it holds (no dedup, no coverage check across ranks), and
+  // the save id, which Merge and rank-local loads compare across folders.
   // Loading it back needs the same ranks (LoadOptions::rank_local) until
   // `Merge` turns it into a global checkpoint. With `overwrite`, a global
-  // metadata.json at the URL (e.g. from an earlier Merge) is un-committed
-  // first. Default: false.
+  // metadata.json at the URL (e.g. from an earlier Merge, which points into
+  // the rank folders) is un-committed first. Default: false.
   bool rank_local = false;
 };
 

@@ -57,6 +57,11 @@ struct Metadata {
   // Rank-local metadata (rank-NNNNN/metadata.json): the rank that wrote it,
   // whose chunks alone it lists. -1 for a global checkpoint.
   int rank = -1;
+  // The save that wrote it (SaveOptions::save_id): 1 to 64 characters of
+  // [0-9A-Za-z_-], new for every save and the same in every rank folder of
+  // one rank-local save (so folders of different saves are never mixed).
+  // Empty in checkpoints written before cairn recorded it.
+  std::string save_id;
   std::map<std::string, TensorMetadata> tensors;  // by FQN
   std::map<std::string, ByteLocation> objects;    // by FQN
   std::map<std::string, Scalar> scalars;          // by FQN

@@ -10,7 +10,11 @@
 // File names are relative to the checkpoint location: one or more plain
 // components separated by '/', none empty, "." or "..". A name that breaks
 // this rule is kInvalidArgument, so untrusted metadata can never reach a file
-// outside the checkpoint.
+// outside the checkpoint. Nor can the location's own entries: the file
+// backend follows no symbolic link below the location's root (the root
+// itself may be one) and opens only regular files, without blocking, so a
+// planted link, FIFO or device is kFailedPrecondition naming it, never a
+// file written or read elsewhere and never a hang.
 //
 // Thread safety: a Storage, and the files it returns, may be used from many
 // threads at once; WriteAt calls on one file must target disjoint ranges.
@@ -159,7 +163,9 @@ class Storage {
   // Creates the location (and missing parents). OK if it exists.
   virtual absl::Status CreateLocation() = 0;
 
-  // Creates `name` (truncating an existing file), ready for positional writes.
+  // Creates `name`, which must not exist (kAlreadyExists naming it: an
+  // existing file, or a link, is never truncated or written through), ready
+  // for positional writes.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(
       std::string_view name) = 0;
 
@@ -183,8 +189,24 @@ class Storage {
   virtual absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
       std::string_view name) = 0;
 
-  // Whether `name` exists.
+  // Whether `name` exists as a file; kFailedPrecondition naming it when it
+  // exists as something else (a link, a FIFO, a directory).
   virtual absl::StatusOr<bool> Exists(std::string_view name) = 0;
+
+  // An exclusive lock, held until the handle is destroyed.
+  class Lock {
+   public:
+    virtual ~Lock() = default;
+  };
+  // Takes the lock `name` (a file of the location that holds no checkpoint
+  // data) without waiting. Held by one holder at a time across threads and
+  // processes (the file backend: flock(2) on the file, which the kernel
+  // releases when the holder dies, so a crash never leaves it held);
+  // kAborted naming the location, and the holder where known, when
+  // another holds it. A save holds its location's lock from before it
+  // looks at what is there until after it has committed and cleaned up.
+  virtual absl::StatusOr<std::unique_ptr<Lock>> TryLock(
+      std::string_view name) = 0;
 
   // Reads all of `name`; kFailedPrecondition if it is larger than
   // `max_bytes`.

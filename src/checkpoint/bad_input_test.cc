@@ -36,12 +36,15 @@ class BadInputTest : public testing::Test {
           TensorView(w_.data() + 32 * 32, DType::kF32, {32, 32})}});
     sd["rng"] = Object{"0123456789"};
     sd["step"] = int64_t{3};
-    ASSERT_TRUE(Save(sd, dir()).ok());
+    SaveOptions o;
+    o.save_id = "bad";  // so that the data file has a known name
+    ASSERT_TRUE(Save(sd, dir(), o).ok());
   }
 
   std::string dir() const { return tmp_.path(); }
   std::string metadata_path() const { return dir() + "/metadata.json"; }
-  std::string data_path() const { return dir() + "/data-00000.safetensors"; }
+  static std::string data_name() { return "data-00000-bad.safetensors"; }
+  std::string data_path() const { return dir() + "/" + data_name(); }
 
   nlohmann::json Metadata() const {
     return nlohmann::json::parse(ReadFile(metadata_path()));
@@ -163,7 +166,7 @@ TEST_F(BadInputTest, ChunkOutsideTheFile) {
     SetMetadata(j);
     absl::Status s = LoadAllInto();
     EXPECT_FALSE(s.ok()) << offset;
-    EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors")) << offset << s;
+    EXPECT_THAT(Msg(s), HasSubstr(data_name())) << offset << s;
   }
   // A chunk moved inside the file but off its header entry.
   nlohmann::json j = Metadata();
@@ -196,7 +199,7 @@ TEST_F(BadInputTest, LoadAllChecksTheFilesBeforeAllocating) {
   std::filesystem::remove(data_path());
   all = LoadAll(dir());
   EXPECT_EQ(all.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Msg(all.status()), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(all.status()), HasSubstr(data_name()));
 }
 
 // A metadata.json (checksum included) in which model.w is 96 rows tall and
@@ -221,7 +224,7 @@ TEST_F(BadInputTest, ChunksThatShareBytes) {
   EXPECT_THAT(Msg(all.status()), HasSubstr("shares bytes with"));
   EXPECT_THAT(Msg(all.status()), HasSubstr("\"model.w@0,0\""));
   EXPECT_THAT(Msg(all.status()), HasSubstr("\"model.w@64,0\""));
-  EXPECT_THAT(Msg(all.status()), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(all.status()), HasSubstr(data_name()));
 
   std::vector<float> out(96 * 32, -1.0f);
   StateDict dst;
@@ -229,7 +232,7 @@ TEST_F(BadInputTest, ChunksThatShareBytes) {
   absl::Status s = Load(dst, dir()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Msg(s), HasSubstr("model.w@0,0 and model.w@64,0 are both "
-                                "stored at data-00000.safetensors"));
+                                "stored at data-00000-bad.safetensors"));
   EXPECT_EQ(out, std::vector<float>(96 * 32, -1.0f));  // nothing placed
 
   // An object pointed at a chunk's bytes (its size and CRC32C too): refused.
@@ -279,7 +282,7 @@ TEST_F(BadInputTest, SafetensorsHeaderLengthOverTheCap) {
   WriteFile(data_path(), data);
   absl::Status s = LoadAllInto();
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(s), HasSubstr(data_name()));
 }
 
 TEST_F(BadInputTest, SafetensorsHeaderPastEndOfFile) {
@@ -289,7 +292,7 @@ TEST_F(BadInputTest, SafetensorsHeaderPastEndOfFile) {
   WriteFile(data_path(), data);
   absl::Status s = LoadAllInto();
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(s), HasSubstr(data_name()));
 }
 
 TEST_F(BadInputTest, CorruptSafetensorsHeaderJson) {
@@ -299,7 +302,7 @@ TEST_F(BadInputTest, CorruptSafetensorsHeaderJson) {
   WriteFile(data_path(), data);
   absl::Status s = LoadAllInto();
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(s), HasSubstr(data_name()));
 }
 
 TEST_F(BadInputTest, TruncatedDataFile) {
@@ -308,7 +311,7 @@ TEST_F(BadInputTest, TruncatedDataFile) {
     std::filesystem::resize_file(data_path(), keep);
     absl::Status s = LoadAllInto();
     EXPECT_FALSE(s.ok()) << keep;
-    EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors")) << keep << s;
+    EXPECT_THAT(Msg(s), HasSubstr(data_name())) << keep << s;
   }
 }
 
@@ -316,7 +319,7 @@ TEST_F(BadInputTest, MissingDataFile) {
   std::filesystem::remove(data_path());
   absl::Status s = LoadAllInto();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(s), HasSubstr(data_name()));
 }
 
 TEST_F(BadInputTest, CrcMismatchNamesChunkFileAndOffset) {
@@ -328,7 +331,7 @@ TEST_F(BadInputTest, CrcMismatchNamesChunkFileAndOffset) {
   absl::Status s = LoadAllInto();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Msg(s), HasSubstr("crc32c mismatch in model.w@32,0"));
-  EXPECT_THAT(Msg(s), HasSubstr("data-00000.safetensors"));
+  EXPECT_THAT(Msg(s), HasSubstr(data_name()));
   EXPECT_THAT(Msg(s), HasSubstr("offset " + std::to_string(offset)));
 }
 

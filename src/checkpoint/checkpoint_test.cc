@@ -237,8 +237,7 @@ TEST(CheckpointTest, SaveChecksCoverageBeforeWritingAnything) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << s;
     EXPECT_THAT(Msg(s), HasSubstr(c.expect)) << c.what;
     EXPECT_FALSE(std::filesystem::exists(tmp.Sub(c.what) + "/metadata.json"));
-    EXPECT_FALSE(
-        std::filesystem::exists(tmp.Sub(c.what) + "/data-00000.safetensors"));
+    EXPECT_FALSE(testing_util::HasDataFile(tmp.Sub(c.what)));
   }
   // The same box held twice (replicated in one process) is written once.
   StateDict sd;
@@ -304,7 +303,7 @@ TEST(CheckpointTest, BadStateDictsAreRejected) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_THAT(Msg(st), HasSubstr("UTF-8"));
     EXPECT_FALSE(std::filesystem::exists(dir + "/metadata.json"));
-    EXPECT_FALSE(std::filesystem::exists(dir + "/data-00000.safetensors"));
+    EXPECT_FALSE(testing_util::HasDataFile(dir));
   }
 }
 
@@ -369,9 +368,9 @@ TEST(CheckpointTest, StorageFailuresNeverCommit) {
   }
 }
 
-// Overwrite un-commits first: if the new save fails midway, no stale
-// metadata.json points at rewritten data.
-TEST(CheckpointTest, FailedOverwriteLeavesNoCommittedCheckpoint) {
+// Overwrite leaves the old checkpoint committed until the new one commits:
+// if the new save fails midway, the old one still loads, bit-exact.
+TEST(CheckpointTest, FailedOverwriteKeepsTheOldCheckpoint) {
   TempDir tmp;
   Tensor a = Filled(DType::kF32, {256, 64}, 1), b = Filled(DType::kF32, {256, 64}, 2);
   StateDict sa, sb;
@@ -385,7 +384,11 @@ TEST(CheckpointTest, FailedOverwriteLeavesNoCommittedCheckpoint) {
   o.write_buffer_bytes = 4096;
   o.io_threads = 1;
   EXPECT_FALSE(internal_checkpoint::SaveToStorage(sb, &faulty, o).ok());
-  EXPECT_EQ(ReadMetadata(tmp.path()).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<StateDict> all = LoadAll(tmp.path());
+  ASSERT_TRUE(all.ok()) << all.status();
+  const ShardedTensor* got = all->Find("a")->tensor();
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(std::memcmp(got->shards()[0].view.data(), a.data(), a.nbytes()), 0);
 }
 
 TEST(CheckpointTest, LoadOfMissingCheckpointIsNotFound) {

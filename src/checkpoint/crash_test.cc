@@ -1,9 +1,13 @@
 // The commit protocol under SIGKILL. A child process saves in a loop and is
 // killed at a random moment; then the parent checks what is on disk:
 //
-//  - overwrite mode (one directory saved over and over): the directory holds
-//    either no committed checkpoint or a complete one whose every element
-//    matches the step it records;
+//  - overwrite mode (one directory saved over and over): until the first
+//    commit the directory may hold no committed checkpoint; from then on it
+//    always holds a complete one (the old or the new: an overwrite never
+//    destroys the old checkpoint before the new one has committed) whose
+//    every element matches the step it records, never older than the last
+//    one seen, and at most two data files (the committed checkpoint's and
+//    the killed save's: the next save removes leftovers);
 //  - one directory per step (what a checkpoint manager does): every committed
 //    directory loads bit-exact, and only the directory being written when the
 //    kill landed may be uncommitted, so the previous checkpoint is intact.
@@ -124,6 +128,7 @@ TEST(CrashTest, KilledSavesNeverLeaveABadCommittedCheckpoint) {
                         std::chrono::duration<double>(seconds);
   int iterations = 0, committed = 0, uncommitted = 0;
   int64_t next_step = 1;
+  int64_t overwrite_step = -1;  // the step last seen committed there
   // Kill anywhere from before the first save starts to a few saves in.
   std::filesystem::create_directories(tmp.Sub("timing"));
   const int64_t one_save = OneSaveMicros(tmp.Sub("timing"));
@@ -151,13 +156,26 @@ TEST(CrashTest, KilledSavesNeverLeaveABadCommittedCheckpoint) {
       const std::string dir = root + "/ckpt";
       absl::StatusOr<Metadata> md = ReadMetadata(dir);
       if (absl::IsNotFound(md.status())) {
+        ASSERT_LT(overwrite_step, 0)
+            << "a killed overwrite left no committed checkpoint, where step "
+            << overwrite_step << " was committed before it started";
         ++uncommitted;
       } else {
         ASSERT_TRUE(md.ok()) << md.status();
         ExpectIntact(dir);
+        if (HasFatalFailure()) return;
+        const int64_t step = StepOf(dir);
+        ASSERT_GE(step, overwrite_step) << "an older checkpoint came back";
+        overwrite_step = step;
         ++committed;
-        next_step = std::max(next_step, StepOf(dir) + 1);
+        next_step = std::max(next_step, step + 1);
       }
+      int data_files = 0;
+      std::error_code ec;  // the kill may land before the folder exists
+      for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        if (entry.path().extension() == ".safetensors") ++data_files;
+      }
+      EXPECT_LE(data_files, 2) << "leftovers of killed saves pile up in " << dir;
     } else {
       // Every committed step directory must load; at most one (the newest)
       // may be uncommitted.

@@ -265,6 +265,9 @@ class DataByteCounter : public Storage {
   absl::Status Sync() override { return base_.Sync(); }
   absl::StatusOr<std::vector<std::string>> List() override { return base_.List(); }
   absl::StatusOr<bool> Exists(std::string_view n) override { return base_.Exists(n); }
+  absl::StatusOr<std::unique_ptr<Lock>> TryLock(std::string_view n) override {
+    return base_.TryLock(n);
+  }
   absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(std::string_view n) override {
     CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, base_.OpenForRead(n));
     if (!n.ends_with(".safetensors")) return f;

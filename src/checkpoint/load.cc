@@ -1248,6 +1248,46 @@ absl::StatusOr<Metadata> ReadAndValidate(Storage& storage,
                            /*coverage=*/true);
 }
 
+// A rank-local load reads one folder, but the folders must come from one
+// save: after a crash, or a smaller later save, folders of two saves can
+// lie side by side. Rank r compares its folder's save id and world size
+// with rank 0's folder (rank 0 with rank 1's), so a stale folder is
+// refused by its own rank at least. One small extra read, no collective.
+absl::Status CheckSameSave(Storage& storage, const Metadata& mine, int rank,
+                           const std::string& context) {
+  if (mine.world_size < 2) return absl::OkStatus();
+  const int other = rank == 0 ? 1 : 0;
+  const std::string name = absl::StrCat(
+      internal_format::RankFolderName(other), "/", kMetadataFileName);
+  absl::StatusOr<std::string> text = ReadMetadataText(storage, name);
+  if (absl::IsNotFound(text.status())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: %s/%s is missing, so this rank's folder cannot be shown to "
+        "belong to a complete save of %d ranks",
+        context, storage.url(), name, mine.world_size));
+  }
+  CAIRN_RETURN_IF_ERROR(Annotate(text.status(), context));
+  absl::StatusOr<Metadata> decoded = internal_format::DecodeMetadata(
+      *text, absl::StrCat(storage.url(), "/", name));
+  CAIRN_RETURN_IF_ERROR(Annotate(decoded.status(), context));
+  const Metadata& theirs = *decoded;
+  if (theirs.save_id != mine.save_id ||
+      theirs.world_size != mine.world_size) {
+    auto describe = [](const Metadata& m) {
+      return absl::StrFormat(
+          "%s, %d ranks",
+          m.save_id.empty() ? "no save id" : absl::StrCat("save ", m.save_id),
+          m.world_size);
+    };
+    return absl::DataLossError(absl::StrFormat(
+        "%s: the folders of rank %d (%s) and rank %d (%s) in %s come from "
+        "different saves; a rank-local checkpoint is loaded only when every "
+        "folder is from the same save",
+        context, rank, describe(mine), other, describe(theirs), storage.url()));
+  }
+  return absl::OkStatus();
+}
+
 // Rank-local load: this rank's folder when it has one, else the global
 // metadata; no collective either way.
 absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
@@ -1268,6 +1308,7 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
           "%s/%s says it was written by rank %d, not %d", st.url(), local_name,
           metadata->rank, rank));
     }
+    CAIRN_RETURN_IF_ERROR(CheckSameSave(st, *metadata, rank, context));
     // Its file names are relative to the rank's folder.
     auto relocate = [&](ByteLocation& loc) {
       loc.file = absl::StrCat(folder, "/", loc.file);

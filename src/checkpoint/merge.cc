@@ -1,9 +1,12 @@
 // Merge: a rank-local checkpoint (one folder per rank, each with its own
 // metadata.json) becomes a global one. Offline, no data copied:
 //
-//  1. Find every rank-NNNNN/metadata.json; each must be committed and say
-//     it was written by that rank, all with one world size, and ranks
-//     0..world_size-1 must all be there.
+//  1. Take the location's save lock (no save or merge into the top folder
+//     runs meanwhile). Find every rank-NNNNN/metadata.json; each must be
+//     committed and say it was written by that rank, all with one world
+//     size and one save id (folders of different saves, as a crash leaves
+//     them, never pass for one checkpoint), and ranks 0..world_size-1 must
+//     all be there.
 //  2. Combine: each chunk and object keeps its file, now named relative to
 //     the checkpoint (rank-NNNNN/data-00000.safetensors). A box or object
 //     stored by several ranks (replicas: rank-local saves do not dedup) is
@@ -14,6 +17,7 @@
 //  4. Write metadata.json atomically (refused over an existing one unless
 //     `overwrite`). That is the commit; the rank folders stay as they are.
 #include <algorithm>
+#include <memory>
 #include <map>
 #include <set>
 #include <string>
@@ -44,7 +48,9 @@ using internal_core::Annotate;
 
 absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
                                            const MergeOptions& options) {
-  // 1. The rank folders.
+  // 1. The lock, and the rank folders.
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage::Lock> lock,
+                         storage.TryLock(internal_format::SaveLockName("")));
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
   std::map<int, std::string> folders;
   for (const std::string& name : names) {
@@ -75,6 +81,17 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
           storage.url(), folders.begin()->first, parts[0].world_size, rank,
           md.world_size));
     }
+    if (!parts.empty() && md.save_id != parts[0].save_id) {
+      auto id = [](const Metadata& m) {
+        return m.save_id.empty() ? std::string("none recorded")
+                                 : absl::StrCat("save ", m.save_id);
+      };
+      return absl::DataLossError(absl::StrFormat(
+          "%s: rank %d's folder and rank %d's come from different saves (%s, "
+          "%s); a crash or a smaller later save can leave folders of two "
+          "saves side by side, which never make one checkpoint",
+          storage.url(), folders.begin()->first, rank, id(parts[0]), id(md)));
+    }
     parts.push_back(std::move(md));
   }
   const int world = parts[0].world_size;
@@ -98,6 +115,7 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
   result.ranks = world;
   Metadata& out = result.metadata;
   out.world_size = world;
+  out.save_id = parts[0].save_id;
   out.created_by = "cairn " CAIRN_VERSION_STRING;
   out.user = parts[0].user;
   std::vector<std::string> structures;

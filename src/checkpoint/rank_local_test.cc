@@ -65,8 +65,12 @@ class NoCollectives : public Communicator {
 
 constexpr int kWorld = 4;
 
+// Saves rank-locally, every rank with the same given save id (new for each
+// call), so that no rank needs a collective.
 absl::Status SaveRankLocal(const std::string& dir, Pattern p, int64_t step,
                            bool overwrite = false) {
+  static int saves = 0;
+  const std::string id = absl::StrCat("test-", step, "-", ++saves);
   for (int r = 0; r < kWorld; ++r) {
     NoCollectives comm(r, kWorld);
     RankState s = MakeRankState(p, kWorld, r, step, false);
@@ -74,6 +78,7 @@ absl::Status SaveRankLocal(const std::string& dir, Pattern p, int64_t step,
     o.comm = &comm;
     o.rank_local = true;
     o.overwrite = overwrite;
+    o.save_id = id;
     CAIRN_RETURN_IF_ERROR(Save(s.sd, dir, o).status());
     if (comm.calls != 0) return absl::InternalError("a collective was called");
   }
@@ -252,6 +257,7 @@ TEST(RankLocalTest, MergeRejectsReplicasThatDiffer) {
     SaveOptions o;
     o.comm = &comm;
     o.rank_local = true;
+    o.save_id = "one-save";
     ASSERT_TRUE(Save(sd, tmp.path(), o).ok());
   }
   absl::Status m = Merge(tmp.path()).status();
@@ -272,6 +278,7 @@ TEST(RankLocalTest, MergeRefusesObjectsThatShareBytes) {
     SaveOptions o;
     o.comm = &comm;
     o.rank_local = true;
+    o.save_id = "one-save";
     ASSERT_TRUE(Save(sd, tmp.path(), o).ok());
   }
   const std::string path = tmp.Sub("rank-00001/metadata.json");
@@ -296,6 +303,7 @@ TEST(RankLocalTest, SmallerOverwriteUncommitsExtraRankFolders) {
     SaveOptions o;
     o.comm = &comm;
     o.rank_local = true;
+    o.save_id = "smaller";
     // Without overwrite, the old folders are refused.
     absl::Status saved = Save(s.sd, tmp.path(), o).status();
     EXPECT_EQ(saved.code(), absl::StatusCode::kAlreadyExists) << saved;
@@ -328,6 +336,59 @@ TEST(RankLocalTest, FolderOfAnotherRankIsRefused) {
   absl::Status merge = Merge(tmp.path()).status();
   EXPECT_EQ(merge.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Msg(merge), HasSubstr("rank-00001/metadata.json says it was written by rank 2"));
+}
+
+// Folders of two saves side by side (ranks 0-2 from a second save, rank 3
+// left from the first, as after a crash): each save's id is in every folder,
+// so Merge and rank 3's rank-local load refuse the mix instead of loading
+// mixed values.
+TEST(RankLocalTest, FoldersOfDifferentSavesAreNeverMixed) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveRankLocal(tmp.Sub("first"), Pattern::kRows, 3).ok());
+  ASSERT_TRUE(SaveRankLocal(tmp.Sub("second"), Pattern::kRows, 4).ok());
+  // The second save's folders, but rank 3's from the first.
+  std::filesystem::remove_all(tmp.Sub("second/rank-00003"));
+  std::filesystem::copy(tmp.Sub("first/rank-00003"), tmp.Sub("second/rank-00003"));
+  absl::Status stale = LoadOneRankLocal(tmp.Sub("second"), Pattern::kRows,
+                                        kWorld, 3, 3);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kDataLoss) << stale;
+  EXPECT_THAT(Msg(stale), HasSubstr("come from different saves"));
+  for (int r = 0; r < 3; ++r) {
+    absl::Status s = LoadOneRankLocal(tmp.Sub("second"), Pattern::kRows,
+                                      kWorld, r, 4);
+    EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s;
+  }
+  absl::StatusOr<MergeResult> merged = Merge(tmp.Sub("second"));
+  ASSERT_FALSE(merged.ok());
+  EXPECT_EQ(merged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(merged.status()), HasSubstr("different saves"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("second/metadata.json")));
+  // Unmixed, the same folders merge.
+  EXPECT_TRUE(Merge(tmp.Sub("first")).ok());
+}
+
+// Without a given save id, rank 0's fresh one reaches every folder (the
+// rank-local save's one collective).
+TEST(RankLocalTest, RankZerosSaveIdReachesEveryFolder) {
+  TempDir tmp;
+  std::vector<absl::Status> st = RunInProcess(kWorld, [&](Communicator& comm) {
+    RankState s = MakeRankState(Pattern::kRows, kWorld, comm.rank(), 5, false);
+    SaveOptions o;
+    o.comm = &comm;
+    o.rank_local = true;
+    return Save(s.sd, tmp.path(), o).status();
+  });
+  for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+  std::string id;
+  for (int r = 0; r < kWorld; ++r) {
+    nlohmann::json j = nlohmann::json::parse(testing_util::ReadFile(
+        tmp.Sub(absl::StrFormat("rank-%05d/metadata.json", r))));
+    ASSERT_TRUE(j.contains("save_id")) << r;
+    if (r == 0) id = j["save_id"];
+    EXPECT_EQ(j["save_id"], id) << r;
+  }
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_TRUE(Merge(tmp.path()).ok());
 }
 
 }  // namespace

@@ -12,12 +12,13 @@
 //     exactly once, one dtype and shape per FQN, nothing written twice) and
 //     builds the metadata skeleton; then scatter each rank's final plan (or
 //     the error). FinishPlan on every rank.
-//  3. Prepare the location (coordinator): a committed checkpoint there is
-//     refused unless `overwrite`; with it, the old checkpoint is
-//     un-committed first (metadata.json removed, directory synced) so that
-//     no crash from here on leaves a metadata.json pointing at rewritten
-//     data. Leftover data files are removed. Broadcast of the outcome: no
-//     rank creates a file before this is done.
+//  3. Prepare the location (coordinator): take the location's save lock
+//     (a second save into the same folder fails here, on every rank, with
+//     kAborted), refuse a committed checkpoint unless `overwrite` (which
+//     leaves it in place, committed), remove data files of interrupted
+//     saves that the committed metadata does not name, and pick the save
+//     id, a fresh random name part. Broadcast of the outcome and the id:
+//     no rank creates a file before this is done.
 //  4. Write (every rank with items): one data file, a safetensors header
 //     padded to 4096 bytes, then the items back to back, streamed in blocks
 //     of `write_buffer_bytes` by IO threads that resolve each item's bytes
@@ -27,11 +28,18 @@
 //  5. Commit: gather the write results (locations, CRC32Cs, scalar values)
 //     at the coordinator, which fills in the metadata and writes
 //     metadata.json atomically (temp file, fsync, rename, fsync directory:
-//     that rename is the commit), then broadcasts the outcome.
+//     that rename is the commit, and it switches an overwritten checkpoint
+//     to the new one in one step), then removes the data files of every
+//     other save (the overwritten checkpoint's), releases the lock and
+//     broadcasts the outcome. Data files carry the save id in their names
+//     (data-<rank>-<save id>.safetensors), so nothing before the rename
+//     touches a byte the old checkpoint uses: a crash at any point leaves
+//     the old checkpoint or the new one.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -41,6 +49,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -133,6 +142,7 @@ struct Where {
   std::string prefix;  // "" or "rank-00003/"
   int rank = -1;       // rank-local: the rank; -1: global
   int world = 1;       // rank-local: the ranks of the job
+  std::string save_id;  // rank-local: the job's, from rank 0; else fresh
   bool rank_local() const { return rank >= 0; }
   std::string metadata_name() const { return prefix + kMetadataFileName; }
 };
@@ -400,17 +410,63 @@ absl::Status Uncommit(Storage& storage, const std::string& name,
   return storage.Sync();
 }
 
-absl::Status PrepareLocation(Storage& storage, const SaveOptions& options,
-                             const Where& where) {
+// The data files (relative to the location) that the committed metadata
+// file `name` names; nullopt when it cannot be read or decoded (then no
+// file is known to be unused).
+std::optional<std::set<std::string, std::less<>>> FilesOf(Storage& storage,
+                                             const std::string& name,
+                                             std::string_view prefix) {
+  absl::StatusOr<std::string> text = ReadMetadataText(storage, name);
+  if (!text.ok()) return std::nullopt;
+  absl::StatusOr<Metadata> md = internal_format::DecodeMetadata(*text, name);
+  if (!md.ok()) return std::nullopt;
+  std::set<std::string, std::less<>> files;
+  for (const auto& [fqn, tensor] : md->tensors) {
+    for (const ChunkMetadata& chunk : tensor.chunks) {
+      files.insert(std::string(prefix) + chunk.location.file);
+    }
+  }
+  for (const auto& [fqn, loc] : md->objects) {
+    files.insert(std::string(prefix) + loc.file);
+  }
+  return files;
+}
+
+// Removes cairn's data and temporary files in the folder `where.prefix`
+// (names relative to the location) for which `keep` is false.
+absl::Status RemoveOurFilesExcept(
+    Storage& storage, const Where& where,
+    const std::function<bool(std::string_view)>& keep) {
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
+  bool removed = false;
+  for (const std::string& name : names) {
+    if (name.starts_with(where.prefix) &&
+        IsOurFile(std::string_view(name).substr(where.prefix.size())) &&
+        !keep(name)) {
+      CAIRN_RETURN_IF_ERROR(storage.Remove(name));
+      removed = true;
+    }
+  }
+  return removed ? storage.Sync() : absl::OkStatus();
+}
+
+// Step 3 on the coordinator: the lock, then the checks. The lock is held
+// until the save has committed and cleaned up (or failed).
+absl::StatusOr<std::unique_ptr<Storage::Lock>> PrepareLocation(
+    Storage& storage, const SaveOptions& options, const Where& where) {
   CAIRN_RETURN_IF_ERROR(storage.CreateLocation());
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage::Lock> lock,
+                         storage.TryLock(internal_format::SaveLockName(
+                             where.prefix)));
   if (where.rank_local()) {
-    // A global metadata.json (e.g. from Merge) may point into this rank's
-    // folder, which is about to be rewritten.
+    // A global metadata.json (e.g. from Merge) points into this rank's
+    // folder, whose old files this save removes once it commits.
     CAIRN_RETURN_IF_ERROR(Uncommit(storage, kMetadataFileName, options,
                                    "a committed global checkpoint"));
     // Folders of ranks beyond this job's world size, left by an earlier,
-    // larger save, would make a later Merge mix two saves: rank 0 (the only
-    // writer of names no other rank of this job touches) un-commits them.
+    // larger save, are un-committed by rank 0 (the only writer of names no
+    // other rank of this job touches); Merge would refuse them anyway, as
+    // their save id differs.
     if (where.rank == 0) {
       CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
       for (const std::string& name : names) {
@@ -424,16 +480,28 @@ absl::Status PrepareLocation(Storage& storage, const SaveOptions& options,
       }
     }
   }
-  CAIRN_RETURN_IF_ERROR(Uncommit(storage, where.metadata_name(), options,
-                                 "a committed checkpoint"));
-  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage.List());
-  for (const std::string& name : names) {
-    if (name.starts_with(where.prefix) &&
-        IsOurFile(std::string_view(name).substr(where.prefix.size()))) {
-      CAIRN_RETURN_IF_ERROR(storage.Remove(name));
-    }
+  // A committed checkpoint stays committed, and its files stay, until this
+  // save commits over it.
+  CAIRN_ASSIGN_OR_RETURN(bool committed,
+                         storage.Exists(where.metadata_name()));
+  if (committed && !options.overwrite) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%s already holds a committed checkpoint (%s); pass overwrite to "
+        "replace it",
+        storage.url(), where.metadata_name()));
   }
-  return absl::OkStatus();
+  // Files of interrupted saves (no other save runs: we hold the lock).
+  // When the committed metadata cannot be read, nothing is removed now;
+  // the commit removes what the new metadata does not name.
+  std::optional<std::set<std::string, std::less<>>> keep;
+  keep.emplace();
+  if (committed) keep = FilesOf(storage, where.metadata_name(), where.prefix);
+  if (keep) {
+    CAIRN_RETURN_IF_ERROR(RemoveOurFilesExcept(
+        storage, where,
+        [&](std::string_view name) { return keep->contains(name); }));
+  }
+  return lock;
 }
 
 int64_t NewPlanId() {
@@ -559,23 +627,38 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   absl::StatusOr<SavePlan> finished = planner.FinishPlan(final_plan);
   absl::Status write_status = finished.status();
 
-  // 3. Prepare the location.
+  // 3. Prepare the location; the coordinator holds its lock from here on.
+  std::unique_ptr<Storage::Lock> lock;
+  std::string save_id;
   {
     absl::Status prepared = absl::OkStatus();
+    std::string id;
     if (coordinator) {
-      prepared = Annotate(PrepareLocation(**storage, options, where),
+      absl::StatusOr<std::unique_ptr<Storage::Lock>> locked =
+          PrepareLocation(**storage, options, where);
+      prepared = Annotate(locked.status(),
                           where.rank_local()
                               ? "preparing the rank's folder"
                               : "preparing the location (coordinator)");
+      if (locked.ok()) lock = *std::move(locked);
+      id = !where.save_id.empty()   ? where.save_id
+           : !options.save_id.empty() ? options.save_id
+                                      : internal_format::NewSaveId();
     }
-    CAIRN_RETURN_IF_ERROR(BroadcastOutcome(*comm, prepared, "").status());
+    CAIRN_ASSIGN_OR_RETURN(save_id, BroadcastOutcome(*comm, prepared, id));
+    if (!internal_format::IsSaveId(save_id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "save: the save id \"", absl::CEscape(save_id),
+          "\" is not 1 to 64 characters of [0-9A-Za-z_-]"));
+    }
   }
 
   // 4. Write this rank's data file.
   WriteReport report;
   if (write_status.ok() && !finished->items.empty()) {
     // Rank-local: the name is relative to the rank's folder.
-    report.file = internal_format::DataFileName(where.rank_local() ? 0 : rank);
+    report.file = internal_format::DataFileName(where.rank_local() ? 0 : rank,
+                                                save_id);
     absl::StatusOr<FileLayout> layout = LayOut(*finished, report.file);
     write_status = layout.status();
     if (write_status.ok()) {
@@ -613,6 +696,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       skeleton->metadata.world_size = where.world;
     }
     if (committed.ok()) {
+      skeleton->metadata.save_id = save_id;
       absl::StatusOr<std::string> json =
           internal_plan::EncodeSkeleton(*skeleton);
       committed = json.status();
@@ -624,6 +708,18 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       committed =
           Annotate(committed, "save failed at commit (coordinator)");
     }
+    // With the commit, no file of any other save is needed (the lock kept
+    // other saves out): the overwritten checkpoint's files and leftovers
+    // go. Best effort: a file left here is removed by the next save into
+    // the location. After a failed commit nothing is removed: the rename
+    // may have happened all the same (a failed fsync of the directory).
+    if (committed.ok()) {
+      const std::string suffix = absl::StrCat("-", save_id, ".safetensors");
+      (void)RemoveOurFilesExcept(**storage, where, [&](std::string_view name) {
+        return name.ends_with(suffix);
+      });
+    }
+    lock.reset();
     ByteWriter w;
     w.U64(total);
     summary = w.Take();
@@ -644,13 +740,32 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
                                          absl::StatusOr<Storage*> storage,
                                          const SaveOptions& options) {
   if (!options.rank_local) return SaveImpl(state, storage, options, Where{});
-  // Rank-local: the communicator only names this rank; the save itself is a
-  // one-rank save into the rank's folder, with no collective.
+  // Rank-local: the save is a one-rank save into the rank's folder. Its one
+  // collective is the broadcast of rank 0's save id, which every rank
+  // folder records so that folders of different saves are never taken for
+  // one checkpoint (Merge and rank-local loads compare them).
   const Ranks ranks(options.comm);
   Where where;
   where.prefix = internal_format::RankFolderName(ranks.rank()) + "/";
   where.rank = ranks.rank();
   where.world = ranks.size();
+  where.save_id = !options.save_id.empty() ? options.save_id
+                  : ranks.rank() == 0        ? internal_format::NewSaveId()
+                                             : "";
+  if (ranks.size() > 1 && options.save_id.empty()) {
+    absl::Status sent = ranks.comm().Broadcast(where.save_id, 0);
+    if (!sent.ok()) {
+      return Annotate(sent, absl::StrCat("rank-local save of rank ",
+                                         ranks.rank(),
+                                         ": broadcasting the save id"));
+    }
+  }
+  if (!internal_format::IsSaveId(where.save_id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank-local save of rank ", ranks.rank(), ": the save id \"",
+        absl::CEscape(where.save_id),
+        "\" is not 1 to 64 characters of [0-9A-Za-z_-]"));
+  }
   SaveOptions local = options;
   local.comm = nullptr;
   absl::StatusOr<SaveResult> result = SaveImpl(state, storage, local, where);

@@ -52,6 +52,17 @@ class TempDir {
   std::string path_;
 };
 
+// Whether `dir` holds any data file ("data-*.safetensors", whatever save
+// wrote it).
+inline bool HasDataFile(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("data-") && name.ends_with(".safetensors")) return true;
+  }
+  return false;
+}
+
 // Deterministic content: byte `i` of element `index` of a tensor.
 inline std::byte ByteAt(DType dtype, int64_t index, size_t i, uint64_t seed) {
   uint64_t x = (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull) ^

@@ -326,7 +326,8 @@ absl::Status PutTensor(
 
 // The document is its head, the members of "tensors" (PutTensor) and its
 // tail. Members in key order: checksum (version 2), created_by, format,
-// objects, rank, scalars, structure, tensors, user, version, world_size.
+// objects, rank, save_id, scalars, structure, tensors, user, version,
+// world_size.
 template <typename Sink>
 absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
   // Version 2 opens with its checksum, written as zeros here and filled in
@@ -357,6 +358,11 @@ absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
   if (md.rank >= 0) {
     PutKey(sink, "rank");
     PutInt(sink, md.rank);
+    sink.Put(',');
+  }
+  if (!md.save_id.empty()) {
+    PutKey(sink, "save_id");
+    CAIRN_RETURN_IF_ERROR(PutString(sink, md.save_id));
     sink.Put(',');
   }
   PutKey(sink, "scalars");
@@ -698,6 +704,14 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     }
     md.rank = static_cast<int>(*r);
   }
+  if (const json* id = Find(root, "save_id"); id != nullptr) {
+    if (!id->is_string() || !IsSaveId(id->get_ref<const std::string&>())) {
+      return Error("", absl::StrCat("\"save_id\" must be a string of 1 to 64 "
+                                    "characters of [0-9A-Za-z_-], got ",
+                                    Describe(*id)));
+    }
+    md.save_id = id->get<std::string>();
+  }
 
   CAIRN_ASSIGN_OR_RETURN(const json* tensors, Object(root, "tensors", ""));
   for (const auto& [fqn, value] : tensors->items()) {
@@ -767,6 +781,7 @@ class FastDecoder : private PlainJsonCursor {
     kStructure = 256,
     kUser = 512,
     kChecksum = 1024,
+    kSaveId = 2048,
   };
   static constexpr uint32_t kRequired = kFormat | kVersion | kCreatedBy |
                                         kWorldSize | kTensors | kObjects |
@@ -1097,6 +1112,12 @@ std::optional<Metadata> FastDecoder::Decode() {
     }
     if (key == "world_size") return once(kWorldSize) && Uint(&world_size);
     if (key == "rank") return once(kRank) && Uint(&rank);
+    if (key == "save_id") {
+      std::string_view id;
+      if (!once(kSaveId) || !String(&id) || !IsSaveId(id)) return false;
+      md.save_id = std::string(id);
+      return true;
+    }
     if (key == "tensors") return once(kTensors) && Tensors(&md.tensors);
     if (key == "objects") {
       return once(kObjects) && Members([&](std::string_view fqn) {

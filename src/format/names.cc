@@ -1,5 +1,12 @@
 #include "format/names.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <random>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
@@ -62,6 +69,33 @@ absl::Status ValidatePlainName(std::string_view name) {
 
 std::string DataFileName(int index) {
   return absl::StrFormat("data-%05d.safetensors", index);
+}
+
+std::string DataFileName(int index, std::string_view save_id) {
+  return absl::StrFormat("data-%05d-%s.safetensors", index, save_id);
+}
+
+bool IsSaveId(std::string_view id) {
+  return !id.empty() && id.size() <= 64 &&
+         std::all_of(id.begin(), id.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+                  (c >= 'A' && c <= 'Z') || c == '_' || c == '-';
+         });
+}
+
+std::string NewSaveId() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const uint64_t id =
+      ((uint64_t{rd()} << 32) ^ rd()) ^
+      (counter.fetch_add(1) * 0x9e3779b97f4a7c15ULL) ^
+      static_cast<uint64_t>(
+          std::chrono::steady_clock::now().time_since_epoch().count());
+  return absl::StrFormat("%016x", id);
+}
+
+std::string SaveLockName(std::string_view prefix) {
+  return std::string(prefix) + "save.lock";
 }
 
 std::string RankFolderName(int rank) {

@@ -19,8 +19,24 @@ absl::Status ValidateRelativeName(std::string_view name);
 // Stricter: a single component (no '/').
 absl::Status ValidatePlainName(std::string_view name);
 
-// "data-00003.safetensors".
+// "data-00003.safetensors": the name earlier cairn builds gave rank 3's
+// data file.
 std::string DataFileName(int index);
+
+// "data-00003-<save_id>.safetensors": rank 3's data file of the save
+// `save_id`. Every save writes names of its own, so a save never creates
+// or truncates a file that an earlier checkpoint (or another save) uses.
+std::string DataFileName(int index, std::string_view save_id);
+
+// Whether `id` is a save id: 1 to 64 characters of [0-9A-Za-z_-] (safe in
+// a file name).
+bool IsSaveId(std::string_view id);
+
+// A fresh save id: 16 lower-case hex digits, random.
+std::string NewSaveId();
+
+// The lock a save of the folder `prefix` ("" or "rank-00003/") holds.
+std::string SaveLockName(std::string_view prefix);
 
 // "rank-00003": the folder of rank 3 in a rank-local checkpoint.
 std::string RankFolderName(int rank);

@@ -206,6 +206,11 @@ FaultInjectionStorage::OpenForRead(std::string_view name) {
   return std::make_unique<FaultReadableFile>(this, std::move(file));
 }
 
+absl::StatusOr<std::unique_ptr<Storage::Lock>> FaultInjectionStorage::TryLock(
+    std::string_view name) {
+  return base_->TryLock(name);
+}
+
 absl::StatusOr<bool> FaultInjectionStorage::Exists(std::string_view name) {
   CAIRN_RETURN_IF_ERROR(MaybeFail(StorageOp::kExists));
   return base_->Exists(name);

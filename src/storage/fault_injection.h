@@ -71,6 +71,7 @@ class FaultInjectionStorage : public Storage {
   absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
       std::string_view name) override;
   absl::StatusOr<bool> Exists(std::string_view name) override;
+  absl::StatusOr<std::unique_ptr<Lock>> TryLock(std::string_view name) override;
 
   // For the wrapped files: counts the call and returns the injected fault,
   // if this call is the one to fail; OK otherwise.

@@ -109,7 +109,8 @@ TEST_F(FaultInjectionTest, FailAlwaysUntilClear) {
   storage_->FailAlways(StorageOp::kFinish,
                        absl::ResourceExhaustedError("full"));
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(WriteBytes("f", 10).code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(WriteBytes("f" + std::to_string(i), 10).code(),
+              absl::StatusCode::kResourceExhausted);
   }
   storage_->Clear();
   EXPECT_TRUE(WriteBytes("f", 10).ok());

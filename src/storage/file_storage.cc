@@ -31,14 +31,24 @@
 // Finish(size) = ftruncate(size) to cut alignment padding, fdatasync, close.
 // Directory entries of created and removed files become durable at Sync().
 //
-// Every name passes internal_format::ValidateRelativeName before any syscall;
-// every errno becomes a Status in internal_core::StatusFromErrno; every file
-// descriptor is opened with O_CLOEXEC.
+// Every name passes internal_format::ValidateRelativeName before any syscall
+// and is then opened component by component from the location's root with
+// O_NOFOLLOW (OpenParent), so no symbolic link below the root is followed:
+// Create is O_CREAT|O_EXCL (nothing existing is truncated or written
+// through), readers open with O_NONBLOCK and refuse anything but a regular
+// file (a planted FIFO cannot block them), and Remove/rename act on the
+// entries themselves. Writes check RLIMIT_FSIZE first: past it the kernel
+// would kill the process with SIGXFSZ rather than fail the write. TryLock
+// is flock(2) on a file of the location. Every errno becomes a Status in
+// internal_core::StatusFromErrno; every file descriptor is opened with
+// O_CLOEXEC.
 #include "storage/file_storage.h"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -186,6 +196,83 @@ uint64_t RandomU64() {
   return rng() ^ counter.fetch_add(0x9e3779b97f4a7c15ULL);
 }
 
+// A file descriptor, closed when this goes out of scope.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_ = -1;
+};
+
+// What a non-regular entry is, for errors.
+std::string_view KindOf(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+// The error for an entry of the location that is not what cairn may use.
+absl::Status NotPlain(std::string_view path, std::string_view kind,
+                      std::string_view want) {
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s is %s, not %s: cairn never follows links inside a checkpoint and "
+      "opens only regular files there",
+      path, kind, want));
+}
+
+// After `openat(dir, name, ... | O_NOFOLLOW)` failed with `err`: the
+// error, naming what the entry is when that is why (O_NOFOLLOW on a link
+// says ELOOP, O_DIRECTORY on anything else ENOTDIR).
+absl::Status OpenError(int dir, const char* name, int err,
+                       std::string_view operation, const std::string& path,
+                       std::string_view want) {
+  if (err == ELOOP || err == ENOTDIR || err == ENXIO) {
+    struct stat st;
+    // A regular file where a directory was wanted is simply not that
+    // directory (kNotFound, as ENOTDIR); anything else is named.
+    if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !S_ISREG(st.st_mode)) {
+      return NotPlain(path, KindOf(st.st_mode), want);
+    }
+  }
+  return StatusFromErrno(err, operation, path);
+}
+
+// kResourceExhausted when a file of `size` bytes would pass this process's
+// file size limit (RLIMIT_FSIZE, `ulimit -f`): past it the kernel kills
+// the writer with SIGXFSZ instead of failing the write, so a save checks
+// before it writes rather than die.
+absl::Status CheckFileSizeLimit(uint64_t size, const std::string& path) {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_FSIZE, &limit) != 0 ||
+      limit.rlim_cur == RLIM_INFINITY || size <= limit.rlim_cur) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s: writing %d bytes would pass this process's file size limit of %d "
+      "bytes (RLIMIT_FSIZE, ulimit -f)",
+      path, size, static_cast<uint64_t>(limit.rlim_cur)));
+}
+
 class FileWritableFile final : public WritableFile {
  public:
   FileWritableFile(int fd, std::string path, size_t alignment)
@@ -213,6 +300,9 @@ class FileWritableFile final : public WritableFile {
             path_, offset, data.size(), address, alignment_));
       }
     }
+    uint64_t end;
+    if (__builtin_add_overflow(offset, data.size(), &end)) end = UINT64_MAX;
+    CAIRN_RETURN_IF_ERROR(CheckFileSizeLimit(end, path_));
     return PwriteAll(fd_, path_, offset, data.data(), data.size());
   }
 
@@ -226,6 +316,7 @@ class FileWritableFile final : public WritableFile {
       return absl::InvalidArgumentError(
           absl::StrFormat("Reserve %s: size %d too large", path_, size));
     }
+    CAIRN_RETURN_IF_ERROR(CheckFileSizeLimit(size, path_));
     int rc;
     do {
       rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(size));
@@ -243,10 +334,13 @@ class FileWritableFile final : public WritableFile {
           absl::StrCat("Finish called twice on ", path_));
     }
     const int fd = std::exchange(fd_, -1);
-    absl::Status status;
-    if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
-      status = absl::InvalidArgumentError(
-          absl::StrFormat("Finish %s: size %d too large", path_, size));
+    absl::Status status =
+        size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())
+            ? absl::InvalidArgumentError(
+                  absl::StrFormat("Finish %s: size %d too large", path_, size))
+            : CheckFileSizeLimit(size, path_);
+    if (!status.ok()) {
+      // Reported below, after closing.
     } else if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
       status =
           StatusFromErrno(errno, absl::StrCat("ftruncate to ", size), path_);
@@ -597,33 +691,47 @@ class FileStorage final : public Storage {
 
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(
       std::string_view name) override {
-    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
-    CAIRN_RETURN_IF_ERROR(MakeParentsOf(name));
+    CAIRN_ASSIGN_OR_RETURN(Parent parent, OpenParent(name, /*create=*/true));
     const std::string path = PathOf(name);
-    const int base_flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-    if (options_.direct_io && direct_io_supported_.load()) {
+    // O_EXCL: an existing entry of that name (a file, or a link to one
+    // anywhere) is never truncated or written through.
+    const int base_flags =
+        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    auto created = [&](int flags) {
       int fd;
       do {
-        if (test_options_.refuse_direct_io) {
-          fd = -1;
-          errno = EINVAL;
-        } else {
-          fd = ::open(path.c_str(), base_flags | O_DIRECT, 0644);
-        }
+        fd = ::openat(parent.dir.get(), parent.last.c_str(), flags, 0644);
       } while (fd < 0 && errno == EINTR);
+      return fd;
+    };
+    auto failed = [&](int err) -> absl::Status {
+      if (err == EEXIST) {
+        struct stat st;
+        if (::fstatat(parent.dir.get(), parent.last.c_str(), &st,
+                      AT_SYMLINK_NOFOLLOW) == 0 &&
+            !S_ISREG(st.st_mode)) {
+          return NotPlain(path, KindOf(st.st_mode), "a file cairn may create");
+        }
+      }
+      return StatusFromErrno(err, "create", path);
+    };
+    if (options_.direct_io && direct_io_supported_.load()) {
+      int fd = -1;
+      if (test_options_.refuse_direct_io) {
+        errno = EINVAL;
+      } else {
+        fd = created(base_flags | O_DIRECT);
+      }
       if (fd >= 0) {
         MarkDirty(DirName(path));
         return std::make_unique<FileWritableFile>(fd, path, kDirectIoAlignment);
       }
-      if (errno != EINVAL) return StatusFromErrno(errno, "create", path);
+      if (errno != EINVAL) return failed(errno);
       // The filesystem refuses O_DIRECT (old tmpfs): buffered from now on.
       direct_io_supported_.store(false);
     }
-    int fd;
-    do {
-      fd = ::open(path.c_str(), base_flags, 0644);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return StatusFromErrno(errno, "create", path);
+    const int fd = created(base_flags);
+    if (fd < 0) return failed(errno);
     MarkDirty(DirName(path));
     return std::make_unique<FileWritableFile>(fd, path, 1);
   }
@@ -631,15 +739,17 @@ class FileStorage final : public Storage {
   absl::Status WriteAtomically(std::string_view name,
                                std::string_view contents) override {
     // Step 1.
-    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
-    CAIRN_RETURN_IF_ERROR(MakeParentsOf(name));
+    CAIRN_ASSIGN_OR_RETURN(Parent parent, OpenParent(name, /*create=*/true));
     const std::string path = PathOf(name);
+    CAIRN_RETURN_IF_ERROR(CheckFileSizeLimit(contents.size(), path));
     // Step 2.
-    const std::string temp =
-        absl::StrFormat("%s.tmp-%d-%016x", path, ::getpid(), RandomU64());
+    const std::string temp_last = absl::StrFormat(
+        "%s.tmp-%d-%016x", parent.last, ::getpid(), RandomU64());
+    const std::string temp = absl::StrCat(DirName(path), "/", temp_last);
     int fd;
     do {
-      fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      fd = ::openat(parent.dir.get(), temp_last.c_str(),
+                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return StatusFromErrno(errno, "create", temp);
     // Steps 3-5.
@@ -651,23 +761,31 @@ class FileStorage final : public Storage {
     }
     absl::Status closed = CloseFd(fd, temp);
     if (status.ok()) status = closed;
-    // Step 6.
-    if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
+    // Step 6: renameat replaces the entry `name` itself, never what a link
+    // there points at.
+    if (status.ok() && ::renameat(parent.dir.get(), temp_last.c_str(),
+                                  parent.dir.get(), parent.last.c_str()) != 0) {
       status =
           StatusFromErrno(errno, absl::StrCat("rename ", temp, " to"), path);
     }
     if (!status.ok()) {
-      (void)::unlink(temp.c_str());
+      (void)::unlinkat(parent.dir.get(), temp_last.c_str(), 0);
       return status;
     }
     // Step 7.
-    return SyncDirectory(DirName(path));
+    if (::fsync(parent.dir.get()) != 0 && errno != EINVAL) {
+      return StatusFromErrno(errno, "fsync directory", DirName(path));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Remove(std::string_view name) override {
-    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    absl::StatusOr<Parent> parent = OpenParent(name, /*create=*/false);
+    if (absl::IsNotFound(parent.status())) return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(parent.status());
     const std::string path = PathOf(name);
-    if (::unlink(path.c_str()) != 0) {
+    // unlinkat removes a link itself, never its target.
+    if (::unlinkat(parent->dir.get(), parent->last.c_str(), 0) != 0) {
       if (errno == ENOENT) return absl::OkStatus();
       return StatusFromErrno(errno, "unlink", path);
     }
@@ -704,32 +822,44 @@ class FileStorage final : public Storage {
 
   absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
       std::string_view name) override {
-    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    CAIRN_ASSIGN_OR_RETURN(Parent parent, OpenParent(name, /*create=*/false));
     const std::string path = PathOf(name);
-    int fd;
-    do {
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return StatusFromErrno(errno, "open", path);
+    // O_NONBLOCK: a FIFO planted in place of a file would otherwise block
+    // this open until some writer came; it is refused below instead.
+    auto open_file = [&](int extra) {
+      int fd;
+      do {
+        fd = ::openat(parent.dir.get(), parent.last.c_str(),
+                      O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | extra);
+      } while (fd < 0 && errno == EINTR);
+      return fd;
+    };
+    Fd fd(open_file(0));
+    if (fd.get() < 0) {
+      return OpenError(parent.dir.get(), parent.last.c_str(), errno, "open",
+                       path, "a regular file");
+    }
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      absl::Status status = StatusFromErrno(errno, "fstat", path);
-      (void)CloseFd(fd, path);
-      return status;
-    }
+    if (::fstat(fd.get(), &st) != 0) return StatusFromErrno(errno, "fstat", path);
     if (!S_ISREG(st.st_mode)) {
-      (void)CloseFd(fd, path);
-      return absl::FailedPreconditionError(
-          absl::StrCat("open ", path, ": not a regular file"));
+      return NotPlain(path, KindOf(st.st_mode), "a regular file");
     }
+    // Reads of a regular file never block; the flag goes all the same.
+    (void)::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
     // A second descriptor for direct reads, where allowed (best effort:
-    // without it every read is buffered).
+    // without it every read is buffered), of the same file: the name may
+    // have been replaced since the first open.
     int direct_fd = -1;
     if (options_.direct_io && direct_io_supported_.load() &&
         !test_options_.refuse_direct_io) {
-      do {
-        direct_fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-      } while (direct_fd < 0 && errno == EINTR);
+      Fd direct(open_file(O_DIRECT));
+      struct stat dst;
+      if (direct.get() >= 0 && ::fstat(direct.get(), &dst) == 0 &&
+          dst.st_dev == st.st_dev && dst.st_ino == st.st_ino) {
+        (void)::fcntl(direct.get(), F_SETFL,
+                      ::fcntl(direct.get(), F_GETFL) & ~O_NONBLOCK);
+        direct_fd = direct.release();
+      }
     }
     FileReadableFile::Options read_options;
     read_options.copy_mapped = options_.map_cached_reads;
@@ -739,23 +869,144 @@ class FileStorage final : public Storage {
       read_options.release_batch = test_options_.view_release_batch;
     }
     return std::make_unique<FileReadableFile>(
-        fd, direct_fd, read_options, path,
+        fd.release(), direct_fd, read_options, path,
         static_cast<uint64_t>(st.st_size));
   }
 
   absl::StatusOr<bool> Exists(std::string_view name) override {
-    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    absl::StatusOr<Parent> parent = OpenParent(name, /*create=*/false);
+    if (absl::IsNotFound(parent.status())) return false;
+    CAIRN_RETURN_IF_ERROR(parent.status());
     const std::string path = PathOf(name);
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
+    if (::fstatat(parent->dir.get(), parent->last.c_str(), &st,
+                  AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT || errno == ENOTDIR) return false;
       return StatusFromErrno(errno, "stat", path);
     }
-    // Like List(): only regular files are files of the checkpoint.
-    return S_ISREG(st.st_mode);
+    if (!S_ISREG(st.st_mode)) {
+      return NotPlain(path, KindOf(st.st_mode), "a regular file");
+    }
+    return true;
+  }
+
+  absl::StatusOr<std::unique_ptr<Lock>> TryLock(
+      std::string_view name) override {
+    CAIRN_ASSIGN_OR_RETURN(Parent parent, OpenParent(name, /*create=*/true));
+    const std::string path = PathOf(name);
+    int raw;
+    do {
+      raw = ::openat(parent.dir.get(), parent.last.c_str(),
+                     O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                     0644);
+    } while (raw < 0 && errno == EINTR);
+    if (raw < 0) {
+      return OpenError(parent.dir.get(), parent.last.c_str(), errno,
+                       "open lock file", path, "a regular file");
+    }
+    Fd fd(raw);
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return StatusFromErrno(errno, "fstat", path);
+    if (!S_ISREG(st.st_mode)) {
+      return NotPlain(path, KindOf(st.st_mode), "a regular file");
+    }
+    MarkDirty(DirName(path));
+    int rc;
+    do {
+      rc = ::flock(fd.get(), LOCK_EX | LOCK_NB);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      if (errno != EWOULDBLOCK) return StatusFromErrno(errno, "flock", path);
+      // The holder wrote who it is (below); best effort.
+      char holder[128] = {};
+      const ssize_t n = ::pread(fd.get(), holder, sizeof(holder) - 1, 0);
+      std::string who(holder, n > 0 ? static_cast<size_t>(n) : 0);
+      who = who.substr(0, who.find('\n'));
+      return absl::AbortedError(absl::StrFormat(
+          "%s is locked by another save (%s): only one save into a location "
+          "runs at a time",
+          path, who.empty() ? "holder unknown" : absl::CEscape(who)));
+    }
+    // Who holds it, for the error another saver will see. The lock does
+    // not depend on it: flock is released when the holder exits, however
+    // it exits.
+    char host[256] = {};
+    (void)::gethostname(host, sizeof(host) - 1);
+    const std::string who =
+        absl::StrFormat("process %d on %s\n", ::getpid(), host);
+    if (::ftruncate(fd.get(), 0) == 0) {
+      (void)::pwrite(fd.get(), who.data(), who.size(), 0);
+    }
+    return std::unique_ptr<Lock>(new FileLock(std::move(fd)));
   }
 
  private:
+  class FileLock final : public Lock {
+   public:
+    explicit FileLock(Fd fd) : fd_(std::move(fd)) {}
+    // Closing the descriptor releases the lock.
+
+   private:
+    Fd fd_;
+  };
+
+  // The directory holding a name's last component, opened.
+  struct Parent {
+    Fd dir;
+    std::string last;
+  };
+
+  // Opens the directory inside the location that holds `name`, following
+  // no symbolic link below the location's root (the root itself is the
+  // caller's path and may be one): each component is opened relative to
+  // the one before with O_NOFOLLOW. With `create`, missing directories are
+  // made (each marks its parent dirty); without, a missing one is
+  // kNotFound.
+  absl::StatusOr<Parent> OpenParent(std::string_view name, bool create) {
+    CAIRN_RETURN_IF_ERROR(internal_format::ValidateRelativeName(name));
+    int raw;
+    do {
+      raw = ::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (raw < 0 && errno == EINTR);
+    if (raw < 0) return StatusFromErrno(errno, "open directory", root_);
+    Parent parent{Fd(raw), ""};
+    std::string path = root_ == "/" ? "" : root_;
+    size_t start = 0;
+    while (true) {
+      const size_t slash = name.find('/', start);
+      if (slash == std::string_view::npos) {
+        parent.last = std::string(name.substr(start));
+        return parent;
+      }
+      const std::string component(name.substr(start, slash - start));
+      const std::string dir_path = absl::StrCat(path, "/", component);
+      auto open_dir = [&] {
+        int fd;
+        do {
+          fd = ::openat(parent.dir.get(), component.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        } while (fd < 0 && errno == EINTR);
+        return fd;
+      };
+      int fd = open_dir();
+      if (fd < 0 && errno == ENOENT && create) {
+        if (::mkdirat(parent.dir.get(), component.c_str(), 0755) == 0) {
+          MarkDirty(path.empty() ? "/" : path);
+        } else if (errno != EEXIST) {
+          return StatusFromErrno(errno, "mkdir", dir_path);
+        }
+        fd = open_dir();
+      }
+      if (fd < 0) {
+        return OpenError(parent.dir.get(), component.c_str(), errno,
+                         "open directory", dir_path, "a directory");
+      }
+      parent.dir = Fd(fd);
+      path = dir_path;
+      start = slash + 1;
+    }
+  }
+
   std::string PathOf(std::string_view name) const {
     return absl::StrFormat("%s/%s", root_ == "/" ? "" : root_, name);
   }
@@ -783,27 +1034,6 @@ class FileStorage final : public Storage {
       return StatusFromErrno(errno, "mkdir", path);
     }
     MarkDirty(parent);
-    return absl::OkStatus();
-  }
-
-  // Creates the directories of a nested `name` ("rank-00003/data...") inside
-  // the location, which must exist already.
-  absl::Status MakeParentsOf(std::string_view name) {
-    const size_t slash = name.rfind('/');
-    if (slash == std::string_view::npos) return absl::OkStatus();
-    std::string path = root_ == "/" ? "" : root_;
-    size_t start = 0;
-    while (start < slash) {
-      size_t end = name.find('/', start);
-      path += '/';
-      path += name.substr(start, end - start);
-      if (::mkdir(path.c_str(), 0755) == 0) {
-        MarkDirty(DirName(path));
-      } else if (errno != EEXIST) {
-        return StatusFromErrno(errno, "mkdir", path);
-      }
-      start = end + 1;
-    }
     return absl::OkStatus();
   }
 

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cairn/storage.h"
 #include "core/aligned_buffer.h"
 #include "core/checked.h"
@@ -641,6 +643,194 @@ TEST(FileStorageTest, FinishTwiceIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// --- Entries planted in the location: links, FIFOs, existing files ---
+
+// A file outside the location, with known contents, that must never change.
+struct Outside {
+  TempDir dir;
+  std::string path = dir.path() + "/victim";
+  Outside() { WriteWhole(path, "precious"); }
+  static void WriteWhole(const std::string& p, const std::string& text) {
+    FILE* f = std::fopen(p.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+};
+
+std::span<const std::byte> Bytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+TEST(FileStorageTest, CreateNeverTruncatesOrWritesThroughALink) {
+  TempDir dir;
+  Outside outside;
+  ASSERT_EQ(::symlink(outside.path.c_str(),
+                      (dir.path() + "/data-00000.safetensors").c_str()),
+            0);
+  StorageOptions o;
+  o.direct_io = false;
+  auto storage = Storage::Open(dir.path(), o);
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("data-00000.safetensors");
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(file.status().message(), HasSubstr("a symbolic link"));
+  EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
+  // With O_DIRECT too (where the filesystem takes it).
+  auto direct = Storage::Open(dir.path());
+  ASSERT_TRUE(direct.ok());
+  EXPECT_FALSE((*direct)->Create("data-00000.safetensors").ok());
+  EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
+}
+
+TEST(FileStorageTest, CreateRefusesAnExistingFile) {
+  TempDir dir;
+  Outside::WriteWhole(dir.path() + "/f", "old");
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ReadFileDirectly(dir.path() + "/f"), "old");
+}
+
+TEST(FileStorageTest, NoLinkedDirectoryIsFollowed) {
+  TempDir dir;
+  Outside outside;
+  // rank-00003 -> a folder elsewhere.
+  ASSERT_EQ(::symlink(outside.dir.path().c_str(),
+                      (dir.path() + "/rank-00003").c_str()),
+            0);
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  EXPECT_EQ((*storage)->Create("rank-00003/new").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(std::filesystem::exists(outside.dir.path() + "/new"));
+  EXPECT_EQ((*storage)->WriteAtomically("rank-00003/victim", "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*storage)->OpenForRead("rank-00003/victim").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*storage)->Exists("rank-00003/victim").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE((*storage)->Remove("rank-00003/victim").ok());
+  EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
+}
+
+TEST(FileStorageTest, ReadersRefuseLinksAndSayWhy) {
+  TempDir dir;
+  Outside outside;
+  ASSERT_EQ(::symlink(outside.path.c_str(),
+                      (dir.path() + "/data-00000.safetensors").c_str()),
+            0);
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  auto read = (*storage)->OpenForRead("data-00000.safetensors");
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(read.status().message(),
+              HasSubstr("data-00000.safetensors is a symbolic link"));
+  EXPECT_EQ((*storage)->Exists("data-00000.safetensors").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Remove takes the link away, never its target.
+  ASSERT_TRUE((*storage)->Remove("data-00000.safetensors").ok());
+  EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
+  // WriteAtomically replaces a link by a file; the target stays.
+  ASSERT_EQ(::symlink(outside.path.c_str(),
+                      (dir.path() + "/metadata.json").c_str()),
+            0);
+  ASSERT_TRUE((*storage)->WriteAtomically("metadata.json", "new").ok());
+  EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
+  EXPECT_EQ(ReadFileDirectly(dir.path() + "/metadata.json"), "new");
+}
+
+TEST(FileStorageTest, AFifoNeverBlocksAReader) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir.path() + "/metadata.json").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo((dir.path() + "/data-00000.safetensors").c_str(), 0644),
+            0);
+  auto storage = Storage::Open(dir.path());
+  ASSERT_TRUE(storage.ok());
+  // Without O_NONBLOCK each of these waits for a writer that never comes.
+  auto read = (*storage)->OpenForRead("data-00000.safetensors");
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(read.status().message(), HasSubstr("is a FIFO"));
+  EXPECT_EQ((*storage)->ReadAll("metadata.json", 1 << 20).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*storage)->Exists("metadata.json").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Nor a writer: Create is exclusive, so it never opens the FIFO.
+  EXPECT_FALSE((*storage)->Create("data-00000.safetensors").ok());
+}
+
+TEST(FileStorageTest, OneLockHolderAtATime) {
+  TempDir dir;
+  auto a = Storage::Open(dir.path());
+  auto b = Storage::Open(dir.path());
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto held = (*a)->TryLock("save.lock");
+  ASSERT_TRUE(held.ok()) << held.status();
+  // Another Storage (here in the same process, as flock locks are per open
+  // file, not per process) is refused, and told who holds it.
+  auto refused = (*b)->TryLock("save.lock");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat("process ", ::getpid())));
+  held->reset();
+  auto again = (*b)->TryLock("save.lock");
+  EXPECT_TRUE(again.ok()) << again.status();
+  // The lock file is not a file of the checkpoint's data, but it is a
+  // regular file: a link in its place is refused.
+  Outside outside;
+  ASSERT_EQ(::symlink(outside.path.c_str(),
+                      (dir.path() + "/other.lock").c_str()),
+            0);
+  EXPECT_EQ((*a)->TryLock("other.lock").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
+}
+
+// Lowers this process's RLIMIT_FSIZE for the test's lifetime.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    struct rlimit lower = old_;
+    lower.rlim_cur = bytes;
+    ok_ = ::setrlimit(RLIMIT_FSIZE, &lower) == 0;
+  }
+  ~FileSizeLimit() { ::setrlimit(RLIMIT_FSIZE, &old_); }
+  bool ok() const { return ok_; }
+
+ private:
+  struct rlimit old_;
+  bool ok_ = false;
+};
+
+TEST(FileStorageTest, FileSizeLimitIsAnErrorNotSigxfsz) {
+  TempDir dir;
+  StorageOptions o;
+  o.direct_io = false;
+  auto storage = Storage::Open(dir.path(), o);
+  ASSERT_TRUE(storage.ok());
+  auto file = (*storage)->Create("f");
+  ASSERT_TRUE(file.ok());
+  const std::string block(8192, 'x');
+  FileSizeLimit limit(4096);
+  ASSERT_TRUE(limit.ok());
+  // Past the limit the kernel would send SIGXFSZ, which ends the process.
+  absl::Status wrote = (*file)->WriteAt(0, Bytes(block));
+  EXPECT_EQ(wrote.code(), absl::StatusCode::kResourceExhausted) << wrote;
+  EXPECT_THAT(wrote.message(), HasSubstr("RLIMIT_FSIZE"));
+  EXPECT_EQ((*file)->Reserve(8192).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*storage)->WriteAtomically("m", block).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*file)->WriteAt(0, Bytes(block.substr(0, 4096))).ok());
+  EXPECT_TRUE((*file)->Finish(4096).ok());
+}
+
 TEST(FileStorageTest, CreateNeedsTheLocation) {
   TempDir dir;
   auto storage = Storage::Open(dir.path() + "/not-created");
@@ -686,9 +876,13 @@ TEST(FileStorageTest, DirectoriesAndSymlinksAreNotFiles) {
   auto names = (*storage)->List();
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_THAT(*names, ElementsAre("d/real"));
+  // Neither is a file: Exists says what each is instead.
   auto d = (*storage)->Exists("d");
-  ASSERT_TRUE(d.ok());
-  EXPECT_FALSE(*d);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(d.status().message(), HasSubstr("is a directory"));
+  auto link = (*storage)->Exists("link");
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(link.status().message(), HasSubstr("is a symbolic link"));
   EXPECT_EQ((*storage)->OpenForRead("d").status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
@@ -710,8 +904,14 @@ TEST(FileStorageTest, NoFileDescriptorLeaks) {
     ASSERT_TRUE(storage.ok());
     for (int i = 0; i < 10; ++i) {
       ASSERT_TRUE((*storage)->WriteAtomically("n/m", "x").ok());
-      auto file = (*storage)->Create("f");
+      auto file = (*storage)->Create("f" + std::to_string(i));
       ASSERT_TRUE(file.ok());
+      EXPECT_FALSE((*storage)->Create("n/m").ok());  // exists
+      {
+        auto lock = (*storage)->TryLock("save.lock");
+        ASSERT_TRUE(lock.ok());
+        EXPECT_FALSE((*storage)->TryLock("save.lock").ok());
+      }
       if (i % 2 == 0) {
         ASSERT_TRUE((*file)->Finish(0).ok());
       }
