@@ -43,7 +43,10 @@ struct ManagerOptions {
   int keep_every = 0;  // also keep steps divisible by this; 0: none
   bool async = true;   // Save returns after staging
   AsyncSaveOptions async_options;
-  SaveOptions save_options;  // comm and overwrite are set by the manager
+  // comm and overwrite are set by the manager; rank_local is refused
+  // (kInvalidArgument from Create: a step is committed by its top-level
+  // metadata.json, which rank-local saves do not write).
+  SaveOptions save_options;
   LoadOptions load_options;  // comm is set by the manager
 };
 

@@ -100,6 +100,16 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
   if (options.keep_last < 1) {
     made = absl::InvalidArgumentError("keep_last must be at least 1");
   }
+  // A rank-local step has no top-level metadata.json until it is merged,
+  // so retention would take every one for a crash leftover and delete it.
+  if (options.save_options.rank_local) {
+    made = absl::InvalidArgumentError(absl::StrFormat(
+        "CheckpointManager at %s: save_options.rank_local is not supported "
+        "(a step counts as committed by its top-level metadata.json, which "
+        "a rank-local save does not write); save rank-locally with "
+        "cairn::Save and cairn::Merge, or use global saves here",
+        root));
+  }
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<AsyncSaver> saver,
                          AsyncSaver::Create(comm, options.async_options));
   CAIRN_RETURN_IF_ERROR(made);

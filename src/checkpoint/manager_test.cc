@@ -150,5 +150,19 @@ TEST(ManagerTest, SeveralRanksSaveAndRestore) {
   for (const absl::Status& s : st) EXPECT_TRUE(s.ok()) << s;
 }
 
+// A rank-local step has no top-level metadata.json, so retention would take
+// every one for a crash leftover and delete it: the option is refused at
+// Create, saying why, and nothing is saved or deleted.
+TEST(ManagerTest, RankLocalSavesAreRefusedClearly) {
+  TempDir tmp;
+  ManagerOptions options;
+  options.save_options.rank_local = true;
+  absl::StatusOr<std::unique_ptr<CheckpointManager>> m =
+      CheckpointManager::Create(tmp.path(), nullptr, options);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), ::testing::HasSubstr("rank_local"));
+}
+
 }  // namespace
 }  // namespace cairn
