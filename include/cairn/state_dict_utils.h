@@ -36,8 +36,9 @@
 // through a transfer can leave ranks with different errors.
 //
 // Memory: these functions work on host memory. Tensors on a device give
-// kUnimplemented naming the FQN and the device (this build of cairn has no
-// CUDA support).
+// kUnimplemented naming the FQN and the device, in every build, with CUDA
+// or without; OffloadToHost (below) is the one that copies device tensors
+// to the host, where the build has CUDA and the machine a usable GPU.
 //
 // Thread safety: every function here may be called from several threads at
 // once on different data (and, for collectives, different communicators).

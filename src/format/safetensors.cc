@@ -289,15 +289,22 @@ absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(
   for (int i = 7; i >= 0; --i) {
     n = (n << 8) | static_cast<unsigned char>(first8[i]);
   }
+  // The value is not printed: these bytes may be anything (a file that is
+  // no safetensors file at all), and an error must not show a file's
+  // contents as if they were a length.
   if (n > kMaxSafetensorsHeaderBytes) {
-    return Corrupt(file,
-                   absl::StrCat("header length ", n, " exceeds the limit of ",
-                                kMaxSafetensorsHeaderBytes, " bytes"));
+    return Corrupt(
+        file, absl::StrCat("the header length in its first 8 bytes exceeds "
+                           "the limit of ",
+                           kMaxSafetensorsHeaderBytes,
+                           " bytes: not a safetensors file, or a damaged one"));
   }
   if (n > file_size - 8) {
-    return Corrupt(file, absl::StrCat("header length ", n,
-                                      " runs past the end of the file (size ",
-                                      file_size, ")"));
+    return Corrupt(file,
+                   absl::StrCat("the header length in its first 8 bytes runs "
+                                "past the end of the file (size ",
+                                file_size,
+                                "): a truncated or damaged safetensors file"));
   }
   return n;
 }
