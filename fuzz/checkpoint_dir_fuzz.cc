@@ -11,9 +11,13 @@
 // tensor, an object per rank, three scalars and a user object. The recipe then flips bits, sets bytes,
 // inserts or erases bytes, truncates or removes files, replaces numbers and
 // strings of metadata.json with others (its own, or edge values such as
-// 2^63 and -1), and may reseal the metadata files (recompute their
+// 2^63 and -1), plants a symbolic link (to a copy of the file's bytes
+// outside the checkpoint) or a FIFO in place of a file, puts a rank folder
+// of a second rank-local save (other values, another save id) in place of
+// one of the first's, and may reseal the metadata files (recompute their
 // checksums, as a tool that edits one on purpose would) so that the edits
-// reach the checks behind the checksum.
+// reach the checks behind the checksum. A reader must never follow the
+// link or wait on the FIFO: the reference counts both as missing files.
 //
 // The reference is an independent reading of the edited files (Expected):
 // metadata.json decoded and its coverage checked, every chunk and object
@@ -25,11 +29,16 @@
 // never less; LoadAll must refuse chunks or objects that share bytes (checked
 // pair by pair here). The two ranks of a global
 // load must agree on its outcome. A rank-local load is checked against its
-// rank folder alone (every element it fills held by that folder's chunks).
+// rank folder alone (every element it fills held by that folder's chunks),
+// and may succeed only when both rank folders come from one save (same
+// save id and world size); Merge refuses folders of two saves.
 // Unedited files must load.
 //
 // Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
 // fuzzing faster), removed at exit.
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -75,18 +84,23 @@ std::string Rng(int r) { return absl::StrCat("rng state of rank ", r, "!"); }
 std::map<std::string, std::string> ReadFolder(const std::string& dir) {
   std::map<std::string, std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
+    if (e.is_symlink() || !e.is_regular_file()) continue;
     out[fs::relative(e.path(), dir).string()] =
         testing_util::ReadFile(e.path().string());
   }
   return out;
 }
 
-// The files of the checkpoint saved globally or rank-local, by name.
-std::map<std::string, std::string> SaveOnce(bool rank_local) {
+// The files of the checkpoint saved globally or rank-local, by name;
+// `second`: another save, every value of model.w 1000 larger.
+std::map<std::string, std::string> SaveOnce(bool rank_local,
+                                            bool second = false) {
   testing_util::TempDir dir;
   {
     std::vector<float> w = W();
+    if (second) {
+      for (float& v : w) v += 1000;
+    }
     std::vector<uint16_t> b = B();
     double s = kS;
     std::vector<absl::Status> st =
@@ -124,6 +138,15 @@ const std::map<std::string, std::string>& Saved(bool rank_local) {
   static const std::map<std::string, std::string> local = SaveOnce(true);
   return rank_local ? local : global;
 }
+const std::map<std::string, std::string>& SecondRankLocalSave() {
+  static const std::map<std::string, std::string> second =
+      SaveOnce(true, /*second=*/true);
+  return second;
+}
+
+// Entries planted in place of a file: a symbolic link to a copy of its
+// bytes outside the checkpoint, or a FIFO.
+enum class Planted { kLink, kFifo };
 
 // ------------------------------------------------------------ the edits
 
@@ -169,14 +192,15 @@ std::string NumberFor(Recipe& in, const std::string& old) {
   return absl::StrCat(v ^ (uint64_t{1} << (pick % 64)));
 }
 
-void Edit(Recipe& in, std::map<std::string, std::string>& files) {
+void Edit(Recipe& in, std::map<std::string, std::string>& files,
+          std::map<std::string, Planted>& planted) {
   std::vector<std::string> names;
   for (const auto& [name, unused] : files) names.push_back(name);
   if (names.empty()) return;
   const std::string& name = names[in.Byte() % names.size()];
   std::string& f = files[name];
   const uint32_t at = f.empty() ? 0 : in.U32() % f.size();
-  switch (in.Byte() % 9) {
+  switch (in.Byte() % 12) {
     case 0:  // flip bits
       if (!f.empty()) f[at] = static_cast<char>(f[at] ^ (in.Byte() | 1));
       break;
@@ -222,7 +246,34 @@ void Edit(Recipe& in, std::map<std::string, std::string>& files) {
     case 8:  // copy one file over another
       f = files[names[in.Byte() % names.size()]];
       break;
+    case 9:  // a link to a copy of the file, outside the checkpoint
+      planted[name] = Planted::kLink;
+      break;
+    case 10:  // a FIFO in its place
+      planted[name] = Planted::kFifo;
+      break;
+    case 11: {  // a rank folder of the second rank-local save instead
+      const int rank = internal_format::RankOfMetadataName(name);
+      if (rank < 0) break;
+      const std::string prefix = internal_format::RankFolderName(rank) + "/";
+      std::erase_if(files, [&](const auto& kv) {
+        return kv.first.starts_with(prefix);
+      });
+      for (const auto& [other, bytes] : SecondRankLocalSave()) {
+        if (other.starts_with(prefix)) files[other] = bytes;
+      }
+      break;
+    }
   }
+}
+
+// `files` without the planted entries: what a reader that follows no link
+// and opens no FIFO can read.
+std::map<std::string, std::string> Readable(
+    std::map<std::string, std::string> files,
+    const std::map<std::string, Planted>& planted) {
+  for (const auto& [name, unused] : planted) files.erase(name);
+  return files;
 }
 
 // ------------------------------------------------------------ the reference
@@ -264,6 +315,20 @@ std::optional<std::map<std::string, Leaf>> Expected(
   if (!md.ok() || md->rank != rank ||
       (rank < 0 && !internal_format::ValidateAllCoverage(*md).ok())) {
     return std::nullopt;
+  }
+  // A rank folder counts only beside the other rank's folder of the same
+  // save (the save's world is two ranks).
+  if (rank >= 0 && md->world_size > 1) {
+    auto other = files.find(absl::StrCat(
+        internal_format::RankFolderName(rank == 0 ? 1 : 0), "/",
+        kMetadataFileName));
+    if (other == files.end()) return std::nullopt;
+    absl::StatusOr<Metadata> theirs =
+        internal_format::DecodeMetadata(other->second, "fuzz");
+    if (!theirs.ok() || theirs->save_id != md->save_id ||
+        theirs->world_size != md->world_size) {
+      return std::nullopt;
+    }
   }
   // The bytes of `loc`, if it is inside its file and its CRC32C matches.
   auto read = [&](const ByteLocation& loc) -> std::optional<std::string> {
@@ -521,7 +586,12 @@ std::vector<std::string> Seeds() {
           std::string("\x00\x01\x00\x00\x00\x00\x00\x10", 8),
           std::string("\x01\x06\x00\x00\x00\x00\x00\x05\x00\x00\x00\x03", 12),
           std::string("\x00\x02\x01\x00\x00\x00\x00\x40\x00\x00\x00", 11),
-          std::string("\x00\x03\x00\x03", 4)};
+          std::string("\x00\x03\x00\x03", 4),
+          // A data file of the global save linked from outside; a FIFO in
+          // place of metadata.json; rank 1's folder from a second save.
+          std::string("\x00\x01\x00\x00\x00\x00\x00\x09", 8),
+          std::string("\x00\x01\x02\x00\x00\x00\x00\x0a", 8),
+          std::string("\x02\x01\x04\x00\x00\x00\x00\x0b", 8)};
 }
 
 // The loads of a global checkpoint at `dir`, whose files are `files`;
@@ -585,8 +655,11 @@ CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
   const bool rank_local = flags & 2;
   const std::map<std::string, std::string>& saved = Saved(rank_local);
   std::map<std::string, std::string> files = saved;
+  std::map<std::string, Planted> planted;
   const int edits = static_cast<int>(in.In(0, 4));
-  for (int k = 0; k < edits; ++k) Edit(in, files);
+  for (int k = 0; k < edits; ++k) Edit(in, files, planted);
+  std::erase_if(planted,
+                [&](const auto& kv) { return !files.contains(kv.first); });
   if (reseal) {
     for (auto& [name, bytes] : files) {
       if (name == kMetadataFileName ||
@@ -595,18 +668,36 @@ CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
       }
     }
   }
-  const bool edited = files != saved;
+  const bool edited = files != saved || !planted.empty();
 
   static const testing_util::TempDir work;
   const std::string dir = work.Sub("ckpt");
+  const std::string outside = work.Sub("outside");
   std::error_code ec;
   fs::remove_all(dir, ec);
+  fs::remove_all(outside, ec);
   for (const auto& [name, bytes] : files) {
-    fs::create_directories(fs::path(dir + "/" + name).parent_path());
-    testing_util::WriteFile(dir + "/" + name, bytes);
+    const std::string path = dir + "/" + name;
+    fs::create_directories(fs::path(path).parent_path());
+    auto p = planted.find(name);
+    if (p == planted.end()) {
+      testing_util::WriteFile(path, bytes);
+    } else if (p->second == Planted::kLink) {
+      std::string target = name;
+      std::replace(target.begin(), target.end(), '/', '_');
+      target = outside + "/" + target;
+      fs::create_directories(outside);
+      testing_util::WriteFile(target, bytes);
+      fs::create_symlink(target, path);
+    } else {
+      CAIRN_FUZZ_CHECK(::mkfifo(path.c_str(), 0644) == 0,
+                       absl::StrCat("mkfifo ", path));
+    }
   }
+  const std::map<std::string, std::string> readable =
+      Readable(files, planted);
   if (!rank_local) {
-    CheckGlobalLoads(dir, files, edited);
+    CheckGlobalLoads(dir, readable, edited);
     return;
   }
 
@@ -626,7 +717,7 @@ CAIRN_FUZZ_TARGET(checkpoint_dir, &Seeds) {
                                   "load on rank ", r, ": ", st[r].ToString()));
     if (!st[r].ok()) continue;
     const std::optional<std::map<std::string, Leaf>> expected =
-        Expected(files, r);
+        Expected(readable, r);
     CAIRN_FUZZ_CHECK(expected.has_value(),
                      absl::StrCat("a rank-local load succeeded on rank ", r,
                                   " whose folder holds no valid checkpoint"));
