@@ -292,6 +292,25 @@ TEST(SafetensorsTest, FileShorterThanLengthPrefix) {
   ExpectDataLoss(ParseSafetensorsHeaderLength("", 0, kFile).status());
 }
 
+// A file that is no safetensors file at all (a password file reached by a
+// link, say): the error must not show its first 8 bytes as a number.
+TEST(SafetensorsTest, HeaderLengthErrorsDoNotPrintTheFilesBytes) {
+  const std::string first8 = "root:x:0";
+  uint64_t as_number = 0;
+  for (int i = 7; i >= 0; --i) {
+    as_number = (as_number << 8) | static_cast<unsigned char>(first8[i]);
+  }
+  absl::Status over = ParseSafetensorsHeaderLength(first8, 2000, kFile).status();
+  ExpectDataLoss(over, "not a safetensors file");
+  EXPECT_THAT(over.message(),
+              testing::Not(testing::HasSubstr(absl::StrCat(as_number))));
+  const std::string short_file = LengthPrefix(5000);
+  absl::Status past =
+      ParseSafetensorsHeaderLength(short_file, 100, kFile).status();
+  ExpectDataLoss(past, "runs past the end of the file (size 100)");
+  EXPECT_THAT(past.message(), testing::Not(testing::HasSubstr("5000")));
+}
+
 TEST(SafetensorsTest, HeaderLengthOverCap) {
   std::string prefix = LengthPrefix(kMaxSafetensorsHeaderBytes + 1);
   ExpectDataLoss(
