@@ -15,6 +15,16 @@
 // collective; cairn's save and load do so to exchange errors, which is what
 // keeps a failure on one rank from hanging the others.
 //
+// Timeouts: a rank that is stopped, deadlocked or dead never arrives, and
+// the others would wait for it forever. So each rank of an in-process
+// communicator waits at most CommunicatorOptions::collective_timeout
+// (default 5 minutes) for the others in a collective; past it the
+// collective fails with kDeadlineExceeded naming the ranks that did not
+// arrive. The communicator is then broken for good: every later collective
+// on it, and a late rank's call of the abandoned one, fails at once with
+// kAborted naming the timeout. Split's results inherit it. (The MPI
+// communicator takes the option but does not time out yet.)
+//
 // Thread safety: one communicator object is used by one thread at a time.
 // Different communicators (e.g. the results of Split) may be used from
 // different threads concurrently.
@@ -32,10 +42,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace cairn {
 
 enum class ReduceOp : uint8_t { kSum, kMin, kMax };
+
+inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+
+// How a communicator is made; fixed for its life and inherited by Split.
+struct CommunicatorOptions {
+  // How long a rank waits in a collective for the other ranks before it
+  // fails the collective with kDeadlineExceeded (see "Timeouts" above).
+  // absl::InfiniteDuration() waits forever, as MPI itself does. Must be
+  // positive. Default: kDefaultCollectiveTimeout (5 minutes).
+  absl::Duration collective_timeout = kDefaultCollectiveTimeout;
+};
 
 class Communicator {
  public:
@@ -85,13 +107,17 @@ class Communicator {
 std::unique_ptr<Communicator> LocalCommunicator();
 
 // `n` ranks as threads of this process: communicators[r] is rank r. The
-// communicators share state; destroy them after every thread is done.
-std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(int n);
+// communicators share state; destroy them after every thread is done. Empty
+// when n < 1 or options.collective_timeout is not positive.
+std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(
+    int n, const CommunicatorOptions& options = {});
 
 // Runs fn(comm) on `n` threads, one per rank, and returns each rank's status
-// (indexed by rank) after every thread has finished.
+// (indexed by rank) after every thread has finished. kInvalidArgument (one
+// status) when n < 1 or options.collective_timeout is not positive.
 std::vector<absl::Status> RunInProcess(
-    int n, const std::function<absl::Status(Communicator&)>& fn);
+    int n, const std::function<absl::Status(Communicator&)>& fn,
+    const CommunicatorOptions& options = {});
 
 // Whether this build of cairn has the MPI communicator.
 bool HasMpi();
@@ -100,14 +126,16 @@ bool HasMpi();
 // with MPI_THREAD_MULTIPLE when the application has not (and finalizes it at
 // exit); when the application initialized MPI with a lower thread level,
 // calls are serialized and only one thread may use cairn at a time.
-// kUnimplemented when cairn was built without MPI.
-absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator();
+// kUnimplemented when cairn was built without MPI; kInvalidArgument when
+// options.collective_timeout is not positive.
+absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator(
+    const CommunicatorOptions& options = {});
 
 // A communicator over a duplicate of the application's communicator, given
 // by its Fortran handle (MPI_Comm_c2f(comm) in C, comm.py2f() in mpi4py), so
 // that this header needs no <mpi.h>. MPI must be initialized.
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
-    int64_t fortran_handle);
+    int64_t fortran_handle, const CommunicatorOptions& options = {});
 
 }  // namespace cairn
 

@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "cairn/communicator.h"
 #include "comm/checks.h"
+#include "comm/timeout.h"
 #include "core/checked.h"
 #include "core/status.h"
 
@@ -514,6 +515,8 @@ absl::Status InitializeMpiIfNeeded() {
 // NewMpiCommunicator without context in its errors.
 absl::StatusOr<std::unique_ptr<Communicator>> Wrap(MPI_Comm comm,
                                                    const MpiOptions& options) {
+  CAIRN_RETURN_IF_ERROR(
+      CheckCollectiveTimeout(options.collective_timeout, "options"));
   CAIRN_ASSIGN_OR_RETURN(std::mutex * serializer, MpiSerializer());
   std::unique_lock<std::mutex> lock = LockIf(serializer);
   MPI_Comm dup = MPI_COMM_NULL;
@@ -583,10 +586,26 @@ MPI_Comm NativeHandle(const Communicator& comm) {
 
 bool HasMpi() { return true; }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator() {
+namespace {
+
+internal_comm::MpiOptions MpiOptionsFor(const CommunicatorOptions& options) {
+  internal_comm::MpiOptions mpi;
+  mpi.collective_timeout = options.collective_timeout;
+  return mpi;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator(
+    const CommunicatorOptions& options) {
+  if (absl::Status s = internal_comm::CheckCollectiveTimeout(
+          options.collective_timeout, "MpiWorldCommunicator");
+      !s.ok()) {
+    return s;  // before MPI_Init, which a wrong argument should not cost
+  }
   CAIRN_RETURN_IF_ERROR(internal_comm::InitializeMpiIfNeeded());
   absl::StatusOr<std::unique_ptr<Communicator>> result =
-      internal_comm::Wrap(MPI_COMM_WORLD, {});
+      internal_comm::Wrap(MPI_COMM_WORLD, MpiOptionsFor(options));
   if (!result.ok()) {
     return internal_core::Annotate(result.status(), "MpiWorldCommunicator");
   }
@@ -594,7 +613,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
-    int64_t fortran_handle) {
+    int64_t fortran_handle, const CommunicatorOptions& options) {
   constexpr std::string_view kContext = "MpiCommunicatorFromFortran";
   absl::StatusOr<std::mutex*> serializer = internal_comm::MpiSerializer();
   if (!serializer.ok()) {
@@ -613,7 +632,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
         internal_core::AsAbsl(kContext), fortran_handle));
   }
   absl::StatusOr<std::unique_ptr<Communicator>> result =
-      internal_comm::Wrap(comm, {});
+      internal_comm::Wrap(comm, MpiOptionsFor(options));
   if (!result.ok()) {
     return internal_core::Annotate(result.status(), kContext);
   }

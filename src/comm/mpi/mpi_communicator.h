@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cairn/communicator.h"
 
 namespace cairn::internal_comm {
@@ -35,11 +36,15 @@ struct MpiOptions {
   // counts and displacements are ints; beyond it they return
   // kInvalidArgument on every rank. Default: INT_MAX.
   int64_t max_gather_bytes = INT_MAX;
+  // CommunicatorOptions::collective_timeout: how long each MPI operation of
+  // a collective waits. Default: kDefaultCollectiveTimeout (5 minutes).
+  absl::Duration collective_timeout = kDefaultCollectiveTimeout;
 };
 
 // A communicator over a duplicate of `comm` (collective over `comm`), with
 // MPI_ERRORS_RETURN set on the duplicate. MPI must be initialized with at
-// least MPI_THREAD_SERIALIZED.
+// least MPI_THREAD_SERIALIZED. kInvalidArgument when
+// options.collective_timeout is not positive.
 absl::StatusOr<std::unique_ptr<Communicator>> NewMpiCommunicator(
     MPI_Comm comm, const MpiOptions& options = {});
 
