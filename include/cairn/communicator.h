@@ -16,14 +16,17 @@
 // keeps a failure on one rank from hanging the others.
 //
 // Timeouts: a rank that is stopped, deadlocked or dead never arrives, and
-// the others would wait for it forever. So each rank of an in-process
-// communicator waits at most CommunicatorOptions::collective_timeout
-// (default 5 minutes) for the others in a collective; past it the
-// collective fails with kDeadlineExceeded naming the ranks that did not
-// arrive. The communicator is then broken for good: every later collective
-// on it, and a late rank's call of the abandoned one, fails at once with
-// kAborted naming the timeout. Split's results inherit it. (The MPI
-// communicator takes the option but does not time out yet.)
+// the others would wait for it forever. So each rank waits at most
+// CommunicatorOptions::collective_timeout (default 5 minutes) for the others
+// in a collective; past it the collective fails with kDeadlineExceeded
+// naming the ranks that did not arrive (as far as this rank can tell; see
+// MpiWorldCommunicator). The communicator is then broken for good: every
+// later collective on it, and a late rank's call of the abandoned one, fails
+// at once with kAborted naming the timeout (under MPI, a late rank may
+// complete the abandoned one first). The timeout bounds waiting for ranks
+// to arrive, not the transfer: MPI applies it to each piece of a collective
+// (a piece of at most 256 MiB), and the in-process communicator to the
+// rendezvous only. Split's results inherit it.
 //
 // Thread safety: one communicator object is used by one thread at a time.
 // Different communicators (e.g. the results of Split) may be used from
@@ -128,6 +131,23 @@ bool HasMpi();
 // calls are serialized and only one thread may use cairn at a time.
 // kUnimplemented when cairn was built without MPI; kInvalidArgument when
 // options.collective_timeout is not positive.
+//
+// Timeouts under MPI: collectives run as MPI's nonblocking ones (e.g.
+// MPI_Ibcast), polled until done or the timeout. A rank waits only for the
+// ranks MPI needs it to: the non-roots of a Broadcast or Scatter complete
+// without a late non-root. MPI reports only that an operation is
+// incomplete, not who is missing, so a rank that times out asks every other
+// rank, point to point, which collective it is waiting in, and names those
+// that do not answer within a short grace (2 s, or the timeout if shorter)
+// or answer from an earlier one; it then tells the others its verdict, so
+// that ranks waiting with it fail at once with the same list. A rank busy
+// outside cairn cannot answer and is named with the stopped and the dead.
+// MPI cannot cancel a collective: the abandoned one stays pending and, if
+// the missing ranks arrive after all, may still read or write the buffers
+// passed to it. After a timeout, end the job (MPI_Abort) rather than go on.
+// One step has no timeout: Split's MPI_Comm_split, which MPI offers only
+// blocking, runs after a barrier that every rank passed, so it hangs only
+// if a rank stops between the two.
 absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator(
     const CommunicatorOptions& options = {});
 
