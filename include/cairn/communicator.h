@@ -57,8 +57,11 @@ inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
 struct CommunicatorOptions {
   // How long a rank waits in a collective for the other ranks before it
   // fails the collective with kDeadlineExceeded (see "Timeouts" above).
-  // absl::InfiniteDuration() waits forever, as MPI itself does. Must be
-  // positive. Default: kDefaultCollectiveTimeout (5 minutes).
+  // It must exceed the longest a rank may spend between two collectives
+  // while the others wait in the second, such as the slowest rank's write
+  // of its data file in a save. absl::InfiniteDuration() waits forever, as
+  // MPI itself does. Must be positive. Default: kDefaultCollectiveTimeout
+  // (5 minutes).
   absl::Duration collective_timeout = kDefaultCollectiveTimeout;
 };
 
