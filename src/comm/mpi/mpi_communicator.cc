@@ -156,7 +156,7 @@ constexpr int64_t kScatterTooLarge = -2;    // detail: bytes root passed
 // The point-to-point messages of a timeout (see the top of this file), each
 // an array of int64.
 constexpr int kQueryTag = 7301;    // {operation}: which one are you in?
-constexpr int kAnswerTag = 7302;   // {operation}: this one
+constexpr int kAnswerTag = 7302;   // {this one, the query's operation}
 constexpr int kVerdictTag = 7303;  // {operation, timeout ns, missing ranks...}
 
 // How long a rank that timed out waits for the others' answers (or the
@@ -221,9 +221,12 @@ class MpiComm final : public Communicator {
     }
     // An abandoned operation may still progress (Open MPI's nonblocking
     // collectives go on sending when a late rank arrives), and does so on
-    // its communicator: freeing that under it crashes the process. So the
-    // communicator of a broken one is never freed.
-    if (!abandoned_) MPI_Comm_free(&comm_);
+    // its communicator: freeing that under it crashes the process. And a
+    // message of a timeout, or of the others' abandoned operations, may
+    // still be on its way here: once freed, the communicator's context id
+    // may be reused and the message matched by a new one. So a
+    // communicator that has seen a timeout is never freed.
+    if (!keep_comm_ && broken_.empty()) MPI_Comm_free(&comm_);
   }
 
   MpiComm(const MpiComm&) = delete;
@@ -708,16 +711,18 @@ class MpiComm final : public Communicator {
                    status.MPI_TAG, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         return recorded;
       }
+      keep_comm_ = true;
       if (message.empty()) continue;
       const int from = status.MPI_SOURCE;
       switch (status.MPI_TAG) {
         case kQueryTag:
-          Send(from, kAnswerTag, {operation_});
+          Send(from, kAnswerTag, {operation_, message[0]});
           break;
         case kAnswerTag:
-          // Answers to a query of an earlier timeout are stale: there is
-          // only one timeout per communicator, but a message may linger.
-          if (answers != nullptr && (*answers)[from] < 0) {
+          // An answer to the query of an earlier timeout, one whose
+          // operation completed during the grace, is stale.
+          if (answers != nullptr && message.size() >= 2 &&
+              message[1] == operation_ && (*answers)[from] < 0) {
             (*answers)[from] = message[0];
             ++recorded;
           }
@@ -764,7 +769,7 @@ class MpiComm final : public Communicator {
   // Gives up on the current operation, which stays pending in MPI with the
   // buffers in `keep`.
   void Abandon(Keep keep) {
-    abandoned_ = true;
+    keep_comm_ = true;
     KeepForever(std::move(keep));
   }
 
@@ -784,6 +789,7 @@ class MpiComm final : public Communicator {
   // Sends `message` to `to` without waiting for it to be received; the
   // lock held.
   void Send(int to, int tag, std::vector<int64_t> message) {
+    keep_comm_ = true;
     Outgoing o;
     o.message = std::make_shared<std::vector<int64_t>>(std::move(message));
     if (MPI_Isend(o.message->data(), static_cast<int>(o.message->size()),
@@ -890,7 +896,7 @@ class MpiComm final : public Communicator {
   bool posted_ = false;     // whether the current one was posted
   absl::Status verdict_;    // another rank gave up on us (see RecordVerdict)
   std::string broken_;      // why the communicator is broken; empty: it is not
-  bool abandoned_ = false;  // an operation on comm_ was given up on
+  bool keep_comm_ = false;  // never free comm_ (see the destructor)
   std::vector<Outgoing> outgoing_;
 };
 
