@@ -26,7 +26,7 @@
 // arrived at, so nobody reads what a departed rank published. Step 3 waits
 // without a timeout, because the others may still be reading this rank's
 // buffers (returning would free them under their feet); it waits only for
-// step 2, which is local copying that every rank has already begun.
+// the others' step 2, local copying that waits for no one.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -211,8 +211,8 @@ class Group {
       for (int r = 0; r < n_; ++r) {
         if (slots_[r] == nullptr) missing.push_back(r);
       }
-      reason_ = absl::StrFormat("%s did not arrive within %s", RankList(missing),
-                                Seconds(timeout_));
+      reason_ = absl::StrFormat("%s did not arrive within %s",
+                                RankList(missing), Seconds(timeout_));
       first_context_ = context;
     }
     NotifyAll();

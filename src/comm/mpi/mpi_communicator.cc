@@ -382,7 +382,8 @@ class MpiComm final : public Communicator {
     auto result =
         std::make_shared<std::string>(static_cast<size_t>((*header)[0]), '\0');
     CAIRN_RETURN_IF_ERROR(Run(
-        "Scatter", "MPI_Iscatterv", {counts, displacements, concatenated, result},
+        "Scatter", "MPI_Iscatterv",
+        {counts, displacements, concatenated, result},
         [&](MPI_Request* request) {
           return MPI_Iscatterv(concatenated->data(), counts->data(),
                                displacements->data(), MPI_BYTE, result->data(),
@@ -603,7 +604,8 @@ class MpiComm final : public Communicator {
     const SteadyTime until =
         std::chrono::steady_clock::now() +
         std::min<std::chrono::nanoseconds>(
-            kAnswerGrace, absl::ToChronoNanoseconds(options_.collective_timeout));
+            kAnswerGrace,
+            absl::ToChronoNanoseconds(options_.collective_timeout));
     // Ends early once every rank has answered and one answered from an
     // earlier operation: the verdict cannot change. When all answer from
     // this one, the operation should complete any moment.
@@ -728,7 +730,9 @@ class MpiComm final : public Communicator {
           }
           break;
         case kVerdictTag:
-          if (verdict_.ok() && message.size() >= 2) RecordVerdict(from, message);
+          if (verdict_.ok() && message.size() >= 2) {
+            RecordVerdict(from, message);
+          }
           break;
         default:
           break;

@@ -7,9 +7,11 @@
 // used by its own thread concurrently with the others. When it provides only
 // MPI_THREAD_SERIALIZED, every MPI call cairn makes holds one process-wide
 // mutex; the application must then not call MPI concurrently with cairn, and
-// only one thread may use cairn's communicators at a time (two threads in
-// blocking collectives over different communicators could deadlock across
-// processes). Lower levels are refused with kFailedPrecondition.
+// only one thread may use cairn's communicators at a time (collectives are
+// polled with the mutex released in between, but MPI_Comm_dup and
+// MPI_Comm_split block holding it, and two threads in those over different
+// communicators could deadlock across processes). Lower levels are refused
+// with kFailedPrecondition.
 #ifndef CAIRN_COMM_MPI_MPI_COMMUNICATOR_H_
 #define CAIRN_COMM_MPI_MPI_COMMUNICATOR_H_
 
