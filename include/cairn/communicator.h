@@ -15,6 +15,19 @@
 // collective; cairn's save and load do so to exchange errors, which is what
 // keeps a failure on one rank from hanging the others.
 //
+// Timeouts: a rank that is stopped, deadlocked or dead never arrives, and
+// the others would wait for it forever. So each rank waits at most
+// CommunicatorOptions::collective_timeout (default 5 minutes) for the others
+// in a collective; past it the collective fails with kDeadlineExceeded
+// naming the ranks that did not arrive (as far as this rank can tell; see
+// MpiWorldCommunicator). The communicator is then broken for good: every
+// later collective on it, and a late rank's call of the abandoned one, fails
+// at once with kAborted naming the timeout (under MPI, a late rank may
+// complete the abandoned one first). The timeout bounds waiting for ranks
+// to arrive, not the transfer: MPI applies it to each piece of a collective
+// (a piece of at most 256 MiB), and the in-process communicator to the
+// rendezvous only. Split's results inherit it.
+//
 // Thread safety: one communicator object is used by one thread at a time.
 // Different communicators (e.g. the results of Split) may be used from
 // different threads concurrently.
@@ -32,10 +45,25 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace cairn {
 
 enum class ReduceOp : uint8_t { kSum, kMin, kMax };
+
+inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+
+// How a communicator is made; fixed for its life and inherited by Split.
+struct CommunicatorOptions {
+  // How long a rank waits in a collective for the other ranks before it
+  // fails the collective with kDeadlineExceeded (see "Timeouts" above).
+  // It must exceed the longest a rank may spend between two collectives
+  // while the others wait in the second, such as the slowest rank's write
+  // of its data file in a save. absl::InfiniteDuration() waits forever, as
+  // MPI itself does. Must be positive. Default: kDefaultCollectiveTimeout
+  // (5 minutes).
+  absl::Duration collective_timeout = kDefaultCollectiveTimeout;
+};
 
 class Communicator {
  public:
@@ -85,13 +113,17 @@ class Communicator {
 std::unique_ptr<Communicator> LocalCommunicator();
 
 // `n` ranks as threads of this process: communicators[r] is rank r. The
-// communicators share state; destroy them after every thread is done.
-std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(int n);
+// communicators share state; destroy them after every thread is done. Empty
+// when n < 1 or options.collective_timeout is not positive.
+std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(
+    int n, const CommunicatorOptions& options = {});
 
 // Runs fn(comm) on `n` threads, one per rank, and returns each rank's status
-// (indexed by rank) after every thread has finished.
+// (indexed by rank) after every thread has finished. kInvalidArgument (one
+// status) when n < 1 or options.collective_timeout is not positive.
 std::vector<absl::Status> RunInProcess(
-    int n, const std::function<absl::Status(Communicator&)>& fn);
+    int n, const std::function<absl::Status(Communicator&)>& fn,
+    const CommunicatorOptions& options = {});
 
 // Whether this build of cairn has the MPI communicator.
 bool HasMpi();
@@ -100,14 +132,33 @@ bool HasMpi();
 // with MPI_THREAD_MULTIPLE when the application has not (and finalizes it at
 // exit); when the application initialized MPI with a lower thread level,
 // calls are serialized and only one thread may use cairn at a time.
-// kUnimplemented when cairn was built without MPI.
-absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator();
+// kUnimplemented when cairn was built without MPI; kInvalidArgument when
+// options.collective_timeout is not positive.
+//
+// Timeouts under MPI: collectives run as MPI's nonblocking ones (e.g.
+// MPI_Ibcast), polled until done or the timeout. A rank waits only for the
+// ranks MPI needs it to: the non-roots of a Broadcast or Scatter complete
+// without a late non-root. MPI reports only that an operation is
+// incomplete, not who is missing, so a rank that times out asks every other
+// rank, point to point, which collective it is waiting in, and names those
+// that do not answer within a short grace (2 s, or the timeout if shorter)
+// or answer from an earlier one; it then tells the others its verdict, so
+// that ranks waiting with it fail at once with the same list. A rank busy
+// outside cairn cannot answer and is named with the stopped and the dead.
+// MPI cannot cancel a collective: the abandoned one stays pending and, if
+// the missing ranks arrive after all, may still read or write the buffers
+// passed to it. After a timeout, end the job (MPI_Abort) rather than go on.
+// One step has no timeout: Split's MPI_Comm_split, which MPI offers only
+// blocking, runs after a barrier that every rank passed, so it hangs only
+// if a rank stops between the two.
+absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator(
+    const CommunicatorOptions& options = {});
 
 // A communicator over a duplicate of the application's communicator, given
 // by its Fortran handle (MPI_Comm_c2f(comm) in C, comm.py2f() in mpi4py), so
 // that this header needs no <mpi.h>. MPI must be initialized.
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
-    int64_t fortran_handle);
+    int64_t fortran_handle, const CommunicatorOptions& options = {});
 
 }  // namespace cairn
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
 #include "cairn/planner.h"
@@ -383,6 +385,53 @@ TEST(DistributedTest, FailureInAnyLoadPhaseReachesEveryRank) {
     if (c.phase != "metadata") {
       EXPECT_THAT(Msg(st[0]), HasSubstr(absl::StrCat("rank ", c.rank, ":")));
       EXPECT_THAT(Msg(st[0]), HasSubstr("on 1 of 3 ranks"));
+    }
+  }
+}
+
+// Issue 33: a rank that never reaches a save or a load (stopped,
+// deadlocked) hung every other rank forever. Their first collective now
+// times out, and Save and Load return that error, naming the rank; the late
+// rank, let go once the others have given up, fails at once too.
+TEST(DistributedTest, RankThatNeverArrivesTimesOutTheOthers) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("ckpt");
+  ASSERT_TRUE(SaveRanks(dir, Pattern::kRows, 4, 5).ok());
+  CommunicatorOptions options;
+  options.collective_timeout = absl::Milliseconds(200);
+  for (bool save : {true, false}) {
+    SCOPED_TRACE(save ? "save" : "load");
+    const std::string where = tmp.Sub(save ? "again" : "ckpt");
+    std::latch others_gave_up(3);
+    std::vector<absl::Status> st = RunInProcess(
+        4,
+        [&](Communicator& comm) {
+          const int r = comm.rank();
+          if (r == 3) others_gave_up.wait();
+          RankState s = MakeRankState(Pattern::kRows, 4, r, 5, !save);
+          absl::Status status;
+          if (save) {
+            SaveOptions o;
+            o.comm = &comm;
+            status = Save(s.sd, where, o).status();
+          } else {
+            LoadOptions o;
+            o.comm = &comm;
+            status = Load(s.sd, where, o).status();
+          }
+          if (r != 3) others_gave_up.count_down();
+          return status;
+        },
+        options);
+    ASSERT_EQ(st.size(), 4u);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(st[r].code(), absl::StatusCode::kDeadlineExceeded) << st[r];
+      EXPECT_THAT(Msg(st[r]), HasSubstr("rank 3 did not arrive within 0.2 s"));
+    }
+    EXPECT_EQ(st[3].code(), absl::StatusCode::kAborted) << st[3];
+    EXPECT_THAT(Msg(st[3]), HasSubstr("rank 3 did not arrive within 0.2 s"));
+    if (save) {
+      EXPECT_TRUE(NothingCommitted(where));
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -359,6 +360,42 @@ inline void ExpectSplitWorks(Communicator& comm) {
   });
   ExpectCollectivesWork(*by_parity, /*big=*/false);
   other.join();
+}
+
+// One call of each collective, with root 0 where it takes one, for tests
+// that do the same thing to every kind (timeouts).
+struct NamedCollective {
+  std::string name;  // as in the communicator's errors: "BroadcastBytes"
+  std::function<absl::Status(Communicator&)> call;
+};
+
+inline std::vector<NamedCollective> EveryCollective() {
+  return {
+      {"Barrier", [](Communicator& c) { return c.Barrier(); }},
+      {"Broadcast",
+       [](Communicator& c) {
+         std::string s = "x";
+         return c.Broadcast(s, 0);
+       }},
+      {"Gather", [](Communicator& c) { return c.Gather("x", 0).status(); }},
+      {"AllGather", [](Communicator& c) { return c.AllGather("x").status(); }},
+      {"Scatter",
+       [](Communicator& c) {
+         return c.Scatter(std::vector<std::string>(c.size(), "x"), 0)
+             .status();
+       }},
+      {"AllReduce",
+       [](Communicator& c) {
+         int64_t v = 1;
+         return c.AllReduce(std::span<int64_t>(&v, 1), ReduceOp::kSum);
+       }},
+      {"BroadcastBytes",
+       [](Communicator& c) {
+         std::vector<std::byte> b(8);
+         return c.BroadcastBytes(b, 0);
+       }},
+      {"Split", [](Communicator& c) { return c.Split(0, 0).status(); }},
+  };
 }
 
 }  // namespace cairn::internal_comm::conformance

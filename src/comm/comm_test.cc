@@ -1,10 +1,12 @@
 // LocalCommunicator and the in-process communicators: the conformance suite
 // (comm_conformance.h) plus what is particular to threads in one process.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <memory>
 #include <span>
@@ -14,16 +16,23 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cairn/communicator.h"
 #include "comm/comm_conformance.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn {
 namespace {
 
+using internal_comm::conformance::EveryCollective;
 using internal_comm::conformance::ExpectArgumentErrors;
 using internal_comm::conformance::ExpectCollectivesWork;
 using internal_comm::conformance::ExpectSplitWorks;
+using internal_comm::conformance::NamedCollective;
+using ::testing::HasSubstr;
 
 // Runs fn on n in-process ranks and expects every rank to return OK.
 void ExpectAllOk(int n, const std::function<absl::Status(Communicator&)>& fn) {
@@ -312,6 +321,183 @@ TEST(InProcessTest, ErrorsNameTheCollectiveAndTheRank) {
   });
 }
 
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+CommunicatorOptions WithTimeout(absl::Duration timeout) {
+  CommunicatorOptions options;
+  options.collective_timeout = timeout;
+  return options;
+}
+
+// Regression for issue 33: a rank that never arrives (stopped, deadlocked)
+// hung every other rank of the collective forever. Now they give up after
+// the timeout, naming it; the late ranks, which are held back until the
+// others have given up, then find the communicator broken instead of
+// waiting for (or reading the freed buffers of) ranks that have left, and
+// so does every later collective.
+TEST(InProcessTimeoutTest, EveryCollectiveFailsNamingTheRanksThatDidNotArrive) {
+  constexpr int kRanks = 4;
+  constexpr absl::Duration kTimeout = absl::Milliseconds(200);
+  for (const NamedCollective& collective : EveryCollective()) {
+    for (const std::vector<int>& late :
+         {std::vector<int>{2, 3}, std::vector<int>{0}}) {
+      SCOPED_TRACE(collective.name + " without ranks " +
+                   absl::StrJoin(late, ","));
+      const std::string missing =
+          (late.size() == 1 ? "rank " : "ranks ") + absl::StrJoin(late, ", ") +
+          " did not arrive within 0.2 s";
+      std::latch others_gave_up(kRanks - static_cast<int>(late.size()));
+      std::vector<absl::Duration> waited(kRanks);
+      std::vector<absl::Status> after(kRanks);
+      std::vector<absl::Status> statuses = RunInProcess(
+          kRanks,
+          [&](Communicator& comm) {
+            const int me = comm.rank();
+            const bool is_late =
+                std::find(late.begin(), late.end(), me) != late.end();
+            if (is_late) others_gave_up.wait();
+            const absl::Time start = absl::Now();
+            absl::Status s = collective.call(comm);
+            waited[me] = absl::Now() - start;
+            if (!is_late) others_gave_up.count_down();
+            after[me] = comm.Barrier();
+            return s;
+          },
+          WithTimeout(kTimeout));
+      ASSERT_EQ(statuses.size(), static_cast<size_t>(kRanks));
+      absl::Duration longest;
+      for (int r = 0; r < kRanks; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        const std::string context = "inprocess " + collective.name +
+                                    " (rank " + std::to_string(r) + " of 4)";
+        if (std::find(late.begin(), late.end(), r) == late.end()) {
+          EXPECT_EQ(statuses[r].code(), absl::StatusCode::kDeadlineExceeded)
+              << statuses[r];
+          EXPECT_THAT(Msg(statuses[r]), HasSubstr(context + ": " + missing));
+          longest = std::max(longest, waited[r]);
+        } else {
+          // Late: the collective was abandoned before this rank came.
+          EXPECT_EQ(statuses[r].code(), absl::StatusCode::kAborted)
+              << statuses[r];
+          EXPECT_THAT(Msg(statuses[r]), HasSubstr(context));
+          EXPECT_THAT(Msg(statuses[r]), HasSubstr("timed out"));
+          EXPECT_THAT(Msg(statuses[r]), HasSubstr(missing));
+          EXPECT_LT(waited[r], absl::Seconds(1)) << "a late rank waited";
+        }
+        EXPECT_EQ(after[r].code(), absl::StatusCode::kAborted) << after[r];
+        EXPECT_THAT(Msg(after[r]), HasSubstr("can no longer be used"));
+        EXPECT_THAT(Msg(after[r]), HasSubstr(missing));
+      }
+      EXPECT_GE(longest, kTimeout);
+      EXPECT_LT(longest, absl::Seconds(30));
+    }
+  }
+}
+
+// The timeout bounds the wait for ranks that do not come, not the
+// collective: ranks that come late, but within it, complete it. Without a
+// timeout a rank waits as long as it takes.
+TEST(InProcessTimeoutTest, RanksThatArriveWithinTheTimeoutComplete) {
+  for (absl::Duration timeout :
+       {absl::Seconds(60), absl::InfiniteDuration()}) {
+    SCOPED_TRACE(absl::FormatDuration(timeout));
+    std::vector<absl::Status> statuses = RunInProcess(
+        4,
+        [](Communicator& comm) -> absl::Status {
+          for (const NamedCollective& collective : EveryCollective()) {
+            if (comm.rank() == 3) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+            absl::Status s = collective.call(comm);
+            if (!s.ok()) return s;
+          }
+          return absl::OkStatus();
+        },
+        WithTimeout(timeout));
+    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// The errors name the ranks of the communicator that timed out: the child's
+// own ranks for a communicator made by Split, which inherits the timeout.
+TEST(InProcessTimeoutTest, SplitResultsInheritTheTimeout) {
+  std::latch rank_0_gave_up(1);
+  std::vector<absl::Status> child_status(4);
+  std::vector<absl::Status> statuses = RunInProcess(
+      4,
+      [&](Communicator& comm) -> absl::Status {
+        // {0, 2} and {1, 3}; old rank 2 is new rank 1 of the first.
+        absl::StatusOr<std::unique_ptr<Communicator>> child =
+            comm.Split(comm.rank() % 2, comm.rank());
+        if (!child.ok()) return child.status();
+        if (comm.rank() == 2) rank_0_gave_up.wait();
+        child_status[comm.rank()] = (*child)->Barrier();
+        if (comm.rank() == 0) rank_0_gave_up.count_down();
+        return absl::OkStatus();
+      },
+      WithTimeout(absl::Milliseconds(100)));
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(child_status[0].code(), absl::StatusCode::kDeadlineExceeded)
+      << child_status[0];
+  EXPECT_THAT(Msg(child_status[0]),
+              HasSubstr("inprocess Barrier (rank 0 of 2): rank 1 did not "
+                        "arrive within 0.1 s"));
+  EXPECT_EQ(child_status[2].code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(child_status[1].ok()) << child_status[1];
+  EXPECT_TRUE(child_status[3].ok()) << child_status[3];
+}
+
+// Ranks of a group that times out wake together: the one that gives up
+// first breaks the group, and the others, also waiting, fail at once with
+// the same list instead of each serving its own timeout.
+TEST(InProcessTimeoutTest, RanksWaitingTogetherGiveUpTogether) {
+  std::latch others_gave_up(3);
+  absl::Duration rank_1_waited;
+  std::vector<absl::Status> statuses = RunInProcess(
+      4,
+      [&](Communicator& comm) {
+        if (comm.rank() == 3) others_gave_up.wait();
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+        const absl::Time start = absl::Now();
+        absl::Status s = comm.Barrier();
+        if (comm.rank() == 1) rank_1_waited = absl::Now() - start;
+        if (comm.rank() != 3) others_gave_up.count_down();
+        return s;
+      },
+      WithTimeout(absl::Seconds(1)));
+  EXPECT_LT(rank_1_waited, absl::Milliseconds(950));
+  for (int r : {0, 1, 2}) {
+    EXPECT_EQ(statuses[r].code(), absl::StatusCode::kDeadlineExceeded)
+        << statuses[r];
+    EXPECT_THAT(Msg(statuses[r]),
+                HasSubstr("rank 3 did not arrive within 1 s"));
+  }
+  EXPECT_EQ(statuses[3].code(), absl::StatusCode::kAborted) << statuses[3];
+}
+
+TEST(InProcessTimeoutTest, RejectsATimeoutThatIsNotPositive) {
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Seconds(-1)}) {
+    EXPECT_TRUE(InProcessCommunicators(2, WithTimeout(bad)).empty());
+    bool called = false;
+    std::vector<absl::Status> statuses = RunInProcess(
+        2,
+        [&](Communicator&) {
+          called = true;
+          return absl::OkStatus();
+        },
+        WithTimeout(bad));
+    ASSERT_EQ(statuses.size(), 1u);
+    EXPECT_EQ(statuses[0].code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(Msg(statuses[0]), HasSubstr("timeout must be positive"));
+    EXPECT_FALSE(called);
+  }
+  EXPECT_EQ(InProcessCommunicators(2, WithTimeout(absl::InfiniteDuration()))
+                .size(),
+            2u);
+}
+
 TEST(MpiEntryPointsTest, AnswerWithoutMpiOrBeforeMpiIsInitialized) {
   if (!HasMpi()) {
     absl::Status world = MpiWorldCommunicator().status();
@@ -325,6 +511,10 @@ TEST(MpiEntryPointsTest, AnswerWithoutMpiOrBeforeMpiIsInitialized) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(s.message().find("not initialized"), absl::string_view::npos)
         << s;
+    // Checked before MPI would be initialized.
+    s = MpiWorldCommunicator(WithTimeout(absl::ZeroDuration())).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(Msg(s), HasSubstr("timeout must be positive"));
   }
 }
 

@@ -17,6 +17,16 @@
 // Argument checks (roots, sizes, lengths) run on what every rank published,
 // after step 1, so that every rank reaches the same verdict and a mistake on
 // one rank is an error on all of them, never a hang or a crash.
+//
+// Only step 1 has a timeout: a rank waiting there past the group's timeout
+// marks the group broken (naming the ranks whose slots are still empty) and
+// returns; the ranks waiting with it wake and return the same error, and
+// every later exchange, including a late rank's call of the abandoned one,
+// fails at once. No rank enters step 2 of an exchange that not every rank
+// arrived at, so nobody reads what a departed rank published. Step 3 waits
+// without a timeout, because the others may still be reading this rank's
+// buffers (returning would free them under their feet); it waits only for
+// the others' step 2, local copying that waits for no one.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -27,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,8 +48,10 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "cairn/communicator.h"
 #include "comm/checks.h"
+#include "comm/timeout.h"
 #include "core/checked.h"
 #include "core/status.h"
 
@@ -67,19 +80,25 @@ using Slots = std::span<const Contribution* const>;
 
 class Group {
  public:
-  explicit Group(int n) : n_(n), slots_(n, nullptr) {}
+  Group(int n, absl::Duration timeout)
+      : n_(n), timeout_(timeout), slots_(n, nullptr) {}
 
   int n() const { return n_; }
+  absl::Duration timeout() const { return timeout_; }
 
   // Steps 1-3 above for `rank`, running `read` in step 2. `read`'s error is
-  // returned (the exchange still completes for everyone). kAborted when a
-  // rank this exchange waits for has left (see Leave), and from then on for
-  // every exchange over this group.
+  // returned (the exchange still completes for everyone). Fails without
+  // reading when the exchange cannot complete, and from then on every
+  // exchange over this group fails at once:
+  //  - kDeadlineExceeded, naming the ranks that did not arrive, on the ranks
+  //    that waited in step 1 past the timeout, or with one that did;
+  //  - kAborted when a rank this exchange waits for has left (see Leave);
+  //  - kAborted, naming the first failure, in every later exchange.
   absl::Status Exchange(int rank, const Contribution& mine,
                         const std::string& context,
                         absl::FunctionRef<absl::Status(Slots)> read) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (aborted_) return AbortedError(context);
+    if (broken_) return BrokenError(context);
     const uint64_t generation = generation_;
     slots_[rank] = &mine;
     if (++arrived_ == n_) {
@@ -87,13 +106,18 @@ class Group {
     } else {
       // arrived_ cannot drop back below n_ before this rank departs, so this
       // wait cannot miss its wake-up.
-      Await(lock, [&] { return arrived_ == n_ || aborted_ || left_ > 0; });
+      Await(lock, DeadlineAfter(timeout_),
+            [&] { return arrived_ == n_ || broken_ || left_ > 0; });
       if (arrived_ != n_) {
-        // A rank that left will never arrive. The published pointers are
-        // never read again, so returning now (and dropping them) is safe.
-        aborted_ = true;
-        NotifyAll();
-        return AbortedError(context);
+        // The exchange will never complete. Its published pointers are never
+        // read again, so returning now (and dropping them) is safe.
+        if (!broken_) MarkBroken(context);
+        slots_[rank] = nullptr;
+        if (broken_generation_ == generation && cause_ == Cause::kTimeout) {
+          return absl::DeadlineExceededError(
+              absl::StrFormat("%s: %s", context, reason_));
+        }
+        return BrokenError(context);
       }
     }
     lock.unlock();
@@ -112,10 +136,11 @@ class Group {
     if (++departed_ == n_) {
       arrived_ = 0;
       departed_ = 0;
+      std::fill(slots_.begin(), slots_.end(), nullptr);
       ++generation_;
       NotifyAll();
     } else {
-      Await(lock, [&] { return generation_ != generation; });
+      Await(lock, std::nullopt, [&] { return generation_ != generation; });
     }
     return status;
   }
@@ -132,6 +157,8 @@ class Group {
   }
 
  private:
+  enum class Cause { kNone, kTimeout, kLeft };
+
   // How long a rank polls for the others before it sleeps on cv_. Ranks of
   // one collective usually arrive within microseconds of each other, and a
   // sleeping thread's wake-up costs far more than that where the cores are
@@ -146,10 +173,12 @@ class Group {
     cv_.notify_all();
   }
 
-  // Returns with `done()` true and `lock` (of mu_) held: polls events_
-  // without the lock for up to kPollFor, then sleeps on cv_.
+  // Returns with `lock` (of mu_) held once `done()` is true or `deadline`
+  // (none: never) has passed: polls events_ without the lock for up to
+  // kPollFor, then sleeps on cv_.
   template <typename Done>
-  void Await(std::unique_lock<std::mutex>& lock, Done done) {
+  void Await(std::unique_lock<std::mutex>& lock,
+             std::optional<SteadyTime> deadline, Done done) {
     const uint64_t seen = events_.load(std::memory_order_relaxed);
     lock.unlock();
     const auto until = std::chrono::steady_clock::now() + kPollFor;
@@ -158,17 +187,51 @@ class Group {
       if (i % 16 == 15 && std::chrono::steady_clock::now() > until) break;
     }
     lock.lock();
-    cv_.wait(lock, done);
+    if (deadline.has_value()) {
+      cv_.wait_until(lock, *deadline, done);
+    } else {
+      cv_.wait(lock, done);
+    }
   }
 
-  absl::Status AbortedError(const std::string& context) const {
+  // Marks the group broken by the exchange now in step 1, which `context`
+  // (the caller's) gave up on; mu_ held.
+  void MarkBroken(const std::string& context) {
+    broken_ = true;
+    broken_generation_ = generation_;
+    if (left_ > 0) {
+      cause_ = Cause::kLeft;
+      reason_ = absl::StrFormat(
+          "rank %d returned from its RunInProcess function without calling "
+          "this collective, so it can never complete",
+          first_left_);
+    } else {
+      cause_ = Cause::kTimeout;
+      std::vector<int> missing;
+      for (int r = 0; r < n_; ++r) {
+        if (slots_[r] == nullptr) missing.push_back(r);
+      }
+      reason_ = absl::StrFormat("%s did not arrive within %s",
+                                RankList(missing), Seconds(timeout_));
+      first_context_ = context;
+    }
+    NotifyAll();
+  }
+
+  // The error of an exchange over a broken group, other than the one that
+  // timed out; mu_ held.
+  absl::Status BrokenError(const std::string& context) const {
+    if (cause_ == Cause::kLeft) {
+      return absl::AbortedError(absl::StrFormat("%s: %s", context, reason_));
+    }
     return absl::AbortedError(absl::StrFormat(
-        "%s: rank %d returned from its RunInProcess function without calling "
-        "this collective, so it can never complete",
-        context, first_left_));
+        "%s: this communicator can no longer be used, because an earlier "
+        "collective over it timed out (%s: %s)",
+        context, first_context_, reason_));
   }
 
   const int n_;
+  const absl::Duration timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<uint64_t> events_{0};  // NotifyAll calls, for Await's polling
@@ -177,9 +240,14 @@ class Group {
   int departed_ = 0;
   int left_ = 0;
   int first_left_ = -1;
-  bool aborted_ = false;
-  // Read without mu_ in step 2; written only in step 1, which no rank can
-  // enter again before every rank has finished step 2.
+  // Set once, by the first exchange that cannot complete; never cleared.
+  bool broken_ = false;
+  Cause cause_ = Cause::kNone;
+  uint64_t broken_generation_ = 0;
+  std::string reason_;         // "ranks 2, 3 did not arrive within 300 s"
+  std::string first_context_;  // of the rank that timed out
+  // Read without mu_ in step 2; written only in steps 1 and 3 (the reset),
+  // which no rank can enter while another is in step 2.
   std::vector<const Contribution*> slots_;
 };
 
@@ -381,7 +449,9 @@ class InProcessComm final : public Communicator {
     // Second exchange: each leader publishes its group's new shared state,
     // and the members take a reference to it.
     Contribution offer;
-    if (leader == rank_) offer.group = std::make_shared<Group>(new_size);
+    if (leader == rank_) {
+      offer.group = std::make_shared<Group>(new_size, group_->timeout());
+    }
     std::shared_ptr<Group> group;
     CAIRN_RETURN_IF_ERROR(
         group_->Exchange(rank_, offer, context, [&](Slots slots) {
@@ -428,10 +498,16 @@ absl::Status RunRank(const std::function<absl::Status(Communicator&)>& fn,
 }  // namespace
 }  // namespace internal_comm
 
-std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(int n) {
+std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(
+    int n, const CommunicatorOptions& options) {
   std::vector<std::unique_ptr<Communicator>> comms;
-  if (n < 1) return comms;
-  auto group = std::make_shared<internal_comm::Group>(n);
+  if (n < 1 || !internal_comm::CheckCollectiveTimeout(
+                    options.collective_timeout, "InProcessCommunicators")
+                    .ok()) {
+    return comms;
+  }
+  auto group =
+      std::make_shared<internal_comm::Group>(n, options.collective_timeout);
   comms.reserve(n);
   for (int r = 0; r < n; ++r) {
     comms.push_back(std::make_unique<internal_comm::InProcessComm>(group, r));
@@ -443,14 +519,22 @@ std::vector<std::unique_ptr<Communicator>> InProcessCommunicators(int n) {
 // that the others call would leave them waiting forever. For the
 // communicator passed to fn, those others get kAborted instead (Group::Leave).
 // Communicators made from it by Split have no such guard: a rank that
-// abandons one of those while its peers still use it hangs them.
+// abandons one of those while its peers still use it leaves them waiting
+// until their collective timeout.
 std::vector<absl::Status> RunInProcess(
-    int n, const std::function<absl::Status(Communicator&)>& fn) {
+    int n, const std::function<absl::Status(Communicator&)>& fn,
+    const CommunicatorOptions& options) {
   if (n < 1) {
     return {absl::InvalidArgumentError(absl::StrFormat(
         "RunInProcess: the number of ranks must be at least 1, got %d", n))};
   }
-  auto group = std::make_shared<internal_comm::Group>(n);
+  if (absl::Status s = internal_comm::CheckCollectiveTimeout(
+          options.collective_timeout, "RunInProcess");
+      !s.ok()) {
+    return {s};
+  }
+  auto group =
+      std::make_shared<internal_comm::Group>(n, options.collective_timeout);
   std::vector<internal_comm::InProcessComm> comms;
   comms.reserve(n);
   for (int r = 0; r < n; ++r) comms.emplace_back(group, r);

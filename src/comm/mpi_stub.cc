@@ -18,12 +18,13 @@ absl::Status NoMpi() {
 
 bool HasMpi() { return false; }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator() {
+absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator(
+    const CommunicatorOptions& options) {
   return NoMpi();
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
-    int64_t fortran_handle) {
+    int64_t fortran_handle, const CommunicatorOptions& options) {
   return NoMpi();
 }
 

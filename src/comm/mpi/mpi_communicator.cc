@@ -17,23 +17,63 @@
 // ranks first agree on the arguments (AllReduce's length, BroadcastBytes'
 // size and root, Gather's root) and all return the same error. Broadcast and
 // Scatter check their root only locally: ranks passing different roots to
-// them is a bug MPI itself cannot report.
+// them is a bug MPI itself cannot report (it ends in a timeout).
+//
+// Timeouts. Every MPI operation a collective is made of runs as MPI's
+// nonblocking collective and is polled (MPI_Test) until it completes or the
+// communicator's timeout passes. A rank waits only for what it needs: the
+// non-roots of a broadcast or a scatter need only the root, so they complete
+// without a late non-root, which then completes on its own when it comes.
+// MPI says only that an operation is not complete, never who is missing, so
+// a rank that times out finds out:
+//  1. It sends a query, point to point, to every other rank.
+//  2. A rank polling in a collective over this communicator answers with
+//     the number of the operation it is in (every rank numbers the
+//     operations it starts on the communicator, so the numbers agree). A
+//     rank that is stopped, dead, or busy outside cairn cannot answer.
+//  3. Once every rank has answered, or after kAnswerGrace, the ranks that
+//     gave no answer or answered from an earlier operation are the missing
+//     ones. (If the operation completes meanwhile, the collective succeeds.)
+//  4. It sends that verdict to every other rank and fails the collective
+//     with kDeadlineExceeded. A rank that receives a verdict while it polls
+//     the same operation fails with the same list; one that receives it
+//     later (it arrived late) fails with kAborted.
+// The messages go over the communicator itself, whose point-to-point traffic
+// never matches its collectives (and cairn sends no other point-to-point
+// messages on it). A rank that times out or receives a verdict is broken
+// for good: its later collectives fail at once, because MPI cannot cancel
+// the abandoned operation, which would stand between the ranks and any
+// later one. The abandoned operation may still progress, and complete if
+// the missing ranks arrive: so its communicator is never freed and the
+// buffers internal to cairn that it uses are kept, but the caller's (the
+// data broadcast, gathered or scattered) are the caller's, which is why the
+// job should end after a timeout. A late rank may also complete the
+// operation the others abandoned, before their verdict reaches it; its next
+// collective then fails.
 #include "comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "cairn/communicator.h"
 #include "comm/checks.h"
+#include "comm/timeout.h"
 #include "core/checked.h"
 #include "core/status.h"
 
@@ -113,6 +153,39 @@ MPI_Op MpiOpFor(ReduceOp op) {
 constexpr int64_t kScatterWrongCount = -1;  // detail: buffers root passed
 constexpr int64_t kScatterTooLarge = -2;    // detail: bytes root passed
 
+// The point-to-point messages of a timeout (see the top of this file), each
+// an array of int64.
+constexpr int kQueryTag = 7301;    // {operation}: which one are you in?
+constexpr int kAnswerTag = 7302;   // {this one, the query's operation}
+constexpr int kVerdictTag = 7303;  // {operation, timeout ns, missing ranks...}
+
+// How long a rank that timed out waits for the others' answers (or the
+// timeout, if shorter). Ranks in a collective poll at least every kMaxPause,
+// so answers take milliseconds; this allows for ranks descheduled on
+// oversubscribed nodes.
+constexpr auto kAnswerGrace = std::chrono::seconds(2);
+
+// How a rank polls an operation: back to back (yielding the core, as Open
+// MPI's own blocking wait spins) for kSpinFor, then with sleeps growing to
+// kMaxPause, so that a rank waiting minutes for a late one does not hold a
+// core. Progress of a transfer in Open MPI happens inside MPI_Test, so the
+// pause is kept short: a 256 MiB MPI_Ibcast polled every 100 us took as
+// long as MPI_Bcast (4 ranks, shared memory).
+constexpr auto kSpinFor = std::chrono::milliseconds(1);
+constexpr auto kMaxPause = std::chrono::microseconds(100);
+
+// Buffers internal to one call that its MPI operation reads or writes.
+using Keep = std::vector<std::shared_ptr<void>>;
+
+// Keeps `keep` alive until the process exits: an abandoned MPI operation
+// may still use it.
+void KeepForever(Keep keep) {
+  static auto* mu = new std::mutex;
+  static auto* abandoned = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  for (std::shared_ptr<void>& p : keep) abandoned->push_back(std::move(p));
+}
+
 class MpiComm final : public Communicator {
  public:
   // Takes ownership of `comm`.
@@ -136,7 +209,24 @@ class MpiComm final : public Communicator {
     MPI_Finalized(&finalized);
     if (finalized) return;
     std::unique_lock<std::mutex> lock = LockIf(serializer_);
-    MPI_Comm_free(&comm_);
+    // A message to a rank that never receives it (one that stopped) stays
+    // pending; its buffer must outlive it.
+    for (Outgoing& o : outgoing_) {
+      int done = 0;
+      MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Request_free(&o.request);
+        KeepForever({std::move(o.message)});
+      }
+    }
+    // An abandoned operation may still progress (Open MPI's nonblocking
+    // collectives go on sending when a late rank arrives), and does so on
+    // its communicator: freeing that under it crashes the process. And a
+    // message of a timeout, or of the others' abandoned operations, may
+    // still be on its way here: once freed, the communicator's context id
+    // may be reused and the message matched by a new one. So a
+    // communicator that has seen a timeout is never freed.
+    if (!keep_comm_ && broken_.empty()) MPI_Comm_free(&comm_);
   }
 
   MpiComm(const MpiComm&) = delete;
@@ -149,17 +239,20 @@ class MpiComm final : public Communicator {
   std::string_view kind() const override { return "mpi"; }
 
   absl::Status Barrier() override {
-    return Call("Barrier", "MPI_Barrier", [&] { return MPI_Barrier(comm_); });
+    return Run("Barrier", "MPI_Ibarrier", {}, [&](MPI_Request* request) {
+      return MPI_Ibarrier(comm_, request);
+    });
   }
 
   absl::Status Broadcast(std::string& data, int root) override {
     CAIRN_RETURN_IF_ERROR(CheckRoot(root, size_, Context("Broadcast")));
-    int64_t bytes = static_cast<int64_t>(data.size());
-    CAIRN_RETURN_IF_ERROR(Call("Broadcast", "MPI_Bcast", [&] {
-      return MPI_Bcast(&bytes, 1, MPI_INT64_T, root, comm_);
-    }));
-    if (rank_ != root) data.resize(static_cast<size_t>(bytes));
-    return BroadcastPieces(data.data(), bytes, root, "Broadcast");
+    auto bytes = std::make_shared<int64_t>(static_cast<int64_t>(data.size()));
+    CAIRN_RETURN_IF_ERROR(
+        Run("Broadcast", "MPI_Ibcast", {bytes}, [&](MPI_Request* request) {
+          return MPI_Ibcast(bytes.get(), 1, MPI_INT64_T, root, comm_, request);
+        }));
+    if (rank_ != root) data.resize(static_cast<size_t>(*bytes));
+    return BroadcastPieces(data.data(), *bytes, root, "Broadcast");
   }
 
   absl::StatusOr<std::vector<std::string>> Gather(std::string_view data,
@@ -179,22 +272,25 @@ class MpiComm final : public Communicator {
       }
     }
     CAIRN_RETURN_IF_ERROR(CheckRoot(root, size_, Context("Gather")));
-    std::vector<int> counts;
-    std::vector<int> displacements;
+    auto counts = std::make_shared<std::vector<int>>();
+    auto displacements = std::make_shared<std::vector<int>>();
     CAIRN_ASSIGN_OR_RETURN(
         const int64_t total,
-        Layout(sizes, "Gather", "root receives", counts, displacements));
-    std::unique_ptr<char[]> received;
+        Layout(sizes, "Gather", "root receives", *counts, *displacements));
+    std::shared_ptr<char[]> received;
     if (rank_ == root) {
       received = std::make_unique_for_overwrite<char[]>(total);
     }
-    CAIRN_RETURN_IF_ERROR(Call("Gather", "MPI_Gatherv", [&] {
-      return MPI_Gatherv(data.data(), static_cast<int>(data.size()), MPI_BYTE,
-                         received.get(), counts.data(), displacements.data(),
-                         MPI_BYTE, root, comm_);
-    }));
+    CAIRN_RETURN_IF_ERROR(Run(
+        "Gather", "MPI_Igatherv", {counts, displacements, received},
+        [&](MPI_Request* request) {
+          return MPI_Igatherv(data.data(), static_cast<int>(data.size()),
+                              MPI_BYTE, received.get(), counts->data(),
+                              displacements->data(), MPI_BYTE, root, comm_,
+                              request);
+        }));
     if (rank_ != root) return std::vector<std::string>();
-    return Unpack(received.get(), counts, displacements);
+    return Unpack(received.get(), *counts, *displacements);
   }
 
   absl::StatusOr<std::vector<std::string>> AllGather(
@@ -203,18 +299,22 @@ class MpiComm final : public Communicator {
     std::vector<int64_t> roots;
     CAIRN_RETURN_IF_ERROR(ExchangeHeader(
         "AllGather", static_cast<int64_t>(data.size()), 0, sizes, roots));
-    std::vector<int> counts;
-    std::vector<int> displacements;
+    auto counts = std::make_shared<std::vector<int>>();
+    auto displacements = std::make_shared<std::vector<int>>();
     CAIRN_ASSIGN_OR_RETURN(const int64_t total,
                            Layout(sizes, "AllGather", "each rank receives",
-                                  counts, displacements));
-    auto received = std::make_unique_for_overwrite<char[]>(total);
-    CAIRN_RETURN_IF_ERROR(Call("AllGather", "MPI_Allgatherv", [&] {
-      return MPI_Allgatherv(data.data(), static_cast<int>(data.size()),
-                            MPI_BYTE, received.get(), counts.data(),
-                            displacements.data(), MPI_BYTE, comm_);
-    }));
-    return Unpack(received.get(), counts, displacements);
+                                  *counts, *displacements));
+    std::shared_ptr<char[]> received =
+        std::make_unique_for_overwrite<char[]>(total);
+    CAIRN_RETURN_IF_ERROR(Run(
+        "AllGather", "MPI_Iallgatherv", {counts, displacements, received},
+        [&](MPI_Request* request) {
+          return MPI_Iallgatherv(data.data(), static_cast<int>(data.size()),
+                                 MPI_BYTE, received.get(), counts->data(),
+                                 displacements->data(), MPI_BYTE, comm_,
+                                 request);
+        }));
+    return Unpack(received.get(), *counts, *displacements);
   }
 
   absl::StatusOr<std::string> Scatter(const std::vector<std::string>& data,
@@ -222,21 +322,21 @@ class MpiComm final : public Communicator {
     const std::string context = Context("Scatter");
     CAIRN_RETURN_IF_ERROR(CheckRoot(root, size_, context));
     // Root tells each rank its size, or that root's arguments are wrong, in
-    // one MPI_Scatter; so a mistake at root is an error everywhere.
-    std::vector<int64_t> headers;
-    std::vector<int> counts;
-    std::vector<int> displacements;
-    std::string concatenated;
+    // one MPI_Iscatter; so a mistake at root is an error everywhere.
+    auto headers = std::make_shared<std::vector<int64_t>>();
+    auto counts = std::make_shared<std::vector<int>>();
+    auto displacements = std::make_shared<std::vector<int>>();
+    auto concatenated = std::make_shared<std::string>();
     absl::Status root_error;
     if (rank_ == root) {
-      headers.resize(2 * size_);
+      headers->resize(2 * size_);
       if (data.size() != static_cast<size_t>(size_)) {
         root_error = absl::InvalidArgumentError(
             absl::StrFormat("%s: root %d passed %d buffers for %d ranks",
                             context, root, data.size(), size_));
         for (int r = 0; r < size_; ++r) {
-          headers[2 * r] = kScatterWrongCount;
-          headers[2 * r + 1] = static_cast<int64_t>(data.size());
+          (*headers)[2 * r] = kScatterWrongCount;
+          (*headers)[2 * r + 1] = static_cast<int64_t>(data.size());
         }
       } else {
         std::vector<int64_t> sizes(size_);
@@ -246,66 +346,84 @@ class MpiComm final : public Communicator {
           total += sizes[r];
         }
         absl::StatusOr<int64_t> layout =
-            Layout(sizes, "Scatter", "root sends", counts, displacements);
+            Layout(sizes, "Scatter", "root sends", *counts, *displacements);
         for (int r = 0; r < size_; ++r) {
-          headers[2 * r] = layout.ok() ? sizes[r] : kScatterTooLarge;
-          headers[2 * r + 1] = layout.ok() ? 0 : total;
+          (*headers)[2 * r] = layout.ok() ? sizes[r] : kScatterTooLarge;
+          (*headers)[2 * r + 1] = layout.ok() ? 0 : total;
         }
         if (!layout.ok()) {
           root_error = layout.status();
         } else {
-          concatenated.reserve(static_cast<size_t>(total));
-          for (const std::string& d : data) concatenated += d;
+          concatenated->reserve(static_cast<size_t>(total));
+          for (const std::string& d : data) *concatenated += d;
         }
       }
     }
-    int64_t header[2] = {0, 0};
-    CAIRN_RETURN_IF_ERROR(Call("Scatter", "MPI_Scatter", [&] {
-      return MPI_Scatter(headers.data(), 2, MPI_INT64_T, header, 2, MPI_INT64_T,
-                         root, comm_);
-    }));
+    auto header = std::make_shared<std::array<int64_t, 2>>();
+    CAIRN_RETURN_IF_ERROR(
+        Run("Scatter", "MPI_Iscatter", {headers, header},
+            [&](MPI_Request* request) {
+              return MPI_Iscatter(headers->data(), 2, MPI_INT64_T,
+                                  header->data(), 2, MPI_INT64_T, root, comm_,
+                                  request);
+            }));
     if (!root_error.ok()) return root_error;
-    if (header[0] == kScatterWrongCount) {
+    if ((*header)[0] == kScatterWrongCount) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: root %d passed %d buffers for %d ranks", context,
-                          root, header[1], size_));
+                          root, (*header)[1], size_));
     }
-    if (header[0] == kScatterTooLarge) {
+    if ((*header)[0] == kScatterTooLarge) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: root %d passed %d bytes in all, more than the %d bytes "
           "Scatter can move (use BroadcastBytes for large data)",
-          context, root, header[1], options_.max_gather_bytes));
+          context, root, (*header)[1], options_.max_gather_bytes));
     }
-    std::string result(static_cast<size_t>(header[0]), '\0');
-    CAIRN_RETURN_IF_ERROR(Call("Scatter", "MPI_Scatterv", [&] {
-      return MPI_Scatterv(concatenated.data(), counts.data(),
-                          displacements.data(), MPI_BYTE, result.data(),
-                          static_cast<int>(result.size()), MPI_BYTE, root,
-                          comm_);
-    }));
-    return result;
+    auto result =
+        std::make_shared<std::string>(static_cast<size_t>((*header)[0]), '\0');
+    CAIRN_RETURN_IF_ERROR(Run(
+        "Scatter", "MPI_Iscatterv",
+        {counts, displacements, concatenated, result},
+        [&](MPI_Request* request) {
+          return MPI_Iscatterv(concatenated->data(), counts->data(),
+                               displacements->data(), MPI_BYTE, result->data(),
+                               static_cast<int>(result->size()), MPI_BYTE, root,
+                               comm_, request);
+        }));
+    return std::move(*result);
   }
 
   absl::Status AllReduce(std::span<int64_t> values, ReduceOp op) override {
     const int64_t length = static_cast<int64_t>(values.size());
-    int64_t range[2] = {length, -length};  // becomes {max, -min}
-    CAIRN_RETURN_IF_ERROR(Call("AllReduce", "MPI_Allreduce", [&] {
-      return MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, comm_);
-    }));
-    if (range[0] != -range[1]) {
+    // {max, -min} of the lengths.
+    auto range = std::make_shared<std::array<int64_t, 2>>(
+        std::array<int64_t, 2>{length, -length});
+    CAIRN_RETURN_IF_ERROR(
+        Run("AllReduce", "MPI_Iallreduce", {range}, [&](MPI_Request* request) {
+          return MPI_Iallreduce(MPI_IN_PLACE, range->data(), 2, MPI_INT64_T,
+                                MPI_MAX, comm_, request);
+        }));
+    if ((*range)[0] != -(*range)[1]) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: every rank must pass the same number of values (this rank "
           "passed %d; ranks passed from %d to %d)",
-          Context("AllReduce"), length, -range[1], range[0]));
+          Context("AllReduce"), length, -(*range)[1], (*range)[0]));
     }
+    // Reduced in a copy, so that an operation abandoned at a timeout can
+    // never write the caller's values after it returns. AllReduce carries
+    // counts and flags; the copy is small.
     const int64_t piece = std::max<int64_t>(
         1, options_.max_piece_bytes / static_cast<int64_t>(sizeof(int64_t)));
     for (int64_t offset = 0; offset < length; offset += piece) {
       const int count = static_cast<int>(std::min(piece, length - offset));
-      CAIRN_RETURN_IF_ERROR(Call("AllReduce", "MPI_Allreduce", [&] {
-        return MPI_Allreduce(MPI_IN_PLACE, values.data() + offset, count,
-                             MPI_INT64_T, MpiOpFor(op), comm_);
-      }));
+      auto copy = std::make_shared<std::vector<int64_t>>(
+          values.begin() + offset, values.begin() + offset + count);
+      CAIRN_RETURN_IF_ERROR(
+          Run("AllReduce", "MPI_Iallreduce", {copy}, [&](MPI_Request* request) {
+            return MPI_Iallreduce(MPI_IN_PLACE, copy->data(), count,
+                                  MPI_INT64_T, MpiOpFor(op), comm_, request);
+          }));
+      std::copy(copy->begin(), copy->end(), values.begin() + offset);
     }
     return absl::OkStatus();
   }
@@ -313,22 +431,27 @@ class MpiComm final : public Communicator {
   absl::Status BroadcastBytes(std::span<std::byte> data, int root) override {
     const int64_t bytes = static_cast<int64_t>(data.size());
     // {max size, -min size, max root, -min root}
-    int64_t agree[4] = {bytes, -bytes, root, -static_cast<int64_t>(root)};
-    CAIRN_RETURN_IF_ERROR(Call("BroadcastBytes", "MPI_Allreduce", [&] {
-      return MPI_Allreduce(MPI_IN_PLACE, agree, 4, MPI_INT64_T, MPI_MAX, comm_);
-    }));
-    if (agree[2] != -agree[3]) {
+    auto agree = std::make_shared<std::array<int64_t, 4>>(
+        std::array<int64_t, 4>{bytes, -bytes, root, -int64_t{root}});
+    CAIRN_RETURN_IF_ERROR(Run("BroadcastBytes", "MPI_Iallreduce", {agree},
+                              [&](MPI_Request* request) {
+                                return MPI_Iallreduce(
+                                    MPI_IN_PLACE, agree->data(), 4, MPI_INT64_T,
+                                    MPI_MAX, comm_, request);
+                              }));
+    const std::array<int64_t, 4>& a = *agree;
+    if (a[2] != -a[3]) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: ranks passed different roots (this rank passed %d; ranks "
           "passed from %d to %d)",
-          Context("BroadcastBytes"), root, -agree[3], agree[2]));
+          Context("BroadcastBytes"), root, -a[3], a[2]));
     }
     CAIRN_RETURN_IF_ERROR(CheckRoot(root, size_, Context("BroadcastBytes")));
-    if (agree[0] != -agree[1]) {
+    if (a[0] != -a[1]) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: every rank must pass the same buffer size (this rank passed "
           "%d bytes; ranks passed from %d to %d)",
-          Context("BroadcastBytes"), bytes, -agree[1], agree[0]));
+          Context("BroadcastBytes"), bytes, -a[1], a[0]));
     }
     return BroadcastPieces(data.data(), bytes, root, "BroadcastBytes");
   }
@@ -338,19 +461,30 @@ class MpiComm final : public Communicator {
     // MPI_Comm_split takes only non-negative colors; the contract takes any
     // int. So the ranks share their colors and split by each color's index
     // among the distinct ones, which groups and orders ranks the same way.
-    int64_t mine[2] = {color, key};
-    std::vector<int64_t> all(2 * size_);
-    CAIRN_RETURN_IF_ERROR(Call("Split", "MPI_Allgather", [&] {
-      return MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T,
-                           comm_);
-    }));
+    auto mine = std::make_shared<std::array<int64_t, 2>>(
+        std::array<int64_t, 2>{color, key});
+    auto all = std::make_shared<std::vector<int64_t>>(2 * size_);
+    CAIRN_RETURN_IF_ERROR(
+        Run("Split", "MPI_Iallgather", {mine, all}, [&](MPI_Request* request) {
+          return MPI_Iallgather(mine->data(), 2, MPI_INT64_T, all->data(), 2,
+                                MPI_INT64_T, comm_, request);
+        }));
     std::vector<int64_t> colors;
     colors.reserve(size_);
-    for (int r = 0; r < size_; ++r) colors.push_back(all[2 * r]);
+    for (int r = 0; r < size_; ++r) colors.push_back((*all)[2 * r]);
     std::sort(colors.begin(), colors.end());
     colors.erase(std::unique(colors.begin(), colors.end()), colors.end());
     const int index = static_cast<int>(
         std::lower_bound(colors.begin(), colors.end(), color) - colors.begin());
+    // MPI has no nonblocking split, so MPI_Comm_split has no timeout. It
+    // may start only once every rank is known to go on to it: a rank that
+    // arrived late at the allgather may have completed it against the
+    // others' abandoned requests, but nobody posts this barrier after
+    // giving up. Past it, the split hangs only if a rank stops right there.
+    CAIRN_RETURN_IF_ERROR(
+        Run("Split", "MPI_Ibarrier", {}, [&](MPI_Request* request) {
+          return MPI_Ibarrier(comm_, request);
+        }));
     MPI_Comm split = MPI_COMM_NULL;
     CAIRN_RETURN_IF_ERROR(Call("Split", "MPI_Comm_split", [&] {
       return MPI_Comm_split(comm_, index, key, &split);
@@ -374,12 +508,19 @@ class MpiComm final : public Communicator {
   }
 
  private:
+  // A point-to-point message of a timeout, sent without waiting for it to
+  // be received.
+  struct Outgoing {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::shared_ptr<std::vector<int64_t>> message;
+  };
+
   std::string Context(std::string_view op) const {
     return OpContext("mpi", op, rank_, size_);
   }
 
-  // One MPI call (returning an MPI error code), under the serialization
-  // mutex when MPI needs it.
+  // One blocking MPI call (returning an MPI error code), under the
+  // serialization mutex when MPI needs it.
   template <typename F>
   absl::Status Call(std::string_view op, std::string_view mpi_function, F&& f) {
     std::unique_lock<std::mutex> lock = LockIf(serializer_);
@@ -389,7 +530,279 @@ class MpiComm final : public Communicator {
                                    Context(op));
   }
 
-  // MPI_Bcast of `bytes` bytes at `data` in pieces of at most
+  // One nonblocking MPI operation of collective `op`: start(&request) posts
+  // it, and this polls it until it completes or the timeout passes (see the
+  // top of this file). `keep`: the buffers internal to the call that the
+  // operation uses, kept alive for good if it is abandoned.
+  template <typename Start>
+  absl::Status Run(std::string_view op, std::string_view mpi_function,
+                   Keep keep, Start&& start) {
+    if (!broken_.empty()) return BrokenError(op);
+    ++operation_;
+    op_ = op;
+    posted_ = false;
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      std::unique_lock<std::mutex> lock = LockIf(serializer_);
+      // The others may have given up on this operation already.
+      Serve(nullptr);
+      if (!verdict_.ok()) return TakeVerdict();
+      const int rc = start(&request);
+      if (rc != MPI_SUCCESS) {
+        return internal_core::Annotate(MpiErrorToStatus(rc, mpi_function),
+                                       Context(op));
+      }
+      posted_ = true;
+    }
+    const std::optional<SteadyTime> deadline =
+        DeadlineAfter(options_.collective_timeout);
+    const SteadyTime spin_until = std::chrono::steady_clock::now() + kSpinFor;
+    std::chrono::microseconds pause(10);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock = LockIf(serializer_);
+        int done = 0;
+        const int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        // A request that failed is complete: nothing is left pending.
+        if (rc != MPI_SUCCESS) {
+          return internal_core::Annotate(MpiErrorToStatus(rc, mpi_function),
+                                         Context(op));
+        }
+        if (done) return absl::OkStatus();
+        Serve(nullptr);
+      }
+      if (!verdict_.ok()) {
+        Abandon(std::move(keep));
+        return TakeVerdict();
+      }
+      const SteadyTime now = std::chrono::steady_clock::now();
+      if (deadline.has_value() && now >= *deadline) break;
+      if (now < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min<std::chrono::microseconds>(2 * pause, kMaxPause);
+      }
+    }
+    return TimedOut(op, mpi_function, request, std::move(keep));
+  }
+
+  // Steps 1-4 at the top of this file, for `request`, which has not
+  // completed within the timeout. Still tested meanwhile: if the missing
+  // ranks arrive during the grace, the operation completes after all and
+  // the collective succeeds.
+  absl::Status TimedOut(std::string_view op, std::string_view mpi_function,
+                        MPI_Request& request, Keep keep) {
+    std::vector<int64_t> answers(size_, -1);
+    answers[rank_] = operation_;
+    {
+      std::unique_lock<std::mutex> lock = LockIf(serializer_);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) Send(r, kQueryTag, {operation_});
+      }
+    }
+    const SteadyTime until =
+        std::chrono::steady_clock::now() +
+        std::min<std::chrono::nanoseconds>(
+            kAnswerGrace,
+            absl::ToChronoNanoseconds(options_.collective_timeout));
+    // Ends early once every rank has answered and one answered from an
+    // earlier operation: the verdict cannot change. When all answer from
+    // this one, the operation should complete any moment.
+    int unanswered = size_ - 1;
+    auto settled = [&] {
+      return unanswered == 0 &&
+             std::any_of(answers.begin(), answers.end(),
+                         [&](int64_t a) { return a < operation_; });
+    };
+    while (!settled() && verdict_.ok() &&
+           std::chrono::steady_clock::now() < until) {
+      {
+        std::unique_lock<std::mutex> lock = LockIf(serializer_);
+        int done = 0;
+        const int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+          return internal_core::Annotate(MpiErrorToStatus(rc, mpi_function),
+                                         Context(op));
+        }
+        if (done) return absl::OkStatus();
+        unanswered -= Serve(&answers);
+      }
+      std::this_thread::sleep_for(kMaxPause);
+    }
+    Abandon(std::move(keep));
+    // Another rank's verdict on this operation came first: the same list on
+    // every rank is worth more than this rank's own.
+    if (!verdict_.ok()) return TakeVerdict();
+
+    std::vector<int> missing;  // no answer, or one from an earlier operation
+    std::vector<int> silent;
+    std::vector<int> behind;
+    for (int r = 0; r < size_; ++r) {
+      // A rank that answers from a later operation has passed this one, so
+      // it did arrive (its operation completed before this rank's did).
+      if (answers[r] >= operation_) continue;
+      missing.push_back(r);
+      (answers[r] < 0 ? silent : behind).push_back(r);
+    }
+    std::string message;
+    if (missing.empty()) {
+      message = absl::StrFormat(
+          "%s did not complete within %s, although every rank answered that "
+          "it had arrived",
+          AsAbsl(mpi_function), Seconds(options_.collective_timeout));
+    } else {
+      std::vector<std::string> why;
+      if (!silent.empty()) {
+        why.push_back(absl::StrCat("no answer from ", RankList(silent),
+                                   ": stopped, dead, or busy outside "
+                                   "collectives over this communicator"));
+      }
+      if (!behind.empty()) {
+        why.push_back(absl::StrCat(RankList(behind),
+                                   " answered from an earlier collective"));
+      }
+      message = absl::StrFormat("%s did not arrive within %s (%s)",
+                                RankList(missing),
+                                Seconds(options_.collective_timeout),
+                                absl::StrJoin(why, "; "));
+    }
+    {
+      std::vector<int64_t> verdict = {
+          operation_, absl::ToInt64Nanoseconds(options_.collective_timeout)};
+      verdict.insert(verdict.end(), missing.begin(), missing.end());
+      std::unique_lock<std::mutex> lock = LockIf(serializer_);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) Send(r, kVerdictTag, verdict);
+      }
+    }
+    const absl::Status status = absl::DeadlineExceededError(absl::StrFormat(
+        "%s: %s; the %s this rank gave up on stays pending in MPI: end the "
+        "job",
+        Context(op), message, AsAbsl(mpi_function)));
+    broken_ = internal_core::AsStd(status.message());
+    return status;
+  }
+
+  // Receives the timeout messages that have arrived, with the lock held:
+  // answers queries, records verdicts in verdict_ and, when `answers` is
+  // given, answers to this rank's query in it. Returns how many new
+  // answers it recorded.
+  int Serve(std::vector<int64_t>* answers) {
+    int recorded = 0;
+    std::erase_if(outgoing_, [](Outgoing& o) {
+      int done = 0;
+      MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
+      return done != 0;
+    });
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &status) !=
+              MPI_SUCCESS ||
+          !flag) {
+        return recorded;
+      }
+      // Received as bytes, whose count is always defined, so that no
+      // message can stay in the queue and be probed forever.
+      int bytes = 0;
+      MPI_Get_count(&status, MPI_BYTE, &bytes);
+      bytes = std::max(bytes, 0);
+      std::vector<int64_t> message((static_cast<size_t>(bytes) + 7) / 8);
+      if (MPI_Recv(message.data(), bytes, MPI_BYTE, status.MPI_SOURCE,
+                   status.MPI_TAG, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        return recorded;
+      }
+      keep_comm_ = true;
+      if (message.empty()) continue;
+      const int from = status.MPI_SOURCE;
+      switch (status.MPI_TAG) {
+        case kQueryTag:
+          Send(from, kAnswerTag, {operation_, message[0]});
+          break;
+        case kAnswerTag:
+          // An answer to the query of an earlier timeout, one whose
+          // operation completed during the grace, is stale.
+          if (answers != nullptr && message.size() >= 2 &&
+              message[1] == operation_ && (*answers)[from] < 0) {
+            (*answers)[from] = message[0];
+            ++recorded;
+          }
+          break;
+        case kVerdictTag:
+          if (verdict_.ok() && message.size() >= 2) {
+            RecordVerdict(from, message);
+          }
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  // verdict_: the error this rank's current collective returns because rank
+  // `from` gave up (message: {operation, timeout ns, missing ranks...}).
+  void RecordVerdict(int from, const std::vector<int64_t>& message) {
+    std::vector<int> missing(message.begin() + 2, message.end());
+    const std::string list =
+        missing.empty() ? std::string("no rank was missing, but it did not "
+                                      "complete")
+                        : absl::StrFormat(
+                              "%s did not arrive within %s", RankList(missing),
+                              Seconds(absl::Nanoseconds(message[1])));
+    const bool this_one = message[0] == operation_;
+    const bool me_missing =
+        std::find(missing.begin(), missing.end(), rank_) != missing.end();
+    if (this_one && posted_ && !me_missing) {
+      verdict_ = absl::DeadlineExceededError(absl::StrFormat(
+          "%s: %s (rank %d found them missing and told this rank)",
+          Context(op_), list, from));
+    } else if (this_one) {
+      verdict_ = absl::AbortedError(absl::StrFormat(
+          "%s: rank %d gave up on this collective before this rank arrived: "
+          "%s",
+          Context(op_), from, list));
+    } else {
+      verdict_ = absl::AbortedError(absl::StrFormat(
+          "%s: rank %d gave up on an earlier collective over this "
+          "communicator: %s",
+          Context(op_), from, list));
+    }
+  }
+
+  // Gives up on the current operation, which stays pending in MPI with the
+  // buffers in `keep`.
+  void Abandon(Keep keep) {
+    keep_comm_ = true;
+    KeepForever(std::move(keep));
+  }
+
+  // verdict_, returned once; from then on the communicator is broken.
+  absl::Status TakeVerdict() {
+    broken_ = internal_core::AsStd(verdict_.message());
+    return verdict_;
+  }
+
+  absl::Status BrokenError(std::string_view op) const {
+    return absl::AbortedError(absl::StrFormat(
+        "%s: this communicator can no longer be used, because an earlier "
+        "collective over it timed out (%s)",
+        Context(op), broken_));
+  }
+
+  // Sends `message` to `to` without waiting for it to be received; the
+  // lock held.
+  void Send(int to, int tag, std::vector<int64_t> message) {
+    keep_comm_ = true;
+    Outgoing o;
+    o.message = std::make_shared<std::vector<int64_t>>(std::move(message));
+    if (MPI_Isend(o.message->data(), static_cast<int>(o.message->size()),
+                  MPI_INT64_T, to, tag, comm_, &o.request) == MPI_SUCCESS) {
+      outgoing_.push_back(std::move(o));
+    }
+  }
+
+  // MPI_Ibcast of `bytes` bytes at `data` in pieces of at most
   // max_piece_bytes (MPI counts are ints).
   absl::Status BroadcastPieces(void* data, int64_t bytes, int root,
                                std::string_view op) {
@@ -398,28 +811,32 @@ class MpiComm final : public Communicator {
          offset += options_.max_piece_bytes) {
       const int count =
           static_cast<int>(std::min(options_.max_piece_bytes, bytes - offset));
-      CAIRN_RETURN_IF_ERROR(Call(op, "MPI_Bcast", [&] {
-        return MPI_Bcast(p + offset, count, MPI_BYTE, root, comm_);
-      }));
+      CAIRN_RETURN_IF_ERROR(
+          Run(op, "MPI_Ibcast", {}, [&](MPI_Request* request) {
+            return MPI_Ibcast(p + offset, count, MPI_BYTE, root, comm_,
+                              request);
+          }));
     }
     return absl::OkStatus();
   }
 
-  // MPI_Allgather of (size, root) from every rank.
+  // MPI_Iallgather of (size, root) from every rank.
   absl::Status ExchangeHeader(std::string_view op, int64_t size, int root,
                               std::vector<int64_t>& sizes,
                               std::vector<int64_t>& roots) {
-    int64_t mine[2] = {size, root};
-    std::vector<int64_t> all(2 * size_);
-    CAIRN_RETURN_IF_ERROR(Call(op, "MPI_Allgather", [&] {
-      return MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T,
-                           comm_);
-    }));
+    auto mine = std::make_shared<std::array<int64_t, 2>>(
+        std::array<int64_t, 2>{size, root});
+    auto all = std::make_shared<std::vector<int64_t>>(2 * size_);
+    CAIRN_RETURN_IF_ERROR(
+        Run(op, "MPI_Iallgather", {mine, all}, [&](MPI_Request* request) {
+          return MPI_Iallgather(mine->data(), 2, MPI_INT64_T, all->data(), 2,
+                                MPI_INT64_T, comm_, request);
+        }));
     sizes.resize(size_);
     roots.resize(size_);
     for (int r = 0; r < size_; ++r) {
-      sizes[r] = all[2 * r];
-      roots[r] = all[2 * r + 1];
+      sizes[r] = (*all)[2 * r];
+      roots[r] = (*all)[2 * r + 1];
     }
     return absl::OkStatus();
   }
@@ -476,6 +893,15 @@ class MpiComm final : public Communicator {
   const int size_;
   std::mutex* const serializer_;  // null under MPI_THREAD_MULTIPLE
   MpiOptions options_;
+
+  // Timeouts (see the top of this file).
+  int64_t operation_ = 0;   // MPI operations started on comm_, numbered
+  std::string_view op_;     // the collective of the current one
+  bool posted_ = false;     // whether the current one was posted
+  absl::Status verdict_;    // another rank gave up on us (see RecordVerdict)
+  std::string broken_;      // why the communicator is broken; empty: it is not
+  bool keep_comm_ = false;  // never free comm_ (see the destructor)
+  std::vector<Outgoing> outgoing_;
 };
 
 // Finalizes MPI at process exit if cairn initialized it and nobody has
@@ -514,6 +940,8 @@ absl::Status InitializeMpiIfNeeded() {
 // NewMpiCommunicator without context in its errors.
 absl::StatusOr<std::unique_ptr<Communicator>> Wrap(MPI_Comm comm,
                                                    const MpiOptions& options) {
+  CAIRN_RETURN_IF_ERROR(
+      CheckCollectiveTimeout(options.collective_timeout, "options"));
   CAIRN_ASSIGN_OR_RETURN(std::mutex * serializer, MpiSerializer());
   std::unique_lock<std::mutex> lock = LockIf(serializer);
   MPI_Comm dup = MPI_COMM_NULL;
@@ -583,10 +1011,26 @@ MPI_Comm NativeHandle(const Communicator& comm) {
 
 bool HasMpi() { return true; }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator() {
+namespace {
+
+internal_comm::MpiOptions MpiOptionsFor(const CommunicatorOptions& options) {
+  internal_comm::MpiOptions mpi;
+  mpi.collective_timeout = options.collective_timeout;
+  return mpi;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator(
+    const CommunicatorOptions& options) {
+  if (absl::Status s = internal_comm::CheckCollectiveTimeout(
+          options.collective_timeout, "MpiWorldCommunicator");
+      !s.ok()) {
+    return s;  // before MPI_Init, which a wrong argument should not cost
+  }
   CAIRN_RETURN_IF_ERROR(internal_comm::InitializeMpiIfNeeded());
   absl::StatusOr<std::unique_ptr<Communicator>> result =
-      internal_comm::Wrap(MPI_COMM_WORLD, {});
+      internal_comm::Wrap(MPI_COMM_WORLD, MpiOptionsFor(options));
   if (!result.ok()) {
     return internal_core::Annotate(result.status(), "MpiWorldCommunicator");
   }
@@ -594,7 +1038,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiWorldCommunicator() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
-    int64_t fortran_handle) {
+    int64_t fortran_handle, const CommunicatorOptions& options) {
   constexpr std::string_view kContext = "MpiCommunicatorFromFortran";
   absl::StatusOr<std::mutex*> serializer = internal_comm::MpiSerializer();
   if (!serializer.ok()) {
@@ -613,7 +1057,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicatorFromFortran(
         internal_core::AsAbsl(kContext), fortran_handle));
   }
   absl::StatusOr<std::unique_ptr<Communicator>> result =
-      internal_comm::Wrap(comm, {});
+      internal_comm::Wrap(comm, MpiOptionsFor(options));
   if (!result.ok()) {
     return internal_core::Annotate(result.status(), kContext);
   }

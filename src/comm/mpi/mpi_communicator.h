@@ -7,9 +7,11 @@
 // used by its own thread concurrently with the others. When it provides only
 // MPI_THREAD_SERIALIZED, every MPI call cairn makes holds one process-wide
 // mutex; the application must then not call MPI concurrently with cairn, and
-// only one thread may use cairn's communicators at a time (two threads in
-// blocking collectives over different communicators could deadlock across
-// processes). Lower levels are refused with kFailedPrecondition.
+// only one thread may use cairn's communicators at a time (collectives are
+// polled with the mutex released in between, but MPI_Comm_dup and
+// MPI_Comm_split block holding it, and two threads in those over different
+// communicators could deadlock across processes). Lower levels are refused
+// with kFailedPrecondition.
 #ifndef CAIRN_COMM_MPI_MPI_COMMUNICATOR_H_
 #define CAIRN_COMM_MPI_MPI_COMMUNICATOR_H_
 
@@ -22,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cairn/communicator.h"
 
 namespace cairn::internal_comm {
@@ -35,11 +38,15 @@ struct MpiOptions {
   // counts and displacements are ints; beyond it they return
   // kInvalidArgument on every rank. Default: INT_MAX.
   int64_t max_gather_bytes = INT_MAX;
+  // CommunicatorOptions::collective_timeout: how long each MPI operation of
+  // a collective waits. Default: kDefaultCollectiveTimeout (5 minutes).
+  absl::Duration collective_timeout = kDefaultCollectiveTimeout;
 };
 
 // A communicator over a duplicate of `comm` (collective over `comm`), with
 // MPI_ERRORS_RETURN set on the duplicate. MPI must be initialized with at
-// least MPI_THREAD_SERIALIZED.
+// least MPI_THREAD_SERIALIZED. kInvalidArgument when
+// options.collective_timeout is not positive.
 absl::StatusOr<std::unique_ptr<Communicator>> NewMpiCommunicator(
     MPI_Comm comm, const MpiOptions& options = {});
 
