@@ -17,7 +17,7 @@
 //
 // Timeouts: a rank that is stopped, deadlocked or dead never arrives, and
 // the others would wait for it forever. So each rank waits at most
-// CommunicatorOptions::collective_timeout (default 5 minutes) for the others
+// CommunicatorOptions::collective_timeout (default 10 minutes) for the others
 // in a collective; past it the collective fails with kDeadlineExceeded
 // naming the ranks that did not arrive (as far as this rank can tell; see
 // MpiWorldCommunicator). The communicator is then broken for good: every
@@ -51,7 +51,10 @@ namespace cairn {
 
 enum class ReduceOp : uint8_t { kSum, kMin, kMax };
 
-inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+// Long enough for a rank to write a few hundred GB at 0.5 GB/s while the
+// others wait at the save's next collective; short enough that a stopped
+// rank is reported within the quarter hour.
+inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(10);
 
 // How a communicator is made; fixed for its life and inherited by Split.
 struct CommunicatorOptions {
@@ -61,7 +64,7 @@ struct CommunicatorOptions {
   // while the others wait in the second, such as the slowest rank's write
   // of its data file in a save. absl::InfiniteDuration() waits forever, as
   // MPI itself does. Must be positive. Default: kDefaultCollectiveTimeout
-  // (5 minutes).
+  // (10 minutes).
   absl::Duration collective_timeout = kDefaultCollectiveTimeout;
 };
 
