@@ -826,6 +826,39 @@ TEST_F(CliTest, VerifyNamesChunksThatShareBytes) {
   EXPECT_TRUE(overlap) << v.dump();
 }
 
+// Two same-size chunks of different tensors swapped in metadata.json, and
+// a dtype relabelled F32 -> I32 (written as version 1, which has no
+// checksum to reseal): every CRC32C and size still matches, and verify
+// names both from the safetensors headers.
+TEST_F(CliTest, VerifyNamesSwappedChunksAndARelabelledDType) {
+  const fs::path dir = SaveDemo();
+  nlohmann::json j = Version1Metadata(dir);
+  nlohmann::json& a = j["tensors"]["model.layers.0.attn.wq"]["chunks"][0];
+  nlohmann::json& b = j["tensors"]["model.layers.1.attn.wq"]["chunks"][0];
+  ASSERT_EQ(a["nbytes"], b["nbytes"]);
+  for (const char* key : {"file", "offset", "crc32c"}) std::swap(a[key], b[key]);
+  const std::string file = a["file"];
+  const uint64_t offset = a["offset"];
+  j["tensors"]["model.norm"]["dtype"] = "I32";
+  WriteText(dir / "metadata.json", j.dump());
+  Result r = Run("verify --json '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  nlohmann::json v = ParseJson(r);
+  std::string messages;
+  for (const auto& p : v["problems"]) {
+    EXPECT_EQ(p["kind"], "header") << p.dump();
+    messages += p["message"].get<std::string>() + "\n";
+  }
+  EXPECT_EQ(v["problems"].size(), 3u) << messages;
+  EXPECT_THAT(messages, HasSubstr("header mismatch for model.layers.0.attn.wq@"));
+  EXPECT_THAT(messages, HasSubstr(file + ", offset " + std::to_string(offset)));
+  EXPECT_THAT(messages, HasSubstr("safetensors entry there is named "
+                                  "'model.layers.1.attn.wq"));
+  EXPECT_THAT(messages, HasSubstr("header mismatch for model.norm"));
+  EXPECT_THAT(messages, HasSubstr("is F32 ["));
+  EXPECT_THAT(messages, HasSubstr("expected I32 ["));
+}
+
 TEST_F(CliTest, VerifyNamesATruncatedFile) {
   const fs::path dir = SaveDemo();
   auto md = cairn::ReadMetadata(dir.string());

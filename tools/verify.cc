@@ -98,36 +98,12 @@ void CheckHeader(const ReadableFile& file, const std::string& name,
   absl::StatusOr<internal_format::SafetensorsHeader> header =
       internal_format::ReadSafetensorsHeader(file, name);
   if (!header.ok()) return header_problem(header.status());
-  std::map<uint64_t, const internal_format::SafetensorsEntry*> by_offset;
-  for (const auto& e : header->entries) {
-    // Zero-length entries share offsets with their neighbours; keep the
-    // first non-empty one at each offset.
-    auto [it, inserted] = by_offset.emplace(header->data_start + e.begin, &e);
-    if (!inserted && it->second->end == it->second->begin) it->second = &e;
-  }
   for (const Item* item : items) {
     const ByteLocation& loc = *item->location;
-    auto it = by_offset.find(loc.offset);
-    std::string wrong;
     if (loc.nbytes == 0) continue;  // nothing stored, nothing to list
-    if (it == by_offset.end()) {
-      wrong = "its safetensors header lists no entry at that offset";
-    } else {
-      const auto& e = *it->second;
-      if (e.end - e.begin != loc.nbytes) {
-        wrong = absl::StrFormat("its safetensors entry '%s' there is %d bytes",
-                                e.name, e.end - e.begin);
-      } else if (e.name != item->entry_name) {
-        wrong = absl::StrFormat(
-            "its safetensors entry there is named '%s', expected '%s'", e.name,
-            item->entry_name);
-      } else if (e.dtype != item->dtype || e.shape != item->shape) {
-        wrong = absl::StrFormat(
-            "its safetensors entry '%s' is %s [%s], expected %s [%s]", e.name,
-            DTypeName(e.dtype), absl::StrJoin(e.shape, ", "),
-            DTypeName(item->dtype), absl::StrJoin(item->shape, ", "));
-      }
-    }
+    const std::string wrong = internal_format::EntryMismatch(
+        *header,
+        {item->entry_name, item->dtype, item->shape, loc.offset, loc.nbytes});
     if (!wrong.empty()) {
       problems.push_back(
           {"header", item->fqn, name, loc.offset,
