@@ -859,6 +859,60 @@ TEST_F(CliTest, VerifyNamesSwappedChunksAndARelabelledDType) {
   EXPECT_THAT(messages, HasSubstr("expected I32 ["));
 }
 
+// metadata.json with a second "step" (nlohmann's tree kept the last one),
+// or with an FQN that is both an object and a scalar: verify refuses
+// either as damage, naming the key or the FQN.
+TEST_F(CliTest, VerifyRefusesARepeatedKeyAndAnFqnOfTwoKinds) {
+  const fs::path dir = SaveDemo();
+  const nlohmann::json original = Version1Metadata(dir);
+  std::string text = original.dump();
+  const std::string step = R"("step":{"int64":42})";
+  const size_t at = text.find(step);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, step.size(), step + R"(,"step":{"int64":43})");
+  WriteText(dir / "metadata.json", text);
+  Result r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("cairn verify: DATA_LOSS"));
+  EXPECT_THAT(r.err, HasSubstr(R"(the key "step" appears twice in one object)"));
+
+  nlohmann::json j = original;
+  j["scalars"]["rng.rank0"] = {{"int64", 1}};
+  WriteText(dir / "metadata.json", j.dump());
+  r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("cairn verify: DATA_LOSS"));
+  EXPECT_THAT(r.err,
+              HasSubstr(R"("rng.rank0" is in both "objects" and "scalars")"));
+}
+
+// metadata.json whose structure names an FQN the checkpoint does not hold,
+// or one FQN twice ("model.norm" at the top level and under "model"):
+// LoadAll could not rebuild the state dict, and verify says so.
+TEST_F(CliTest, VerifyRefusesAStructureOfUnknownOrRepeatedFqns) {
+  const fs::path dir = SaveDemo();
+  const nlohmann::json original = Version1Metadata(dir);
+  ASSERT_EQ(original["structure"]["model"]["norm"], "model.norm");
+  for (const auto& [key, message] :
+       {std::pair{std::string("ghost"),
+                  std::string("structure names \"ghost\", which is not a "
+                              "tensor, object or scalar")},
+        std::pair{std::string("model.norm"),
+                  std::string("duplicate FQN \"model.norm\"")}}) {
+    SCOPED_TRACE(key);
+    nlohmann::json j = original;
+    j["structure"][key] = key;
+    WriteText(dir / "metadata.json", j.dump());
+    Result r = Run("verify --json '" + dir.string() + "'");
+    EXPECT_EQ(r.rc, 1) << r.all();
+    nlohmann::json v = ParseJson(r);
+    ASSERT_EQ(v["problems"].size(), 1u) << v.dump();
+    EXPECT_EQ(v["problems"][0]["kind"], "structure");
+    EXPECT_THAT(v["problems"][0]["message"].get<std::string>(),
+                HasSubstr(message));
+  }
+}
+
 TEST_F(CliTest, VerifyNamesATruncatedFile) {
   const fs::path dir = SaveDemo();
   auto md = cairn::ReadMetadata(dir.string());

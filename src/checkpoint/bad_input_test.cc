@@ -370,6 +370,49 @@ TEST_F(BadInputTest, CrcMismatchInObject) {
   EXPECT_THAT(Msg(s), HasSubstr("rng"));
 }
 
+// "rng" both an object and a scalar in metadata.json (checksum resealed):
+// a multi-rank load once counted it twice among the stored leaves it did
+// not read and failed with "INTERNAL: 18446744073709551615 of the
+// planner's 3 unexpected leaves ...". Decoding refuses it, naming it.
+TEST_F(BadInputTest, AnFqnThatIsBothAnObjectAndAScalar) {
+  nlohmann::json j = Metadata();
+  j["scalars"]["rng"] = {{"int64", 5}};
+  SetMetadata(j);
+  const std::string both = R"("rng" is in both "objects" and "scalars")";
+  EXPECT_EQ(ReadMetadata(dir()).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(ReadMetadata(dir()).status()), HasSubstr(both));
+  EXPECT_EQ(LoadAll(dir()).status().code(), absl::StatusCode::kDataLoss);
+  std::vector<absl::Status> statuses =
+      RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+        std::vector<float> out(32 * 32);
+        const Box mine{{comm.rank() * 32, 0}, {32, 32}};
+        StateDict dst;
+        dst["model"]["w"] = ShardedTensor(
+            DType::kF32, {64, 32},
+            {{mine, TensorView(out.data(), DType::kF32, {32, 32})}});
+        LoadOptions o;
+        o.comm = &comm;
+        return Load(dst, dir(), o).status();
+      });
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(Msg(s), HasSubstr(both));
+  }
+}
+
+// A structure that names a leaf twice ("model.w" at the top level, and
+// "w" under "model"): LoadAll cannot rebuild the state dict, and says so as
+// damage.
+TEST_F(BadInputTest, StructureThatNamesALeafTwice) {
+  nlohmann::json j = Metadata();
+  j["structure"]["model.w"] = "model.w";
+  SetMetadata(j);
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("duplicate FQN \"model.w\""));
+  EXPECT_THAT(Msg(all.status()), HasSubstr(metadata_path()));
+}
+
 // Two F32 tensors of one shape, each stored as two row chunks of 8 x 8
 // (256 bytes), and two 10-byte objects, all in one data file: a
 // metadata.json edited to point one at another's bytes (CRC32C included,

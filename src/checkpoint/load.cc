@@ -1371,23 +1371,25 @@ std::vector<const std::string*> StoredLeaves(const Metadata& metadata) {
 }
 
 // `names` (stored leaves) as a bit set over StoredLeaves: bit i of byte
-// i / 8 for leaf i. A name the metadata lacks is an internal error.
+// i / 8 for leaf i. A name the metadata lacks is an internal error. (Each
+// name is counted once, where it is first found: decoding refuses an FQN
+// in two of tensors, objects and scalars, and a name counted twice would
+// make the count of those not found wrap.)
 absl::StatusOr<std::string> LeafBits(const Metadata& metadata,
                                      const std::vector<std::string>& names) {
   const std::vector<const std::string*> leaves = StoredLeaves(metadata);
   absl::flat_hash_set<std::string_view> wanted(names.begin(), names.end());
+  const size_t asked = wanted.size();
   std::string bits((leaves.size() + 7) / 8, '\0');
-  size_t found = 0;
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    if (wanted.contains(*leaves[i])) {
+  for (size_t i = 0; i < leaves.size() && !wanted.empty(); ++i) {
+    if (wanted.erase(*leaves[i]) > 0) {
       bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
-      ++found;
     }
   }
-  if (found != wanted.size()) {
+  if (!wanted.empty()) {
     return absl::InternalError(absl::StrFormat(
         "%d of the planner's %d unexpected leaves are not in the checkpoint",
-        wanted.size() - found, wanted.size()));
+        wanted.size(), asked));
   }
   return bits;
 }
@@ -2654,6 +2656,12 @@ absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
   // hostile metadata.json can make this allocate by the files' total size.
   CAIRN_RETURN_IF_ERROR(Annotate(CheckLocationsAgainstFiles(storage, metadata),
                                  absl::StrCat("checkpoint ", storage.url())));
+  // The structure names stored leaves only, each once (kDataLoss, as cairn
+  // verify reports it; a name twice would otherwise be Unflatten's
+  // kInvalidArgument).
+  CAIRN_RETURN_IF_ERROR(
+      Annotate(internal_format::ValidateStructure(metadata),
+               absl::StrCat(storage.url(), "/", kMetadataFileName)));
   std::set<std::string> placed;
   auto make_leaf = [&](const std::string& fqn) -> absl::StatusOr<StateDict> {
     placed.insert(fqn);

@@ -7,9 +7,13 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/string_view.h"
 #include "core/checked.h"
 #include "nlohmann/json.hpp"
@@ -61,16 +65,106 @@ inline int NestingDepth(std::string_view text, int limit) {
   return max_depth;
 }
 
+// Finds the first object that has a key twice, as nlohmann parses: its
+// tree keeps the last value ({"step":1,"step":2} reads as 2, where another
+// reader may read 1), so the text must be refused. A callback for
+// nlohmann's parse; it never changes what is parsed.
+class DuplicateKeyFinder {
+ public:
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event,
+                  nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        // A member of the open object, or an element of the open array.
+        if (!open_.empty()) ++open_.back().elements;
+        open_.emplace_back().object = event == Event::object_start;
+        break;
+      case Event::object_end:
+      case Event::array_end:
+        if (!open_.empty()) open_.pop_back();
+        break;
+      case Event::key:
+        if (!open_.empty() && !found_) {
+          Level& level = open_.back();
+          level.key = parsed.get_ref<const std::string&>();
+          if (!level.keys.insert(level.key).second) {
+            found_ = true;
+            duplicate_ = level.key;
+            for (size_t i = 0; i + 1 < open_.size(); ++i) {
+              path_ += "/";
+              path_ += open_[i].object ? open_[i].key
+                                       : std::to_string(open_[i].elements - 1);
+            }
+          }
+        }
+        break;
+      case Event::value:
+        if (!open_.empty()) ++open_.back().elements;
+        break;
+    }
+    return true;
+  }
+
+  bool found() const { return found_; }
+  // The first key found twice, and where its object is: the keys and array
+  // indices leading to it ("/tensors/w/chunks/0"; "" for the root).
+  const std::string& duplicate() const { return duplicate_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Level {
+    bool object = false;
+    std::set<std::string> keys;  // an object's keys so far
+    std::string key;             // an object's current member
+    size_t elements = 0;         // an array's elements so far
+  };
+  std::vector<Level> open_;  // the objects and arrays being parsed
+  bool found_ = false;
+  std::string duplicate_;
+  std::string path_;
+};
+
 // Parses without exceptions; nullopt for malformed text (including invalid
-// UTF-8 in strings) or text nested deeper than kMaxJsonDepth.
-inline std::optional<nlohmann::json> Parse(std::string_view text) {
-  if (NestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) return std::nullopt;
+// UTF-8 in strings), text nested deeper than kMaxJsonDepth, or an object
+// with a key twice, at any level. With `error`, says which (in words that
+// follow "malformed JSON: ").
+inline std::optional<nlohmann::json> Parse(std::string_view text,
+                                           std::string* error = nullptr) {
+  auto fail = [&](std::string why) -> std::optional<nlohmann::json> {
+    if (error != nullptr) *error = std::move(why);
+    return std::nullopt;
+  };
+  if (NestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return fail("nested deeper than " + std::to_string(kMaxJsonDepth) +
+                " levels");
+  }
   try {
-    nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-    if (value.is_discarded()) return std::nullopt;
+    DuplicateKeyFinder finder;
+    nlohmann::json value = nlohmann::json::parse(
+        text,
+        [&finder](int depth, nlohmann::json::parse_event_t event,
+                  nlohmann::json& parsed) {
+          return finder(depth, event, parsed);
+        },
+        /*allow_exceptions=*/false);
+    if (value.is_discarded()) return fail("not well-formed UTF-8 JSON");
+    if (finder.found()) {
+      const auto shown = [](std::string_view s) {
+        return "\"" +
+               std::string(absl::CHexEscape(AsAbsl(s.substr(0, 256)))) + "\"";
+      };
+      return fail("the key " + shown(finder.duplicate()) +
+                  " appears twice in one object (" +
+                  (finder.path().empty()
+                       ? std::string("the top level")
+                       : "at " + shown(finder.path())) +
+                  ")");
+    }
     return value;
   } catch (...) {  // only std::bad_alloc is expected here
-    return std::nullopt;
+    return fail("out of memory");
   }
 }
 

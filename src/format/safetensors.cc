@@ -312,11 +312,9 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderTree(
   SafetensorsHeader header;
   header.data_start = 8 + json_text.size();
 
-  std::optional<json> parsed = json_util::Parse(json_text);
-  if (!parsed) {
-    return Corrupt(
-        file, "header is not well-formed UTF-8 JSON (or nests too deeply)");
-  }
+  std::string why;
+  std::optional<json> parsed = json_util::Parse(json_text, &why);
+  if (!parsed) return Corrupt(file, absl::StrCat("malformed header: ", why));
   if (!parsed->is_object()) {
     return Corrupt(file, absl::StrCat("header must be a JSON object, got ",
                                       Describe(*parsed)));

@@ -478,6 +478,22 @@ TEST(SafetensorsTest, ZeroLengthEntriesMayShareAnOffset) {
   EXPECT_EQ(parsed->entries[0].name, "c");
 }
 
+// A key twice in one object, anywhere in the header: nlohmann's tree keeps
+// the last, so the tree parse (which the fast one leaves such text to)
+// refuses it, naming the key.
+TEST(SafetensorsTest, DuplicateKeysAreRejected) {
+  const std::string a = R"("a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]})";
+  for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
+           {"{" + a + "," + a + "}", "a"},
+           {R"({"a":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+            "dtype"},
+           {"{" + a + R"(,"__metadata__":{"k":"v","k":"w"}})", "k"}}) {
+    SCOPED_TRACE(text);
+    ExpectDataLoss(ParseHeaderText(text, 2).status(),
+                   "the key \"" + key + "\" appears twice");
+  }
+}
+
 // EntryMismatch: what metadata.json says lies at an offset against the
 // entry the header lists there (the load's and verify's check).
 TEST(SafetensorsTest, EntryMismatchComparesNameDTypeShapeAndBytes) {
