@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cairn/cairn.h"
 #include "format/metadata_codec.h"
 #include "gmock/gmock.h"
@@ -195,6 +199,55 @@ TEST_F(CliTest, DemoUsageErrors) {
   r = Run("demo -q --phase load --dir '" + (root_ / "nothing").string() + "'");
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, HasSubstr("cairn demo: NOT_FOUND"));
+}
+
+// Sizes and steps out of range are usage errors that say so, at once:
+// --size 18446744073709551615 once spun forever choosing the model (its
+// byte count wrapped below the target), and --step 99999999999999999999
+// was stored as INT64_MAX. The largest step is kept exactly, and a step is
+// read as decimal ("010" is ten, not octal eight).
+TEST_F(CliTest, DemoRefusesSizesAndStepsOutOfRange) {
+  const std::string dir = "'" + (root_ / "ckpt").string() + "'";
+  for (const char* size : {"18446744073709551615", "2048TiB"}) {
+    SCOPED_TRACE(size);
+    Result r = Run(absl::StrCat("demo -q --phase save --dir ", dir, " --size ",
+                                size));
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("--size"));
+    EXPECT_THAT(r.err, HasSubstr("at most 1125899906842624 bytes (1.00 PiB)"));
+  }
+  for (const char* step :
+       {"99999999999999999999", "-99999999999999999999", "9223372036854775808",
+        "1e3", "0x10", "ten"}) {
+    SCOPED_TRACE(step);
+    Result r = Run(absl::StrCat("demo -q --size 4MiB --phase save --dir ", dir,
+                                " --step ", step));
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("--step"));
+    EXPECT_THAT(r.err, HasSubstr("a decimal integer in [-9223372036854775808, "
+                                 "9223372036854775807]"));
+  }
+  EXPECT_FALSE(fs::exists(root_ / "ckpt" / "metadata.json"));
+  // --async saves steps --step + 1 .. --step + --steps.
+  Result r = Run("demo -q --size 4MiB --async --steps 10 --save-every 5 "
+                 "--step 9223372036854775800");
+  EXPECT_EQ(r.rc, 2) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("--step 9223372036854775800 + --steps 10"));
+
+  for (const auto& [step, stored] :
+       std::vector<std::pair<std::string, int64_t>>{
+           {"9223372036854775807", INT64_MAX},
+           {"-9223372036854775808", INT64_MIN},
+           {"010", 10}}) {
+    SCOPED_TRACE(step);
+    r = Run(absl::StrCat("demo -q --size 4MiB --overwrite --json --phase save "
+                         "--dir ", dir, " --step ", step));
+    ASSERT_EQ(r.rc, 0) << r.all();
+    EXPECT_EQ(ParseJson(r)["step"].get<int64_t>(), stored);
+    r = Run(absl::StrCat("demo -q --phase load --json --dir ", dir));
+    ASSERT_EQ(r.rc, 0) << r.all();
+    EXPECT_EQ(ParseJson(r)["step"].get<int64_t>(), stored);
+  }
 }
 
 // --async: a training loop with an async save every --save-every steps; the
