@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -65,46 +64,50 @@ inline int NestingDepth(std::string_view text, int limit) {
   return max_depth;
 }
 
-// Finds the first object that has a key twice, as nlohmann parses: its
-// tree keeps the last value ({"step":1,"step":2} reads as 2, where another
-// reader may read 1), so the text must be refused. A callback for
-// nlohmann's parse; it never changes what is parsed.
-class DuplicateKeyFinder {
+// Builds nlohmann's tree from its SAX events, as nlohmann::json::parse does,
+// but stops at the first object that has a key twice: parse keeps the last
+// value ({"step":1,"step":2} reads as 2, where another reader may read 1),
+// so such text must be refused. (parse's callback could see the keys, but
+// its parser rescans an array's elements at the end of each one, so a
+// chunks array of 16k objects costs 16k^2.)
+class CheckedTreeBuilder {
  public:
-  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event,
-                  nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        // A member of the open object, or an element of the open array.
-        if (!open_.empty()) ++open_.back().elements;
-        open_.emplace_back().object = event == Event::object_start;
-        break;
-      case Event::object_end:
-      case Event::array_end:
-        if (!open_.empty()) open_.pop_back();
-        break;
-      case Event::key:
-        if (!open_.empty() && !found_) {
-          Level& level = open_.back();
-          level.key = parsed.get_ref<const std::string&>();
-          if (!level.keys.insert(level.key).second) {
-            found_ = true;
-            duplicate_ = level.key;
-            for (size_t i = 0; i + 1 < open_.size(); ++i) {
-              path_ += "/";
-              path_ += open_[i].object ? open_[i].key
-                                       : std::to_string(open_[i].elements - 1);
-            }
-          }
-        }
-        break;
-      case Event::value:
-        if (!open_.empty()) ++open_.back().elements;
-        break;
+  using json = nlohmann::json;
+  explicit CheckedTreeBuilder(json& root) : root_(root) {}
+
+  bool null() { return Add(nullptr) != nullptr; }
+  bool boolean(bool v) { return Add(v) != nullptr; }
+  bool number_integer(json::number_integer_t v) { return Add(v) != nullptr; }
+  bool number_unsigned(json::number_unsigned_t v) { return Add(v) != nullptr; }
+  bool number_float(json::number_float_t v, const json::string_t&) {
+    return Add(v) != nullptr;
+  }
+  bool string(json::string_t& v) { return Add(std::move(v)) != nullptr; }
+  bool binary(json::binary_t& v) {
+    return Add(json::binary(std::move(v))) != nullptr;
+  }
+  bool start_object(std::size_t) { return Open(json::object()); }
+  bool start_array(std::size_t) { return Open(json::array()); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool key(json::string_t& key) {
+    Level& level = open_.back();
+    if (level.value->contains(key)) {
+      duplicate_ = key;
+      for (size_t i = 0; i + 1 < open_.size(); ++i) {
+        path_ += "/";
+        path_ += open_[i].value->is_object()
+                     ? open_[i].key
+                     : std::to_string(open_[i].value->size() - 1);
+      }
+      found_ = true;
+      return false;  // stops the parse
     }
+    level.key = std::move(key);
     return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) {
+    return false;
   }
 
   bool found() const { return found_; }
@@ -115,12 +118,38 @@ class DuplicateKeyFinder {
 
  private:
   struct Level {
-    bool object = false;
-    std::set<std::string> keys;  // an object's keys so far
-    std::string key;             // an object's current member
-    size_t elements = 0;         // an array's elements so far
+    json* value;      // an open object or array
+    std::string key;  // an object's current member
   };
-  std::vector<Level> open_;  // the objects and arrays being parsed
+  // Places `v` in the open object or array (or as the root); where it is.
+  json* Add(json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Level& level = open_.back();
+    if (level.value->is_object()) {
+      json& slot = (*level.value)[level.key];
+      slot = std::move(v);
+      return &slot;
+    }
+    level.value->push_back(std::move(v));
+    return &level.value->back();
+  }
+  // An open container's address holds while it is open: only its own
+  // elements are added meanwhile.
+  bool Open(json v) {
+    json* placed = Add(std::move(v));
+    open_.push_back(Level{placed, std::string()});
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  json& root_;
+  std::vector<Level> open_;
   bool found_ = false;
   std::string duplicate_;
   std::string path_;
@@ -141,28 +170,19 @@ inline std::optional<nlohmann::json> Parse(std::string_view text,
                 " levels");
   }
   try {
-    DuplicateKeyFinder finder;
-    nlohmann::json value = nlohmann::json::parse(
-        text,
-        [&finder](int depth, nlohmann::json::parse_event_t event,
-                  nlohmann::json& parsed) {
-          return finder(depth, event, parsed);
-        },
-        /*allow_exceptions=*/false);
-    if (value.is_discarded()) return fail("not well-formed UTF-8 JSON");
-    if (finder.found()) {
-      const auto shown = [](std::string_view s) {
-        return "\"" +
-               std::string(absl::CHexEscape(AsAbsl(s.substr(0, 256)))) + "\"";
-      };
-      return fail("the key " + shown(finder.duplicate()) +
-                  " appears twice in one object (" +
-                  (finder.path().empty()
-                       ? std::string("the top level")
-                       : "at " + shown(finder.path())) +
-                  ")");
-    }
-    return value;
+    nlohmann::json value;
+    CheckedTreeBuilder builder(value);
+    if (nlohmann::json::sax_parse(text, &builder)) return value;
+    if (!builder.found()) return fail("not well-formed UTF-8 JSON");
+    const auto shown = [](std::string_view s) {
+      return "\"" + std::string(absl::CHexEscape(AsAbsl(s.substr(0, 256)))) +
+             "\"";
+    };
+    return fail("the key " + shown(builder.duplicate()) +
+                " appears twice in one object (" +
+                (builder.path().empty() ? std::string("the top level")
+                                        : "at " + shown(builder.path())) +
+                ")");
   } catch (...) {  // only std::bad_alloc is expected here
     return fail("out of memory");
   }
