@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cairn/cairn.h"
 #include "format/metadata_codec.h"
 #include "gmock/gmock.h"
@@ -195,6 +199,55 @@ TEST_F(CliTest, DemoUsageErrors) {
   r = Run("demo -q --phase load --dir '" + (root_ / "nothing").string() + "'");
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, HasSubstr("cairn demo: NOT_FOUND"));
+}
+
+// Sizes and steps out of range are usage errors that say so, at once:
+// --size 18446744073709551615 once spun forever choosing the model (its
+// byte count wrapped below the target), and --step 99999999999999999999
+// was stored as INT64_MAX. The largest step is kept exactly, and a step is
+// read as decimal ("010" is ten, not octal eight).
+TEST_F(CliTest, DemoRefusesSizesAndStepsOutOfRange) {
+  const std::string dir = "'" + (root_ / "ckpt").string() + "'";
+  for (const char* size : {"18446744073709551615", "2048TiB"}) {
+    SCOPED_TRACE(size);
+    Result r = Run(absl::StrCat("demo -q --phase save --dir ", dir, " --size ",
+                                size));
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("--size"));
+    EXPECT_THAT(r.err, HasSubstr("at most 1125899906842624 bytes (1.00 PiB)"));
+  }
+  for (const char* step :
+       {"99999999999999999999", "-99999999999999999999", "9223372036854775808",
+        "1e3", "0x10", "ten"}) {
+    SCOPED_TRACE(step);
+    Result r = Run(absl::StrCat("demo -q --size 4MiB --phase save --dir ", dir,
+                                " --step ", step));
+    EXPECT_EQ(r.rc, 2) << r.all();
+    EXPECT_THAT(r.err, HasSubstr("--step"));
+    EXPECT_THAT(r.err, HasSubstr("a decimal integer in [-9223372036854775808, "
+                                 "9223372036854775807]"));
+  }
+  EXPECT_FALSE(fs::exists(root_ / "ckpt" / "metadata.json"));
+  // --async saves steps --step + 1 .. --step + --steps.
+  Result r = Run("demo -q --size 4MiB --async --steps 10 --save-every 5 "
+                 "--step 9223372036854775800");
+  EXPECT_EQ(r.rc, 2) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("--step 9223372036854775800 + --steps 10"));
+
+  for (const auto& [step, stored] :
+       std::vector<std::pair<std::string, int64_t>>{
+           {"9223372036854775807", INT64_MAX},
+           {"-9223372036854775808", INT64_MIN},
+           {"010", 10}}) {
+    SCOPED_TRACE(step);
+    r = Run(absl::StrCat("demo -q --size 4MiB --overwrite --json --phase save "
+                         "--dir ", dir, " --step ", step));
+    ASSERT_EQ(r.rc, 0) << r.all();
+    EXPECT_EQ(ParseJson(r)["step"].get<int64_t>(), stored);
+    r = Run(absl::StrCat("demo -q --phase load --json --dir ", dir));
+    ASSERT_EQ(r.rc, 0) << r.all();
+    EXPECT_EQ(ParseJson(r)["step"].get<int64_t>(), stored);
+  }
 }
 
 // --async: a training loop with an async save every --save-every steps; the
@@ -824,6 +877,93 @@ TEST_F(CliTest, VerifyNamesChunksThatShareBytes) {
   bool overlap = false;
   for (const auto& p : v["problems"]) overlap |= p["kind"] == "overlap";
   EXPECT_TRUE(overlap) << v.dump();
+}
+
+// Two same-size chunks of different tensors swapped in metadata.json, and
+// a dtype relabelled F32 -> I32 (written as version 1, which has no
+// checksum to reseal): every CRC32C and size still matches, and verify
+// names both from the safetensors headers.
+TEST_F(CliTest, VerifyNamesSwappedChunksAndARelabelledDType) {
+  const fs::path dir = SaveDemo();
+  nlohmann::json j = Version1Metadata(dir);
+  nlohmann::json& a = j["tensors"]["model.layers.0.attn.wq"]["chunks"][0];
+  nlohmann::json& b = j["tensors"]["model.layers.1.attn.wq"]["chunks"][0];
+  ASSERT_EQ(a["nbytes"], b["nbytes"]);
+  for (const char* key : {"file", "offset", "crc32c"}) std::swap(a[key], b[key]);
+  const std::string file = a["file"];
+  const uint64_t offset = a["offset"];
+  j["tensors"]["model.norm"]["dtype"] = "I32";
+  WriteText(dir / "metadata.json", j.dump());
+  Result r = Run("verify --json '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  nlohmann::json v = ParseJson(r);
+  std::string messages;
+  for (const auto& p : v["problems"]) {
+    EXPECT_EQ(p["kind"], "header") << p.dump();
+    messages += p["message"].get<std::string>() + "\n";
+  }
+  EXPECT_EQ(v["problems"].size(), 3u) << messages;
+  EXPECT_THAT(messages, HasSubstr("header mismatch for model.layers.0.attn.wq@"));
+  EXPECT_THAT(messages, HasSubstr(file + ", offset " + std::to_string(offset)));
+  EXPECT_THAT(messages, HasSubstr("safetensors entry there is named "
+                                  "'model.layers.1.attn.wq"));
+  EXPECT_THAT(messages, HasSubstr("header mismatch for model.norm"));
+  EXPECT_THAT(messages, HasSubstr("is F32 ["));
+  EXPECT_THAT(messages, HasSubstr("expected I32 ["));
+}
+
+// metadata.json with a second "step" (nlohmann's tree kept the last one),
+// or with an FQN that is both an object and a scalar: verify refuses
+// either as damage, naming the key or the FQN.
+TEST_F(CliTest, VerifyRefusesARepeatedKeyAndAnFqnOfTwoKinds) {
+  const fs::path dir = SaveDemo();
+  const nlohmann::json original = Version1Metadata(dir);
+  std::string text = original.dump();
+  const std::string step = R"("step":{"int64":42})";
+  const size_t at = text.find(step);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, step.size(), step + R"(,"step":{"int64":43})");
+  WriteText(dir / "metadata.json", text);
+  Result r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("cairn verify: DATA_LOSS"));
+  EXPECT_THAT(r.err, HasSubstr(R"(the key "step" appears twice in one object)"));
+
+  nlohmann::json j = original;
+  j["scalars"]["rng.rank0"] = {{"int64", 1}};
+  WriteText(dir / "metadata.json", j.dump());
+  r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("cairn verify: DATA_LOSS"));
+  EXPECT_THAT(r.err,
+              HasSubstr(R"("rng.rank0" is in both "objects" and "scalars")"));
+}
+
+// metadata.json whose structure names an FQN the checkpoint does not hold,
+// or one FQN twice ("model.norm" at the top level and under "model"):
+// LoadAll could not rebuild the state dict, and verify says so.
+TEST_F(CliTest, VerifyRefusesAStructureOfUnknownOrRepeatedFqns) {
+  const fs::path dir = SaveDemo();
+  const nlohmann::json original = Version1Metadata(dir);
+  ASSERT_EQ(original["structure"]["model"]["norm"], "model.norm");
+  for (const auto& [key, message] :
+       {std::pair{std::string("ghost"),
+                  std::string("structure names \"ghost\", which is not a "
+                              "tensor, object or scalar")},
+        std::pair{std::string("model.norm"),
+                  std::string("duplicate FQN \"model.norm\"")}}) {
+    SCOPED_TRACE(key);
+    nlohmann::json j = original;
+    j["structure"][key] = key;
+    WriteText(dir / "metadata.json", j.dump());
+    Result r = Run("verify --json '" + dir.string() + "'");
+    EXPECT_EQ(r.rc, 1) << r.all();
+    nlohmann::json v = ParseJson(r);
+    ASSERT_EQ(v["problems"].size(), 1u) << v.dump();
+    EXPECT_EQ(v["problems"][0]["kind"], "structure");
+    EXPECT_THAT(v["problems"][0]["message"].get<std::string>(),
+                HasSubstr(message));
+  }
 }
 
 TEST_F(CliTest, VerifyNamesATruncatedFile) {

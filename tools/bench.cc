@@ -1467,7 +1467,7 @@ void RegisterBench(CLI::App& app) {
                   "every time (`cairn demo`'s model: embedding, transformer "
                   "layers, Adam moments)")
       ->capture_default_str()
-      ->check(ByteSizeValidator());
+      ->check(ByteSizeValidator(1, kMaxSyntheticBytes));
   cmd->add_option("--ranks", o->ranks,
                   "W, the ranks that save (threads of one process): every "
                   "tensor is split on dim 0, rank k holding rows "

@@ -161,17 +161,40 @@ void ProgressLine::Run() {
   }
 }
 
-CLI::Validator ByteSizeValidator(uint64_t min_bytes) {
+CLI::Validator ByteSizeValidator(uint64_t min_bytes, uint64_t max_bytes) {
   return CLI::Validator(
-      [min_bytes](std::string& v) -> std::string {
+      [min_bytes, max_bytes](std::string& v) -> std::string {
         absl::StatusOr<uint64_t> n = ParseByteSize(v);
         if (!n.ok()) return std::string(n.status().message());
         if (*n < min_bytes) {
           return absl::StrCat("at least ", min_bytes, " bytes");
         }
+        if (*n > max_bytes) {
+          return absl::StrCat("'", v, "' is ", *n, " bytes; at most ",
+                              max_bytes, " bytes (", HumanBytes(max_bytes),
+                              ")");
+        }
         return std::string();
       },
       "SIZE", "byte size");
+}
+
+CLI::Validator Int64Validator() {
+  CLI::Validator validator(
+      [](std::string& v) -> std::string {
+        int64_t n = 0;
+        // SimpleAtoi takes decimal only (an optional sign, no base
+        // prefix) and fails on overflow.
+        if (!absl::SimpleAtoi(v, &n)) {
+          return absl::StrCat("'", v,
+                              "' is not a decimal integer in "
+                              "[-9223372036854775808, 9223372036854775807]");
+        }
+        v = absl::StrCat(n);  // what CLI11's strtoll reads back exactly
+        return std::string();
+      },
+      "INT", "64-bit integer");
+  return validator;
 }
 
 }  // namespace cairn::tools

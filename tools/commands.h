@@ -8,12 +8,22 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <limits>
 
 namespace cairn::tools {
 
 // Checks an option's value with ParseByteSize (cli_util.h) and requires at
-// least `min_bytes`: a bad size is a usage error (exit 2) naming the option.
-CLI::Validator ByteSizeValidator(uint64_t min_bytes = 1);
+// least `min_bytes` and at most `max_bytes`: a bad size is a usage error
+// (exit 2) naming the option.
+CLI::Validator ByteSizeValidator(
+    uint64_t min_bytes = 1,
+    uint64_t max_bytes = std::numeric_limits<uint64_t>::max());
+
+// For an int64_t option: the value must be a decimal integer in
+// [-2^63, 2^63), and is passed on in canonical form. (CLI11 2.1 reads
+// integers with strtoll, which clamps 99999999999999999999 to INT64_MAX
+// without a word, and reads "010" as octal 8 and "0x10" as 16.)
+CLI::Validator Int64Validator();
 
 void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
 void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]

@@ -93,6 +93,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -1623,6 +1624,13 @@ int Demo::Run() {
     UsageError("--steps and --save-every need --async");
     return kUsageError;
   }
+  if (o_.async && o_.step > std::numeric_limits<int64_t>::max() - o_.steps) {
+    UsageError(absl::StrFormat(
+        "--step %d + --steps %d is past the largest step, %d: --async saves "
+        "steps --step + 1 to --step + --steps",
+        o_.step, o_.steps, std::numeric_limits<int64_t>::max()));
+    return kUsageError;
+  }
   if (o_.async && o_.steps < o_.save_every) {
     UsageError(absl::StrFormat(
         "--steps %d is less than --save-every %d: the loop would never save",
@@ -1692,7 +1700,7 @@ void RegisterDemo(CLI::App& app) {
                   "(ignored by --phase load, which reads the model from the "
                   "checkpoint); with --replicas R the job holds R copies")
       ->capture_default_str()
-      ->check(ByteSizeValidator());
+      ->check(ByteSizeValidator(1, kMaxSyntheticBytes));
   cmd->add_option("--phase", o->phase,
                   "save, load, or all (save then load); save and load may run "
                   "as separate invocations on the same --dir, with different "
@@ -1766,7 +1774,8 @@ void RegisterDemo(CLI::App& app) {
              "--step", o->step,
              "training step the values derive from (load: default is the "
              "checkpoint's `step` scalar)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->transform(Int64Validator());
   cmd->add_option("--layers", o->layers,
                   "transformer layers (default: grows with --size)")
       ->check(CLI::Range(1, 4096));

@@ -174,6 +174,13 @@ absl::StatusOr<SyntheticConfig> ChooseConfig(uint64_t target_bytes,
   if (target_bytes == 0) {
     return absl::InvalidArgumentError("target size must be positive");
   }
+  // Past this, TotalBytes of the next hidden size could wrap below the
+  // target and the search below would never end.
+  if (target_bytes > kMaxSyntheticBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target size ", target_bytes, " bytes is over the limit of ",
+        kMaxSyntheticBytes, " bytes (1 PiB)"));
+  }
   if (layers > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("too many layers: ", layers, " (at most 4096)"));

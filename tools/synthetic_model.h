@@ -82,11 +82,16 @@ inline constexpr char kRngFqn[] = "rng";
 // than a list index, so a checkpoint's ranks need not be contiguous to load.
 std::string RngFqn(int rank);
 
+// The largest target ChooseConfig takes: 1 PiB, far past any machine's
+// memory (the demo and the bench hold the whole state), and small enough
+// that no size of a model near it overflows 64 bits.
+inline constexpr uint64_t kMaxSyntheticBytes = uint64_t{1} << 50;
+
 // Chooses a config whose total_bytes() is as close to `target_bytes` as the
 // shapes allow (within a fraction of a percent above a few MiB; tiny targets
 // are rounded up to the smallest model: hidden 16, vocab 16). `layers` <= 0
 // picks a layer count that grows with the size. kInvalidArgument for a zero
-// target or absurd layer counts.
+// target, one over kMaxSyntheticBytes, or absurd layer counts.
 absl::StatusOr<SyntheticConfig> ChooseConfig(uint64_t target_bytes,
                                              int layers = 0);
 

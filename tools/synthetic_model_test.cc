@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -177,6 +178,30 @@ TEST(SyntheticModelTest, SizesHitTheTarget) {
   ASSERT_TRUE(tiny.ok());
   EXPECT_EQ(tiny->hidden, 16);
   EXPECT_FALSE(ChooseConfig(0).ok());
+}
+
+// Up to kMaxSyntheticBytes the search for the hidden size ends and hits
+// the target, with one layer or the most; past it the target is refused (a
+// target near 2^64 once made the next size's byte count wrap below it, and
+// the search never ended).
+TEST(SyntheticModelTest, TargetsUpToTheLimitEndAndPastItAreRefused) {
+  for (int layers : {0, 1, 4096}) {
+    SCOPED_TRACE(layers);
+    auto config = ChooseConfig(kMaxSyntheticBytes, layers);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto model = BuildModel(*config);
+    ASSERT_TRUE(model.ok());
+    EXPECT_NEAR(static_cast<double>(model->total_bytes()) /
+                    static_cast<double>(kMaxSyntheticBytes),
+                1.0, 0.01);
+  }
+  for (uint64_t target :
+       {kMaxSyntheticBytes + 1, std::numeric_limits<uint64_t>::max()}) {
+    absl::StatusOr<SyntheticConfig> config = ChooseConfig(target);
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(config.status().message()),
+                ::testing::HasSubstr("over the limit of 1125899906842624"));
+  }
 }
 
 TEST(SyntheticModelTest, ModelHasWeightsMomentsAndParallelism) {

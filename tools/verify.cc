@@ -4,8 +4,9 @@
 //  1. Read and validate metadata.json (ReadMetadata).
 //  2. Open every data file the metadata references; a missing file is a
 //     problem naming the file and the first FQN stored in it.
-//  3. Check that each tensor's chunks cover it exactly once, that no two
-//     chunks or objects share a byte of a file, and that every chunk and
+//  3. Check that each tensor's chunks cover it exactly once, that the
+//     structure names each stored FQN at most once and nothing else, that
+//     no two chunks or objects share a byte of a file, and that every chunk and
 //     object lies inside its file (a truncated file is a problem naming the
 //     FQN, the file, the offset and the real size).
 //  4. Parse each data file's safetensors header and check that it lists every
@@ -59,7 +60,8 @@ struct VerifyOptions {
 
 // One thing wrong with the checkpoint.
 struct Problem {
-  // missing_file, truncated, coverage, overlap, header, read, crc32c
+  // missing_file, truncated, coverage, structure, overlap, header, read,
+  // crc32c
   std::string kind;
   std::string fqn;   // empty when the problem is a whole file
   std::string file;
@@ -98,36 +100,12 @@ void CheckHeader(const ReadableFile& file, const std::string& name,
   absl::StatusOr<internal_format::SafetensorsHeader> header =
       internal_format::ReadSafetensorsHeader(file, name);
   if (!header.ok()) return header_problem(header.status());
-  std::map<uint64_t, const internal_format::SafetensorsEntry*> by_offset;
-  for (const auto& e : header->entries) {
-    // Zero-length entries share offsets with their neighbours; keep the
-    // first non-empty one at each offset.
-    auto [it, inserted] = by_offset.emplace(header->data_start + e.begin, &e);
-    if (!inserted && it->second->end == it->second->begin) it->second = &e;
-  }
   for (const Item* item : items) {
     const ByteLocation& loc = *item->location;
-    auto it = by_offset.find(loc.offset);
-    std::string wrong;
     if (loc.nbytes == 0) continue;  // nothing stored, nothing to list
-    if (it == by_offset.end()) {
-      wrong = "its safetensors header lists no entry at that offset";
-    } else {
-      const auto& e = *it->second;
-      if (e.end - e.begin != loc.nbytes) {
-        wrong = absl::StrFormat("its safetensors entry '%s' there is %d bytes",
-                                e.name, e.end - e.begin);
-      } else if (e.name != item->entry_name) {
-        wrong = absl::StrFormat(
-            "its safetensors entry there is named '%s', expected '%s'", e.name,
-            item->entry_name);
-      } else if (e.dtype != item->dtype || e.shape != item->shape) {
-        wrong = absl::StrFormat(
-            "its safetensors entry '%s' is %s [%s], expected %s [%s]", e.name,
-            DTypeName(e.dtype), absl::StrJoin(e.shape, ", "),
-            DTypeName(item->dtype), absl::StrJoin(item->shape, ", "));
-      }
-    }
+    const std::string wrong = internal_format::EntryMismatch(
+        *header,
+        {item->entry_name, item->dtype, item->shape, loc.offset, loc.nbytes});
     if (!wrong.empty()) {
       problems.push_back(
           {"header", item->fqn, name, loc.offset,
@@ -222,6 +200,12 @@ int RunVerify(const VerifyOptions& o) {
     if (absl::Status s = internal_format::ValidateCoverage(fqn, t); !s.ok()) {
       problems.push_back({"coverage", fqn, "", std::nullopt, s.ToString()});
     }
+  }
+  // The structure LoadAll rebuilds the state dict from: every leaf a stored
+  // FQN, none twice.
+  if (absl::Status s = internal_format::ValidateStructure(*md); !s.ok()) {
+    problems.push_back({"structure", "", "", std::nullopt,
+                        absl::StrCat("metadata.json: ", s.message())});
   }
   // Every chunk's CRC could match and the load still give wrong values if
   // two of them read the same bytes; the first such pair is reported.
@@ -427,11 +411,12 @@ void RegisterVerify(CLI::App& app) {
       ->capture_default_str();
   cmd->footer(
       "Checks metadata.json (its own checksum, every field, that each\n"
-      "tensor's chunks cover it once and that no two chunks or objects\n"
-      "share bytes), recomputes the CRC32C of every chunk and object from\n"
-      "the data files, checks that each data file's safetensors header lists\n"
-      "every chunk at the metadata's offset, and reports missing or\n"
-      "truncated files.\n"
+      "tensor's chunks cover it once, that its structure names only stored\n"
+      "FQNs, each once, and that no two chunks or objects share bytes),\n"
+      "recomputes the CRC32C of every chunk and object from the data\n"
+      "files, checks that each data file's safetensors header lists every\n"
+      "chunk and object at the metadata's offset with its name, dtype and\n"
+      "shape, and reports missing or truncated files.\n"
       "Reports every problem (FQN, file, offset) and exits 1 if there is\n"
       "any; otherwise prints a one-line summary and exits 0.\n\n"
       "Examples:\n"

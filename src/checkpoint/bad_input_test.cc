@@ -1,6 +1,7 @@
 // Each kind of damaged or hostile checkpoint gives a clear error naming what
 // is wrong (FQN, file, offset), never a crash or an out-of-bounds read. Run
 // under ASan/UBSan to make the second half of that claim stick.
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -8,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
 #include "checkpoint/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -208,7 +211,9 @@ TEST_F(BadInputTest, LoadAllChecksTheFilesBeforeAllocating) {
 // allocating (LoadAllChecksTheFilesBeforeAllocating shows the order), so
 // many chunks on one entry cannot make it allocate more than the files hold. A
 // Load into the caller's own tensors, which would otherwise fill rows 64-95
-// with rows 0-31, refuses it too.
+// with rows 0-31, refuses it too: the header entry there is model.w@0,0's.
+// Two locations that name the same entry (an FQN may hold '@') are refused
+// as sharing bytes.
 TEST_F(BadInputTest, ChunksThatShareBytes) {
   const nlohmann::json original = Metadata();
   nlohmann::json j = original;
@@ -231,9 +236,31 @@ TEST_F(BadInputTest, ChunksThatShareBytes) {
   dst["model"]["w"] = TensorView(out.data(), DType::kF32, {96, 32});
   absl::Status s = Load(dst, dir()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(Msg(s), HasSubstr("model.w@0,0 and model.w@64,0 are both "
-                                "stored at data-00000-bad.safetensors"));
+  EXPECT_THAT(Msg(s), HasSubstr("header mismatch for model.w@64,0 "
+                                "(data-00000-bad.safetensors, offset 4096"));
+  EXPECT_THAT(Msg(s), HasSubstr("its safetensors entry there is named "
+                                "'model.w@0,0', expected 'model.w@64,0'"));
   EXPECT_EQ(out, std::vector<float>(96 * 32, -1.0f));  // nothing placed
+
+  // A tensor named "model.w@0,0" whose one chunk (whole, so its entry is
+  // named "model.w@0,0" too) points at model.w's first chunk: the entry
+  // matches both, and they share its bytes.
+  j = original;
+  nlohmann::json alias = j["tensors"]["model.w"];
+  alias["shape"] = {32, 32};
+  alias["chunks"].erase(1);
+  j["tensors"]["model.w@0,0"] = alias;
+  SetMetadata(j);
+  ASSERT_TRUE(ReadMetadata(dir()).ok());
+  out.assign(64 * 32, -1.0f);
+  std::vector<float> out_alias(32 * 32, -1.0f);
+  dst = StateDict();
+  dst["model"]["w"] = TensorView(out.data(), DType::kF32, {64, 32});
+  dst["model.w@0,0"] = TensorView(out_alias.data(), DType::kF32, {32, 32});
+  s = Load(dst, dir()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(s), HasSubstr("model.w@0,0 and model.w@0,0 are both "
+                                "stored at data-00000-bad.safetensors"));
 
   // An object pointed at a chunk's bytes (its size and CRC32C too): refused.
   j = original;
@@ -253,7 +280,7 @@ TEST_F(BadInputTest, ChunksThatShareBytes) {
   dst["rng"] = Object{};
   s = Load(dst, dir()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(Msg(s), HasSubstr("are both stored at"));
+  EXPECT_THAT(Msg(s), HasSubstr("header mismatch for rng"));
 }
 
 TEST_F(BadInputTest, SizesThatDisagreeWithTheBox) {
@@ -344,6 +371,239 @@ TEST_F(BadInputTest, CrcMismatchInObject) {
   absl::Status s = LoadAllInto();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Msg(s), HasSubstr("rng"));
+}
+
+// "rng" both an object and a scalar in metadata.json (checksum resealed):
+// a multi-rank load once counted it twice among the stored leaves it did
+// not read and failed with "INTERNAL: 18446744073709551615 of the
+// planner's 3 unexpected leaves ...". Decoding refuses it, naming it.
+TEST_F(BadInputTest, AnFqnThatIsBothAnObjectAndAScalar) {
+  nlohmann::json j = Metadata();
+  j["scalars"]["rng"] = {{"int64", 5}};
+  SetMetadata(j);
+  const std::string both = R"("rng" is in both "objects" and "scalars")";
+  EXPECT_EQ(ReadMetadata(dir()).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(ReadMetadata(dir()).status()), HasSubstr(both));
+  EXPECT_EQ(LoadAll(dir()).status().code(), absl::StatusCode::kDataLoss);
+  std::vector<absl::Status> statuses =
+      RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+        std::vector<float> out(32 * 32);
+        const Box mine{{comm.rank() * 32, 0}, {32, 32}};
+        StateDict dst;
+        dst["model"]["w"] = ShardedTensor(
+            DType::kF32, {64, 32},
+            {{mine, TensorView(out.data(), DType::kF32, {32, 32})}});
+        LoadOptions o;
+        o.comm = &comm;
+        return Load(dst, dir(), o).status();
+      });
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(Msg(s), HasSubstr(both));
+  }
+}
+
+// A structure that names a leaf twice ("model.w" at the top level, and
+// "w" under "model"): LoadAll cannot rebuild the state dict, and says so as
+// damage.
+TEST_F(BadInputTest, StructureThatNamesALeafTwice) {
+  nlohmann::json j = Metadata();
+  j["structure"]["model.w"] = "model.w";
+  SetMetadata(j);
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("duplicate FQN \"model.w\""));
+  EXPECT_THAT(Msg(all.status()), HasSubstr(metadata_path()));
+}
+
+// Two F32 tensors of one shape, each stored as two row chunks of 8 x 8
+// (256 bytes), and two 10-byte objects, all in one data file: a
+// metadata.json edited to point one at another's bytes (CRC32C included,
+// and resealed) is consistent with itself and with the file's size, so
+// only the safetensors header, which names and types every entry, tells.
+class HeaderMismatchTest : public testing::Test {
+ protected:
+  static constexpr int64_t kRows = 16, kCols = 8;
+
+  void SetUp() override {
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      a_.push_back(static_cast<float>(i));
+      b_.push_back(static_cast<float>(1000 + i));
+    }
+    StateDict sd;
+    for (auto [name, values] : {std::pair{"a", &a_}, std::pair{"b", &b_}}) {
+      std::vector<Shard> shards;
+      for (int64_t row : {int64_t{0}, kRows / 2}) {
+        shards.push_back(
+            {Box{{row, 0}, {kRows / 2, kCols}},
+             TensorView(values->data() + row * kCols, DType::kF32,
+                        {kRows / 2, kCols})});
+      }
+      sd[name] = ShardedTensor(DType::kF32, {kRows, kCols}, shards);
+    }
+    sd["o1"] = Object{"0123456789"};
+    sd["o2"] = Object{"abcdefghij"};
+    ASSERT_TRUE(Save(sd, dir()).ok());
+  }
+
+  std::string dir() const { return tmp_.path(); }
+  std::string metadata_path() const { return dir() + "/metadata.json"; }
+
+  nlohmann::json Metadata() const {
+    return nlohmann::json::parse(ReadFile(metadata_path()));
+  }
+  void SetMetadata(const nlohmann::json& j) {
+    WriteFile(metadata_path(), testing_util::Resealed(j.dump()));
+  }
+  // Swaps where metadata.json says `x` and `y` lie (file, offset and
+  // CRC32C; they are the same size).
+  void SwapLocations(nlohmann::json& x, nlohmann::json& y) {
+    ASSERT_EQ(x["nbytes"], y["nbytes"]);
+    for (const char* key : {"file", "offset", "crc32c"}) std::swap(x[key], y[key]);
+  }
+
+  // Loads on `world` in-process ranks, each reading its columns of a and b
+  // (with one rank, all of them) into destinations of `dtype` filled with
+  // -1, and the objects; the statuses, and whether every rank's
+  // destinations are as they were (nothing placed).
+  std::pair<std::vector<absl::Status>, bool> LoadOn(int world,
+                                                   DType dtype = DType::kF32) {
+    std::atomic<bool> untouched = true;
+    std::vector<absl::Status> statuses =
+        RunInProcess(world, [&](Communicator& comm) -> absl::Status {
+          const int64_t cols = kCols / world;
+          const Box mine{{0, comm.rank() * cols}, {kRows, cols}};
+          std::vector<float> out_a(kRows * cols, -1.0f),
+              out_b(kRows * cols, -1.0f);
+          StateDict dst;
+          dst["a"] = ShardedTensor(
+              dtype, {kRows, kCols},
+              {{mine, TensorView(out_a.data(), dtype, mine.sizes)}});
+          dst["b"] = ShardedTensor(
+              dtype, {kRows, kCols},
+              {{mine, TensorView(out_b.data(), dtype, mine.sizes)}});
+          dst["o1"] = Object{};
+          dst["o2"] = Object{};
+          LoadOptions o;
+          o.comm = &comm;
+          absl::Status s = Load(dst, dir(), o).status();
+          const std::vector<float> fresh(kRows * cols, -1.0f);
+          if (out_a != fresh || out_b != fresh ||
+              !dst.Find("o1")->object()->bytes.empty() ||
+              !dst.Find("o2")->object()->bytes.empty()) {
+            untouched = false;
+          }
+          return s;
+        });
+    return {statuses, untouched.load()};
+  }
+
+  TempDir tmp_;
+  std::vector<float> a_, b_;
+};
+
+TEST_F(HeaderMismatchTest, GoodCheckpointLoads) {
+  for (int world : {1, 2}) {
+    auto [statuses, untouched] = LoadOn(world);
+    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    EXPECT_FALSE(untouched);
+  }
+  ASSERT_TRUE(LoadAll(dir()).ok());
+}
+
+// The first chunks of a and b swapped in metadata.json (each CRC32C moved
+// with its bytes, so every checksum matches): a load would give a's rows
+// 0-7 from b and b's from a. Load, on one rank and resharded by columns on
+// two, and LoadAll refuse it, naming the chunk, the file, the offset and
+// the entry the header has there; nothing is placed.
+TEST_F(HeaderMismatchTest, SwappedChunksOfTwoTensors) {
+  nlohmann::json j = Metadata();
+  nlohmann::json& a0 = j["tensors"]["a"]["chunks"][0];
+  nlohmann::json& b0 = j["tensors"]["b"]["chunks"][0];
+  SwapLocations(a0, b0);
+  const std::string file = a0["file"];
+  const uint64_t a_offset = a0["offset"];  // where b@0,0 is stored
+  SetMetadata(j);
+  ASSERT_TRUE(ReadMetadata(dir()).ok());  // the metadata alone is valid
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    auto [statuses, untouched] = LoadOn(world);
+    for (const absl::Status& s : statuses) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_THAT(Msg(s), HasSubstr(file)) << s;
+    }
+    // Whichever chunk the rank checked first is named, with its offset.
+    const std::string m = Msg(statuses[0]);
+    EXPECT_THAT(m, testing::AnyOf(
+                       HasSubstr(absl::StrCat("a@0,0 (", file, ", offset ",
+                                              a_offset)),
+                       HasSubstr("b@0,0 (")))
+        << m;
+    EXPECT_THAT(m, HasSubstr("safetensors entry there is named")) << m;
+    EXPECT_TRUE(untouched);
+  }
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("safetensors entry there is named"));
+  EXPECT_THAT(Msg(all.status()), HasSubstr(file));
+}
+
+// Two objects of one size swapped: each would load the other's bytes.
+TEST_F(HeaderMismatchTest, SwappedObjects) {
+  nlohmann::json j = Metadata();
+  SwapLocations(j["objects"]["o1"], j["objects"]["o2"]);
+  SetMetadata(j);
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    auto [statuses, untouched] = LoadOn(world);
+    for (const absl::Status& s : statuses) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_THAT(Msg(s), testing::AnyOf(HasSubstr("o1 ("), HasSubstr("o2 (")));
+      EXPECT_THAT(Msg(s), HasSubstr("named"));
+    }
+    EXPECT_TRUE(untouched);
+  }
+  EXPECT_EQ(LoadAll(dir()).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// a relabelled I32 in metadata.json (same sizes, so nothing else
+// disagrees): a load into I32 tensors would give the F32 bits as integers.
+// Refused, naming both dtypes.
+TEST_F(HeaderMismatchTest, DTypeRelabelled) {
+  nlohmann::json j = Metadata();
+  j["tensors"]["a"]["dtype"] = "I32";
+  SetMetadata(j);
+  ASSERT_TRUE(ReadMetadata(dir()).ok());
+  // a alone is loaded: b is still F32, which the planner would refuse to
+  // load into I32 before any read.
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    std::atomic<bool> untouched = true;
+    std::vector<absl::Status> statuses =
+        RunInProcess(world, [&](Communicator& comm) -> absl::Status {
+          const int64_t cols = kCols / world;
+          const Box mine{{0, comm.rank() * cols}, {kRows, cols}};
+          std::vector<int32_t> out(kRows * cols, -1);
+          StateDict dst;
+          dst["a"] = ShardedTensor(
+              DType::kI32, {kRows, kCols},
+              {{mine, TensorView(out.data(), DType::kI32, mine.sizes)}});
+          LoadOptions o;
+          o.comm = &comm;
+          absl::Status s = Load(dst, dir(), o).status();
+          if (out != std::vector<int32_t>(kRows * cols, -1)) untouched = false;
+          return s;
+        });
+    for (const absl::Status& s : statuses) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_THAT(Msg(s), HasSubstr("a@")) << s;
+      EXPECT_THAT(Msg(s), HasSubstr("is F32 [8, 8], expected I32 [8, 8]")) << s;
+    }
+    EXPECT_TRUE(untouched);
+  }
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(all.status()), HasSubstr("is F32 [8, 8], expected I32 [8, 8]"));
 }
 
 TEST_F(BadInputTest, CoverageGapInMetadata) {

@@ -19,8 +19,11 @@
 //  3. Read (this file's Loader), on every rank:
 //     a. ResolveDestination for every item; check each destination.
 //     b. Open every data file that holds a needed byte, read and validate
-//        its safetensors header, and check that each needed chunk is an
-//        entry of it (so offsets and sizes lie inside the real file).
+//        its safetensors header (once per file), and check that each
+//        needed chunk or object is an entry of it of its name, dtype and
+//        shape (so offsets and sizes lie inside the real file, and a
+//        metadata.json whose locations were swapped or dtypes relabelled,
+//        checksums and all, is refused: EntryMismatch).
 //     c. Cut each chunk's needed region into slabs whose file span fits one
 //        bounce buffer. A slab contiguous in the file and in the
 //        destination is read straight into the destination; otherwise the
@@ -102,8 +105,9 @@ using internal_core::PooledBuffer;
 
 struct DataFile {
   std::unique_ptr<ReadableFile> file;
-  // Absolute [begin, end) of every entry in the file's safetensors header.
-  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> entries;
+  // Its safetensors header, parsed once: every needed location is checked
+  // against it (Loader::CheckLocations), in this Read or a later one.
+  internal_format::SafetensorsHeader header;
 };
 
 // A stored chunk (or object) whose CRC32C is checked:
@@ -298,11 +302,8 @@ absl::StatusOr<DataFile> OpenDataFile(Storage& storage,
                                       const std::string& name) {
   DataFile df;
   CAIRN_ASSIGN_OR_RETURN(df.file, storage.OpenForRead(name));
-  CAIRN_ASSIGN_OR_RETURN(internal_format::SafetensorsHeader header,
+  CAIRN_ASSIGN_OR_RETURN(df.header,
                          internal_format::ReadSafetensorsHeader(*df.file, name));
-  for (const internal_format::SafetensorsEntry& e : header.entries) {
-    df.entries.insert({header.data_start + e.begin, header.data_start + e.end});
-  }
   return df;
 }
 
@@ -501,7 +502,7 @@ class Loader {
     task.object = dst.object;
     result_.bytes_loaded += it->second.nbytes;
     task.check = AddCheck(item.fqn, &it->second);
-    needed_.push_back({task.file, &it->second, item.fqn});
+    needed_.push_back({task.file, &it->second, item.fqn, DType::kU8, nullptr});
     tasks_.push_back(std::move(task));
     return absl::OkStatus();
   }
@@ -601,7 +602,7 @@ class Loader {
     const std::string what = internal_format::EntryName(
         fqn, chunk.box, chunk.box == Box::Full(tm.shape));
     const int file = FileIndex(chunk.location.file);
-    needed_.push_back({file, &chunk.location, what});
+    needed_.push_back({file, &chunk.location, what, tm.dtype, &chunk.box.sizes});
     if (whole_chunk) carried_.erase(&chunk.location);  // checked here
     // A part of a chunk read in pieces over several Reads (every slab of
     // such a part is contiguous in the file, as a whole chunk's are); else
@@ -749,7 +750,8 @@ class Loader {
     return true;
   }
 
-  // Step 3: every needed byte range is an entry of its file's header.
+  // Step 3: every needed byte range is an entry of its file's header, of
+  // the chunk's name, dtype and shape (an object's: U8 [nbytes]).
   absl::Status CheckLocations() {
     // Files an earlier Read opened are open already.
     const size_t opened = files_.size();
@@ -775,16 +777,24 @@ class Loader {
     // chunk or object at an entry another one claims would load the other
     // one's bytes, its CRC32C matching (LoadAll, Merge and verify check every
     // pair of the checkpoint, ValidateDisjointLocations; this checks the
-    // pairs this Read needs).
+    // pairs this Read needs). Each location's entry name is checked first,
+    // so only two locations of one entry name get that far: tensor "w@0"
+    // whole and tensor "w"'s chunk at offset 0, say.
     absl::flat_hash_map<std::pair<int, uint64_t>, const Needed*> claimed;
     for (const Needed& n : needed_) {
       const ByteLocation& loc = *n.location;
-      if (!files_[n.file].entries.contains(
-              {loc.offset, loc.offset + loc.nbytes})) {
+      const int64_t object_shape = static_cast<int64_t>(loc.nbytes);
+      const std::string wrong = internal_format::EntryMismatch(
+          files_[n.file].header,
+          {n.what, n.dtype,
+           n.shape != nullptr ? std::span<const int64_t>(*n.shape)
+                              : std::span<const int64_t>(&object_shape, 1),
+           loc.offset, loc.nbytes});
+      if (!wrong.empty()) {
         return absl::DataLossError(absl::StrFormat(
-            "%s (%s, offset %d, %d bytes) is not an entry of that file's "
-            "safetensors header: metadata.json and the data file disagree",
-            n.what, loc.file, loc.offset, loc.nbytes));
+            "header mismatch for %s (%s, offset %d, %d bytes): %s; "
+            "metadata.json and the data file disagree",
+            n.what, loc.file, loc.offset, loc.nbytes, wrong));
       }
       if (loc.nbytes == 0) continue;
       auto [it, inserted] = claimed.try_emplace({n.file, loc.offset}, &n);
@@ -1165,10 +1175,13 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // A location a Read needs, and the header entry it must be.
   struct Needed {
     int file;
     const ByteLocation* location;
-    std::string what;
+    std::string what;  // the entry's name: EntryName, or an object's FQN
+    DType dtype;
+    const Shape* shape;  // the chunk's box sizes; null for an object
   };
 
   Storage& storage_;
@@ -1399,23 +1412,25 @@ std::vector<const std::string*> StoredLeaves(const Metadata& metadata) {
 }
 
 // `names` (stored leaves) as a bit set over StoredLeaves: bit i of byte
-// i / 8 for leaf i. A name the metadata lacks is an internal error.
+// i / 8 for leaf i. A name the metadata lacks is an internal error. (Each
+// name is counted once, where it is first found: decoding refuses an FQN
+// in two of tensors, objects and scalars, and a name counted twice would
+// make the count of those not found wrap.)
 absl::StatusOr<std::string> LeafBits(const Metadata& metadata,
                                      const std::vector<std::string>& names) {
   const std::vector<const std::string*> leaves = StoredLeaves(metadata);
   absl::flat_hash_set<std::string_view> wanted(names.begin(), names.end());
+  const size_t asked = wanted.size();
   std::string bits((leaves.size() + 7) / 8, '\0');
-  size_t found = 0;
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    if (wanted.contains(*leaves[i])) {
+  for (size_t i = 0; i < leaves.size() && !wanted.empty(); ++i) {
+    if (wanted.erase(*leaves[i]) > 0) {
       bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
-      ++found;
     }
   }
-  if (found != wanted.size()) {
+  if (!wanted.empty()) {
     return absl::InternalError(absl::StrFormat(
         "%d of the planner's %d unexpected leaves are not in the checkpoint",
-        wanted.size() - found, wanted.size()));
+        wanted.size(), asked));
   }
   return bits;
 }
@@ -2682,6 +2697,12 @@ absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
   // hostile metadata.json can make this allocate by the files' total size.
   CAIRN_RETURN_IF_ERROR(Annotate(CheckLocationsAgainstFiles(storage, metadata),
                                  absl::StrCat("checkpoint ", storage.url())));
+  // The structure names stored leaves only, each once (kDataLoss, as cairn
+  // verify reports it; a name twice would otherwise be Unflatten's
+  // kInvalidArgument).
+  CAIRN_RETURN_IF_ERROR(
+      Annotate(internal_format::ValidateStructure(metadata),
+               absl::StrCat(storage.url(), "/", kMetadataFileName)));
   std::set<std::string> placed;
   auto make_leaf = [&](const std::string& fqn) -> absl::StatusOr<StateDict> {
     placed.insert(fqn);

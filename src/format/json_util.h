@@ -9,7 +9,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/string_view.h"
 #include "core/checked.h"
 #include "nlohmann/json.hpp"
@@ -61,16 +64,127 @@ inline int NestingDepth(std::string_view text, int limit) {
   return max_depth;
 }
 
+// Builds nlohmann's tree from its SAX events, as nlohmann::json::parse does,
+// but stops at the first object that has a key twice: parse keeps the last
+// value ({"step":1,"step":2} reads as 2, where another reader may read 1),
+// so such text must be refused. (parse's callback could see the keys, but
+// its parser rescans an array's elements at the end of each one, so a
+// chunks array of 16k objects costs 16k^2.)
+class CheckedTreeBuilder {
+ public:
+  using json = nlohmann::json;
+  explicit CheckedTreeBuilder(json& root) : root_(root) {}
+
+  bool null() { return Add(nullptr) != nullptr; }
+  bool boolean(bool v) { return Add(v) != nullptr; }
+  bool number_integer(json::number_integer_t v) { return Add(v) != nullptr; }
+  bool number_unsigned(json::number_unsigned_t v) { return Add(v) != nullptr; }
+  bool number_float(json::number_float_t v, const json::string_t&) {
+    return Add(v) != nullptr;
+  }
+  bool string(json::string_t& v) { return Add(std::move(v)) != nullptr; }
+  bool binary(json::binary_t& v) {
+    return Add(json::binary(std::move(v))) != nullptr;
+  }
+  bool start_object(std::size_t) { return Open(json::object()); }
+  bool start_array(std::size_t) { return Open(json::array()); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool key(json::string_t& key) {
+    Level& level = open_.back();
+    if (level.value->contains(key)) {
+      duplicate_ = key;
+      for (size_t i = 0; i + 1 < open_.size(); ++i) {
+        path_ += "/";
+        path_ += open_[i].value->is_object()
+                     ? open_[i].key
+                     : std::to_string(open_[i].value->size() - 1);
+      }
+      found_ = true;
+      return false;  // stops the parse
+    }
+    level.key = std::move(key);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) {
+    return false;
+  }
+
+  bool found() const { return found_; }
+  // The first key found twice, and where its object is: the keys and array
+  // indices leading to it ("/tensors/w/chunks/0"; "" for the root).
+  const std::string& duplicate() const { return duplicate_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Level {
+    json* value;      // an open object or array
+    std::string key;  // an object's current member
+  };
+  // Places `v` in the open object or array (or as the root); where it is.
+  json* Add(json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Level& level = open_.back();
+    if (level.value->is_object()) {
+      json& slot = (*level.value)[level.key];
+      slot = std::move(v);
+      return &slot;
+    }
+    level.value->push_back(std::move(v));
+    return &level.value->back();
+  }
+  // An open container's address holds while it is open: only its own
+  // elements are added meanwhile.
+  bool Open(json v) {
+    json* placed = Add(std::move(v));
+    open_.push_back(Level{placed, std::string()});
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  json& root_;
+  std::vector<Level> open_;
+  bool found_ = false;
+  std::string duplicate_;
+  std::string path_;
+};
+
 // Parses without exceptions; nullopt for malformed text (including invalid
-// UTF-8 in strings) or text nested deeper than kMaxJsonDepth.
-inline std::optional<nlohmann::json> Parse(std::string_view text) {
-  if (NestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) return std::nullopt;
-  try {
-    nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-    if (value.is_discarded()) return std::nullopt;
-    return value;
-  } catch (...) {  // only std::bad_alloc is expected here
+// UTF-8 in strings), text nested deeper than kMaxJsonDepth, or an object
+// with a key twice, at any level. With `error`, says which (in words that
+// follow "malformed JSON: ").
+inline std::optional<nlohmann::json> Parse(std::string_view text,
+                                           std::string* error = nullptr) {
+  auto fail = [&](std::string why) -> std::optional<nlohmann::json> {
+    if (error != nullptr) *error = std::move(why);
     return std::nullopt;
+  };
+  if (NestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return fail("nested deeper than " + std::to_string(kMaxJsonDepth) +
+                " levels");
+  }
+  try {
+    nlohmann::json value;
+    CheckedTreeBuilder builder(value);
+    if (nlohmann::json::sax_parse(text, &builder)) return value;
+    if (!builder.found()) return fail("not well-formed UTF-8 JSON");
+    const auto shown = [](std::string_view s) {
+      return "\"" + std::string(absl::CHexEscape(AsAbsl(s.substr(0, 256)))) +
+             "\"";
+    };
+    return fail("the key " + shown(builder.duplicate()) +
+                " appears twice in one object (" +
+                (builder.path().empty() ? std::string("the top level")
+                                        : "at " + shown(builder.path())) +
+                ")");
+  } catch (...) {  // only std::bad_alloc is expected here
+    return fail("out of memory");
   }
 }
 

@@ -28,6 +28,7 @@
 #include "cairn/box.h"
 #include "cairn/dtype.h"
 #include "core/checked.h"
+#include "core/flatten.h"
 #include "core/parallel.h"
 #include "core/status.h"
 #include "format/crc32c.h"
@@ -648,13 +649,9 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
         "", absl::StrCat("metadata of ", text.size(),
                          " bytes exceeds the limit of ", kMaxMetadataBytes));
   }
-  std::optional<json> parsed = json_util::Parse(text);
-  if (!parsed) {
-    return Error(
-        "", absl::StrCat("malformed metadata: not well-formed UTF-8 JSON, or "
-                         "nested deeper than ",
-                         json_util::kMaxJsonDepth));
-  }
+  std::string why;
+  std::optional<json> parsed = json_util::Parse(text, &why);
+  if (!parsed) return Error("", absl::StrCat("malformed metadata: ", why));
   const json& root = *parsed;
   if (!root.is_object()) {
     return Error("", absl::StrCat("metadata must be a JSON object, got ",
@@ -1169,6 +1166,26 @@ std::string ChunkName(std::string_view fqn, const Shape& shape,
 
 namespace {
 
+// kDataLoss naming an FQN that is in two of tensors, objects and scalars
+// (docs/format.md 4.1: each FQN names one leaf; a load that counts leaves
+// by name would miscount). Decoding checks it, and so does encoding, so
+// that a writer never commits what a reader refuses.
+absl::Status CheckOneLeafPerFqn(const Metadata& md, std::string_view source) {
+  auto both = [&](const std::string& fqn, const char* a, const char* b) {
+    return absl::DataLossError(absl::StrCat(
+        AsAbsl(source), ": ", Quote(fqn), " is in both \"", a, "\" and \"",
+        b, "\" (an FQN names one leaf)"));
+  };
+  for (const auto& [fqn, unused] : md.objects) {
+    if (md.tensors.contains(fqn)) return both(fqn, "tensors", "objects");
+  }
+  for (const auto& [fqn, unused] : md.scalars) {
+    if (md.tensors.contains(fqn)) return both(fqn, "tensors", "scalars");
+    if (md.objects.contains(fqn)) return both(fqn, "objects", "scalars");
+  }
+  return absl::OkStatus();
+}
+
 // The version check and the parts of the text EncodeMetadata embeds as
 // JSON values, normalised; with `scalars`, each scalar's text as well.
 absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
@@ -1179,15 +1196,20 @@ absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
         "; this writer writes versions ", kOldestReadableFormatVersion, " to ",
         kFormatVersion));
   }
-  std::optional<json> structure = json_util::Parse(metadata.structure);
+  if (absl::Status s = CheckOneLeafPerFqn(metadata, "metadata"); !s.ok()) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  std::string why;
+  std::optional<json> structure = json_util::Parse(metadata.structure, &why);
   if (!structure) {
     return absl::InvalidArgumentError(
-        "metadata.structure is not valid JSON (or nests too deeply)");
+        absl::StrCat("metadata.structure is not valid JSON: ", why));
   }
-  std::optional<json> user = json_util::Parse(metadata.user);
+  std::optional<json> user = json_util::Parse(metadata.user, &why);
   if (!user || !user->is_object()) {
-    return absl::InvalidArgumentError(
-        "metadata.user must be the text of a JSON object");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metadata.user must be the text of a JSON object",
+        user ? "" : absl::StrCat(": ", why)));
   }
   Prepared prepared;
   try {
@@ -1424,7 +1446,7 @@ absl::StatusOr<bool> CheckChecksum(std::string_view text,
 
 // The checksum check around a decoder: the checksum first (a damaged text is
 // reported as damaged, whatever else it breaks), and version 2 must have
-// one.
+// one. Then the checks that look across the decoded fields.
 template <typename Decode>
 absl::StatusOr<Metadata> Checked(std::string_view text, std::string_view source,
                                  Decode decode) {
@@ -1439,6 +1461,7 @@ absl::StatusOr<Metadata> Checked(std::string_view text, std::string_view source,
         "digits>\",): "
         "the file is damaged or was not written by cairn"));
   }
+  CAIRN_RETURN_IF_ERROR(CheckOneLeafPerFqn(md, source));
   return md;
 }
 
@@ -1760,6 +1783,26 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
         ") shares bytes with ", names[1], " (offset ", prev.offset,
         ", nbytes ", prev.nbytes,
         "): no two chunks or objects may overlap in their files"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStructure(const Metadata& metadata) {
+  absl::Status unknown;
+  absl::StatusOr<StateDict> skeleton = internal_core::Unflatten(
+      metadata.structure, [&](const std::string& fqn) -> absl::StatusOr<StateDict> {
+        if (metadata.tensors.contains(fqn) || metadata.objects.contains(fqn) ||
+            metadata.scalars.contains(fqn)) {
+          return StateDict(int64_t{0});
+        }
+        unknown = absl::DataLossError(absl::StrCat(
+            "structure names ", Quote(fqn),
+            ", which is not a tensor, object or scalar of the checkpoint"));
+        return unknown;
+      });
+  if (!unknown.ok()) return unknown;
+  if (!skeleton.ok()) {
+    return absl::DataLossError(absl::StrCat("structure: ", skeleton.status().message()));
   }
   return absl::OkStatus();
 }

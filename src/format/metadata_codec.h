@@ -161,6 +161,14 @@ absl::Status ValidateAgainstFileSizes(
 // not for every load.
 absl::Status ValidateDisjointLocations(const Metadata& metadata);
 
+// OK when `metadata.structure` is a skeleton of the stored leaves
+// (docs/format.md 4.5, core/flatten.h): objects, arrays and leaves, each
+// leaf the string of the FQN its place gives, naming a tensor, object or
+// scalar the metadata holds, and no FQN twice. kDataLoss naming the leaf
+// otherwise. Decoding stores the structure without interpreting it; this
+// is for LoadAll, which builds the state dict from it, and `cairn verify`.
+absl::Status ValidateStructure(const Metadata& metadata);
+
 }  // namespace cairn::internal_format
 
 #endif  // CAIRN_FORMAT_METADATA_CODEC_H_

@@ -867,6 +867,121 @@ TEST(MetadataCodecTest, FastDecoderMatchesTheTreeDecoder) {
   }
 }
 
+// A key twice in one object, at any level: nlohmann's tree keeps the last
+// one (a second "step" would silently win), so both decoders refuse it,
+// naming the key and where its object is. The same text with the key once
+// decodes (so the refusal is the repetition's).
+TEST(MetadataCodecTest, DuplicateKeysAreRejectedAtEveryLevel) {
+  Metadata md = SampleMetadata();
+  md.tensors.erase("ünïcode.ключ");  // plain ASCII: the fast decoder's
+  const std::string text = Encoded(md);
+  const json tree = json::parse(text);
+  const std::string lr_tensor =
+      "\"lr_tensor\":" + tree["tensors"]["lr_tensor"].dump();
+  const std::string rng = "\"rng.rank3\":" + tree["objects"]["rng.rank3"].dump();
+  struct Case {
+    std::string from, to, key, where;
+  };
+  const std::vector<Case> cases = {
+      {R"("step":{"int64":100})", R"("step":{"int64":100},"step":{"int64":7})",
+       "step", "at \"/scalars\""},
+      {R"("step":{"int64":100})", R"("step":{"int64":100,"int64":7})",
+       "int64", "at \"/scalars/step\""},
+      {R"("world_size":4)", R"("world_size":4,"world_size":4)", "world_size",
+       "the top level"},
+      {R"("tensors":{)", "\"tensors\":{" + lr_tensor + ",", "lr_tensor",
+       "at \"/tensors\""},
+      {R"("objects":{)", "\"objects\":{" + rng + ",", "rng.rank3",
+       "at \"/objects\""},
+      {R"("dtype":"BF16")", R"("dtype":"BF16","dtype":"BF16")", "dtype",
+       "at \"/tensors/model.wq\""},
+      {R"("offset":8192,)", R"("offset":8192,"offset":8192,)", "offset",
+       "at \"/tensors/model.wq/chunks/0\""},
+      {R"("wq":"model.layers.0.wq")",
+       R"("wq":"model.layers.0.wq","wq":"model.layers.0.wq")", "wq",
+       "at \"/structure/model/layers/0\""},
+      {R"("git":"abc123")", R"("git":"abc123","git":"def456")", "git",
+       "at \"/user\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.to);
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos);
+    std::string edited = text;
+    edited.replace(at, c.from.size(), c.to);
+    edited = Resealed(edited);
+    for (bool tree_only : {false, true}) {
+      absl::Status s =
+          tree_only ? DecodeMetadataWithTreeForTesting(edited, kSource).status()
+                    : DecodeMetadata(edited, kSource).status();
+      ExpectRejected(s, "the key \"" + c.key + "\" appears twice");
+      EXPECT_THAT(std::string(s.message()), HasSubstr(c.where));
+    }
+    ExpectSameAsTree(edited);
+  }
+  ASSERT_TRUE(DecodeMetadata(text, kSource).ok());
+}
+
+// An FQN in two of tensors, objects and scalars: each decodes alone, but
+// the leaf would be two things (and a multi-rank load counted it twice).
+// Refused by both decoders, and by the encoder.
+TEST(MetadataCodecTest, AnFqnInTwoKindsOfLeafIsRejected) {
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> edits =
+      {{[](json& j) { j["scalars"]["rng.rank3"] = {{"int64", 1}}; },
+        R"("rng.rank3" is in both "objects" and "scalars")"},
+       {[](json& j) { j["scalars"]["lr_tensor"] = {{"bool", true}}; },
+        R"("lr_tensor" is in both "tensors" and "scalars")"},
+       {[](json& j) {
+          j["objects"]["lr_tensor"] = j["objects"]["rng.rank3"];
+        },
+        R"("lr_tensor" is in both "tensors" and "objects")"}};
+  for (const auto& [edit, message] : edits) {
+    SCOPED_TRACE(message);
+    json j = json::parse(Encoded(SampleMetadata()));
+    j.erase("checksum");
+    edit(j);
+    const std::string text = *WithMetadataChecksum(j.dump());
+    ExpectRejected(DecodeMetadata(text, kSource).status(), message);
+    ExpectRejected(DecodeMetadataWithTreeForTesting(text, kSource).status(),
+                   message);
+  }
+  Metadata md = SampleMetadata();
+  md.scalars["rng.rank3"] = int64_t{1};
+  absl::StatusOr<std::string> encoded = EncodeMetadata(md);
+  EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(encoded.status().message()),
+              HasSubstr(R"("rng.rank3" is in both "objects" and "scalars")"));
+}
+
+// The structure: a skeleton of stored leaves, each once. Unknown or
+// repeated FQNs, and leaves that are not their place's FQN, are refused.
+TEST(MetadataCodecTest, ValidateStructure) {
+  Metadata md;
+  md.tensors["model.w"] = RowSharded(DType::kF32, {4, 3}, 2, "data-00000.safetensors");
+  md.objects["rng"] = {"data-00000.safetensors", 0, 3, 1};
+  md.scalars["step"] = int64_t{1};
+  md.scalars["a.b"] = int64_t{2};
+  for (const char* good : {R"({"model":{"w":"model.w"},"rng":"rng","step":"step"})",
+                           R"({"step":"step"})", R"({})",
+                           R"({"a":{"b":"a.b"},"model":{"w":"model.w"}})"}) {
+    md.structure = good;
+    EXPECT_TRUE(ValidateStructure(md).ok()) << good << ValidateStructure(md);
+  }
+  for (const auto& [bad, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model":{"w":"model.w","v":"model.v"}})",
+            R"(structure names "model.v", which is not a tensor, object or scalar)"},
+           {R"({"a.b":"a.b","a":{"b":"a.b"}})", R"(duplicate FQN "a.b")"},
+           {R"({"model":{"w":"rng"}})", R"(names FQN "rng")"},
+           {R"({"step":5})", "is a JSON number"},
+           {R"([1])", "not an object"}}) {
+    SCOPED_TRACE(bad);
+    md.structure = bad;
+    absl::Status s = ValidateStructure(md);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
+}
+
 // ------------------------------------------------- decoding in parts
 
 // Every part of a split decode starts where the part before it ended a

@@ -10,6 +10,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/json_util.h"
@@ -317,11 +319,9 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderTree(
   SafetensorsHeader header;
   header.data_start = 8 + json_text.size();
 
-  std::optional<json> parsed = json_util::Parse(json_text);
-  if (!parsed) {
-    return Corrupt(
-        file, "header is not well-formed UTF-8 JSON (or nests too deeply)");
-  }
+  std::string why;
+  std::optional<json> parsed = json_util::Parse(json_text, &why);
+  if (!parsed) return Corrupt(file, absl::StrCat("malformed header: ", why));
   if (!parsed->is_object()) {
     return Corrupt(file, absl::StrCat("header must be a JSON object, got ",
                                       Describe(*parsed)));
@@ -393,6 +393,56 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
   CAIRN_RETURN_IF_ERROR(file.ReadAt(
       8, std::as_writable_bytes(std::span<char>(json.data(), json.size()))));
   return ParseSafetensorsHeader(json, size, name);
+}
+
+std::string EntryMismatch(const SafetensorsHeader& header,
+                          const ExpectedEntry& expected) {
+  // Entries are sorted by begin: those at the offset are a run (zero-length
+  // ones, then at most one that is not, as they tile the buffer). The one
+  // of the expected name, else of the expected length, else any describes
+  // the difference.
+  const std::vector<SafetensorsEntry>& entries = header.entries;
+  if (expected.offset < header.data_start) {
+    return absl::StrFormat("it lies in the safetensors header (%d bytes)",
+                           header.data_start);
+  }
+  const uint64_t begin = expected.offset - header.data_start;
+  const auto first = std::lower_bound(
+      entries.begin(), entries.end(), begin,
+      [](const SafetensorsEntry& e, uint64_t b) { return e.begin < b; });
+  auto last = first;
+  while (last != entries.end() && last->begin == begin) ++last;
+  const SafetensorsEntry* e = nullptr;
+  for (auto it = first; it != last && e == nullptr; ++it) {
+    if (it->name == expected.name) e = &*it;
+  }
+  for (auto it = first; it != last && e == nullptr; ++it) {
+    if (it->end - it->begin == expected.nbytes) e = &*it;
+  }
+  if (e == nullptr && first != last) e = &*(last - 1);
+  if (e == nullptr) return "its safetensors header lists no entry at that offset";
+  const auto quoted = [](std::string_view name) {
+    return absl::StrCat("'", absl::CHexEscape(AsAbsl(name.substr(0, 256))), "'");
+  };
+  if (e->end - e->begin != expected.nbytes) {
+    return absl::StrFormat("its safetensors entry %s there is %d bytes",
+                           quoted(e->name), e->end - e->begin);
+  }
+  if (e->name != expected.name) {
+    return absl::StrFormat(
+        "its safetensors entry there is named %s, expected %s",
+        quoted(e->name), quoted(expected.name));
+  }
+  if (e->dtype != expected.dtype ||
+      !std::equal(e->shape.begin(), e->shape.end(), expected.shape.begin(),
+                  expected.shape.end())) {
+    return absl::StrFormat(
+        "its safetensors entry %s is %s [%s], expected %s [%s]",
+        quoted(e->name), AsAbsl(DTypeName(e->dtype)),
+        absl::StrJoin(e->shape, ", "), AsAbsl(DTypeName(expected.dtype)),
+        absl::StrJoin(expected.shape, ", "));
+  }
+  return std::string();
 }
 
 }  // namespace cairn::internal_format

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,25 @@ std::optional<SafetensorsHeader> ParseSafetensorsHeaderFast(
 // then the JSON (both of the checks above). Errors name `file`.
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
     const ReadableFile& file, std::string_view name);
+
+// A chunk or object as metadata.json places it, and so as the header of its
+// data file must list it (docs/format.md 3.1).
+struct ExpectedEntry {
+  std::string_view name;  // EntryName(fqn, box, whole), or an object's FQN
+  DType dtype = DType::kU8;           // an object's is U8
+  std::span<const int64_t> shape;     // the box's sizes; an object's {nbytes}
+  uint64_t offset = 0;                // absolute, in the file
+  uint64_t nbytes = 0;
+};
+
+// "" when `header` lists an entry named `expected.name` at exactly
+// [offset, offset + nbytes) of the file, of its dtype and shape; else what
+// differs, as a phrase about the chunk ("its safetensors entry there is
+// named 'b', expected 'a'"). Only this check catches a metadata.json whose
+// locations were swapped or whose dtype was relabelled (checksums and
+// sizes all consistent): the load and `cairn verify` both make it.
+std::string EntryMismatch(const SafetensorsHeader& header,
+                          const ExpectedEntry& expected);
 
 }  // namespace cairn::internal_format
 

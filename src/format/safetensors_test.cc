@@ -497,6 +497,54 @@ TEST(SafetensorsTest, ZeroLengthEntriesMayShareAnOffset) {
   EXPECT_EQ(parsed->entries[0].name, "c");
 }
 
+// A key twice in one object, anywhere in the header: nlohmann's tree keeps
+// the last, so the tree parse (which the fast one leaves such text to)
+// refuses it, naming the key.
+TEST(SafetensorsTest, DuplicateKeysAreRejected) {
+  const std::string a = R"("a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]})";
+  for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
+           {"{" + a + "," + a + "}", "a"},
+           {R"({"a":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+            "dtype"},
+           {"{" + a + R"(,"__metadata__":{"k":"v","k":"w"}})", "k"}}) {
+    SCOPED_TRACE(text);
+    ExpectDataLoss(ParseHeaderText(text, 2).status(),
+                   "the key \"" + key + "\" appears twice");
+  }
+}
+
+// EntryMismatch: what metadata.json says lies at an offset against the
+// entry the header lists there (the load's and verify's check).
+TEST(SafetensorsTest, EntryMismatchComparesNameDTypeShapeAndBytes) {
+  absl::StatusOr<SafetensorsHeader> header = ParseHeaderText(
+      R"({"w@0,0":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      R"("empty":{"dtype":"F32","shape":[0,3],"data_offsets":[24,24]},)"
+      R"("rng":{"dtype":"U8","shape":[5],"data_offsets":[24,29]}})",
+      29);
+  ASSERT_TRUE(header.ok()) << header.status();
+  const uint64_t start = header->data_start;
+  const std::vector<int64_t> box = {2, 3}, empty = {0, 3}, rng = {5};
+  EXPECT_EQ(EntryMismatch(*header, {"w@0,0", DType::kF32, box, start, 24}), "");
+  EXPECT_EQ(EntryMismatch(*header, {"rng", DType::kU8, rng, start + 24, 5}), "");
+  // A zero-length entry shares its offset with the next one: found by name.
+  EXPECT_EQ(
+      EntryMismatch(*header, {"empty", DType::kF32, empty, start + 24, 0}), "");
+  EXPECT_EQ(EntryMismatch(*header, {"v@0,0", DType::kF32, box, start, 24}),
+            "its safetensors entry there is named 'w@0,0', expected 'v@0,0'");
+  EXPECT_EQ(EntryMismatch(*header, {"w@0,0", DType::kI32, box, start, 24}),
+            "its safetensors entry 'w@0,0' is F32 [2, 3], expected I32 [2, 3]");
+  const std::vector<int64_t> other = {3, 2};
+  EXPECT_EQ(EntryMismatch(*header, {"w@0,0", DType::kF32, other, start, 24}),
+            "its safetensors entry 'w@0,0' is F32 [2, 3], expected F32 [3, 2]");
+  const std::vector<int64_t> row = {1, 3};
+  EXPECT_EQ(EntryMismatch(*header, {"w@0,0", DType::kF32, row, start, 12}),
+            "its safetensors entry 'w@0,0' there is 24 bytes");
+  EXPECT_EQ(EntryMismatch(*header, {"w@0,0", DType::kF32, box, start + 4, 24}),
+            "its safetensors header lists no entry at that offset");
+  EXPECT_THAT(EntryMismatch(*header, {"w@0,0", DType::kF32, box, 8, 24}),
+              HasSubstr("lies in the safetensors header"));
+}
+
 // Every truncation and every single-byte corruption of a valid header is
 // either accepted or rejected with a status: never a crash (ASan build).
 TEST(SafetensorsTest, CorruptionNeverCrashes) {
