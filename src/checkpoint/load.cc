@@ -45,7 +45,11 @@
 //     each chunk that they tile and compares them with its CRC32C
 //     (CheckSharedPieces: contiguous pieces in a chain, any chunk with a
 //     strided part as boxes whose signatures XOR to it), and every rank
-//     learns the verdict.
+//     learns the verdict, with the chunks that parts were returned of but
+//     that no set of parts tiles (a slice).
+//  5. Only when there are such chunks: the ranks that read parts of them
+//     check them (VerifyUncheckedParts: the checksum blocks around the
+//     parts, format version 3, or the whole chunk) and agree.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
