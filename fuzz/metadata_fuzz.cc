@@ -55,22 +55,22 @@ std::vector<std::string> Seeds() {
   rows.dtype = DType::kF32;
   rows.shape = {4, 3};
   rows.chunks.push_back({Box{{0, 0}, {2, 3}},
-                         ByteLocation{"data-00000.safetensors", 64, 24, 7}});
+                         ByteLocation{"data-00000.safetensors", 64, 24, 7, {}}});
   rows.chunks.push_back({Box{{2, 0}, {2, 3}},
-                         ByteLocation{"data-00001.safetensors", 64, 24, 9}});
+                         ByteLocation{"data-00001.safetensors", 64, 24, 9, {}}});
   md.tensors["model.w"] = rows;
   TensorMetadata scalar;
   scalar.dtype = DType::kBF16;
   scalar.chunks.push_back(
-      {Box{{}, {}}, ByteLocation{"data-00000.safetensors", 88, 2, 3}});
+      {Box{{}, {}}, ByteLocation{"data-00000.safetensors", 88, 2, 3, {}}});
   md.tensors["model.s"] = scalar;
   TensorMetadata empty;
   empty.dtype = DType::kI64;
   empty.shape = {0, 5};
   empty.chunks.push_back(
-      {Box{{0, 0}, {0, 5}}, ByteLocation{"data-00001.safetensors", 0, 0, 0}});
+      {Box{{0, 0}, {0, 5}}, ByteLocation{"data-00001.safetensors", 0, 0, 0, {}}});
   md.tensors["empty"] = empty;
-  md.objects["rng"] = {"data-00001.safetensors", 88, 16, 0xdeadbeef};
+  md.objects["rng"] = {"data-00001.safetensors", 88, 16, 0xdeadbeef, {}};
   md.scalars["step"] = int64_t{100};
   md.scalars["lr"] = 0.5;
   md.scalars["flag"] = true;

@@ -37,7 +37,7 @@ inline const Metadata& TheMetadata() {
         const std::string bytes = ChunkBytes(n);
         t.chunks.push_back(
             {box, ByteLocation{"data-00000.safetensors", offset, n,
-                               internal_format::Crc32c(bytes.data(), n)}});
+                               internal_format::Crc32c(bytes.data(), n), {}}});
         offset += n;
       }
       m.tensors[fqn] = t;

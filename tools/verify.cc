@@ -15,7 +15,8 @@
 //  5. Read every chunk and object in pieces of at most --buffer bytes on
 //     --threads threads (memory stays bounded at threads * buffer), CRC32C
 //     each piece, combine the pieces of each chunk in order and compare with
-//     the stored checksum.
+//     the stored checksum; with block checksums (format version 3), pieces
+//     never cross a block's end, and each block's is compared too.
 //
 // Every problem is reported (not only the first); any problem exits 1.
 #include <algorithm>
@@ -261,19 +262,29 @@ int RunVerify(const VerifyOptions& o) {
   }
 
   // Step 5: checksums, piece by piece.
+  // A location with block checksums (format version 3) is read in pieces
+  // that never cross a block's end, so each block's CRC32C is its pieces'
+  // combined, as the whole one is all of them combined.
   struct Piece {
     size_t item;  // index into readable
     uint64_t offset;
     uint64_t length;
+    int64_t block = -1;  // the block it lies in, when checked by blocks
   };
   std::vector<Piece> pieces;
   uint64_t total_bytes = 0;
+  const uint64_t block_bytes = md->crc32c_block_bytes;
   for (size_t i = 0; i < readable.size(); ++i) {
     const ByteLocation& loc = *readable[i]->location;
     total_bytes += loc.nbytes;
-    for (uint64_t off = 0; off < loc.nbytes; off += *buffer_bytes) {
-      pieces.push_back(
-          {i, loc.offset + off, std::min(*buffer_bytes, loc.nbytes - off)});
+    const bool blocks = !loc.block_crc32c.empty() && block_bytes > 0;
+    const uint64_t step = blocks ? block_bytes : loc.nbytes;
+    for (uint64_t b = 0; b < loc.nbytes; b += step) {
+      const uint64_t end = std::min(loc.nbytes, b + step);
+      for (uint64_t off = b; off < end; off += *buffer_bytes) {
+        pieces.push_back({i, loc.offset + off, std::min(*buffer_bytes, end - off),
+                          blocks ? static_cast<int64_t>(b / block_bytes) : -1});
+      }
     }
   }
   std::vector<uint32_t> piece_crc(pieces.size(), 0);
@@ -310,6 +321,8 @@ int RunVerify(const VerifyOptions& o) {
   std::vector<uint32_t> item_crc(readable.size(), 0);
   std::vector<absl::Status> item_status(readable.size());
   std::vector<bool> started(readable.size(), false);
+  // Per item, its blocks' CRC32Cs as read (for those checked by blocks).
+  std::vector<std::vector<uint32_t>> block_crc(readable.size());
   for (size_t p = 0; p < pieces.size(); ++p) {
     const size_t i = pieces[p].item;
     if (!piece_status[p].ok()) {
@@ -320,6 +333,16 @@ int RunVerify(const VerifyOptions& o) {
         started[i] ? Crc32cCombine(item_crc[i], piece_crc[p], pieces[p].length)
                    : piece_crc[p];
     started[i] = true;
+    if (pieces[p].block >= 0) {
+      std::vector<uint32_t>& b = block_crc[i];
+      const size_t k = static_cast<size_t>(pieces[p].block);
+      if (b.size() <= k) {
+        b.resize(k + 1, 0);
+        b[k] = piece_crc[p];
+      } else {
+        b[k] = Crc32cCombine(b[k], piece_crc[p], pieces[p].length);
+      }
+    }
   }
   uint64_t num_chunks = 0, num_objects = 0;
   for (size_t i = 0; i < readable.size(); ++i) {
@@ -330,12 +353,30 @@ int RunVerify(const VerifyOptions& o) {
       problems.push_back({"read", item.fqn, loc.file, loc.offset,
                           absl::StrCat("cannot read ", Where(item), ": ",
                                        item_status[i].ToString())});
-    } else if (item_crc[i] != loc.crc32c) {
-      problems.push_back(
-          {"crc32c", item.fqn, loc.file, loc.offset,
-           absl::StrFormat("crc32c mismatch in %s: stored %s, computed %s",
-                           Where(item), Crc32cToHex(loc.crc32c),
-                           Crc32cToHex(item_crc[i]))});
+    } else {
+      // The first block whose checksum differs, if any.
+      std::string block;
+      for (size_t k = 0; k < block_crc[i].size() && block.empty(); ++k) {
+        if (k < loc.block_crc32c.size() && block_crc[i][k] != loc.block_crc32c[k]) {
+          block = absl::StrFormat(
+              "block %d (bytes [%d, %d) of it): stored %s, computed %s", k,
+              k * block_bytes, std::min(loc.nbytes, (k + 1) * block_bytes),
+              Crc32cToHex(loc.block_crc32c[k]), Crc32cToHex(block_crc[i][k]));
+        }
+      }
+      if (item_crc[i] != loc.crc32c) {
+        problems.push_back(
+            {"crc32c", item.fqn, loc.file, loc.offset,
+             absl::StrFormat("crc32c mismatch in %s: stored %s, computed %s%s",
+                             Where(item), Crc32cToHex(loc.crc32c),
+                             Crc32cToHex(item_crc[i]),
+                             block.empty() ? "" : absl::StrCat("; first in ", block))});
+      } else if (!block.empty()) {
+        problems.push_back(
+            {"crc32c", item.fqn, loc.file, loc.offset,
+             absl::StrFormat("block checksum mismatch in %s, %s", Where(item),
+                             block)});
+      }
     }
   }
   const double seconds = clock.Seconds();

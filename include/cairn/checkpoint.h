@@ -95,6 +95,15 @@ struct SaveOptions {
   bool direct_io = true;
   // Bytes per aligned write buffer; one buffer per IO thread. Default: 8 MiB.
   size_t write_buffer_bytes = size_t{8} << 20;
+  // Block checksums: besides each chunk's (and object's) CRC32C, the
+  // CRC32C of each block of this many bytes of it (the last block
+  // shorter), recorded in metadata.json for every one longer than a block
+  // (docs/format.md 4.2). A load that returns part of a chunk then checks
+  // it by reading the blocks around that part, not the whole chunk. A
+  // power of two in [4096, 2^30]; else kInvalidArgument. Costs 8 bytes of
+  // metadata.json per block and no extra pass over the data. Default:
+  // 1 MiB.
+  uint64_t crc32c_block_bytes = kDefaultCrc32cBlockBytes;
   // A JSON object stored in metadata.json under "user". Default: "{}".
   // Only the coordinator's is used.
   std::string user_metadata = "{}";
@@ -145,13 +154,18 @@ struct LoadOptions {
   bool strict = true;
   // Concurrent reads in flight per process. Default: 8.
   int io_threads = 8;
-  // Check the CRC32C of every chunk and object that is read whole. A part
-  // of a chunk of any shape (rows, columns, a 2-d block) is checksummed or
-  // signed as it is read, from its own bytes, and the coordinator combines
-  // the parts that together cover a chunk, from any ranks, and compares
-  // them with the chunk's CRC32C: no byte is read only for the check.
-  // Bytes no rank loads (a part no other part completes) are not checked.
-  // Default: true.
+  // Check every byte the load returns. A chunk or object read whole has
+  // its CRC32C checked. A part of a chunk of any shape (rows, columns, a
+  // 2-d block) is checksummed or signed as it is read, from its own bytes,
+  // and the coordinator combines the parts that together cover a chunk,
+  // from any ranks, and compares them with the chunk's CRC32C: no byte is
+  // read only for the check. A chunk of which the job returns only parts
+  // (a slice: an inference worker's shard) is checked after the reads by
+  // the ranks that read them: they read the blocks of the chunk around
+  // their parts and check the blocks' CRC32Cs (format version 3), or, for
+  // a checkpoint without block checksums (versions 1 and 2), read the rest
+  // of the chunk and check its CRC32C. False: nothing is checked, and
+  // LoadResult::bytes_unverified says so. Default: true.
   bool verify_checksums = true;
   // Needed byte runs of one file closer than this are read with one request.
   // Default: 64 KiB.
@@ -209,8 +223,16 @@ struct LoadResult {
   uint64_t bytes_loaded = 0;     // bytes placed into destinations
   uint64_t bytes_read = 0;       // bytes this rank read from storage
   // Chunks and objects whose CRC32C matched: read whole by this rank, or
-  // (on the coordinator) read in parts by several ranks.
+  // (on the coordinator) read in parts by several ranks; on every rank,
+  // the chunks returned only in part whose parts were checked after the
+  // load (see verify_checksums).
   uint64_t chunks_verified = 0;
+  // Of bytes_loaded, the bytes a checksum covered (their chunk's CRC32C,
+  // or the block checksums of the blocks around them), and those it did
+  // not. With verify_checksums a load that succeeds returned every byte
+  // verified (bytes_unverified is 0); without it, none.
+  uint64_t bytes_verified = 0;
+  uint64_t bytes_unverified = 0;
   uint64_t device_bytes = 0;     // of bytes_loaded, copied into device memory
   int world_size = 1;
   // Ranks in this rank's replica group (1: it read everything itself).

@@ -16,10 +16,16 @@
 namespace cairn {
 
 // The format version cairn writes. Version 2 is version 1 with the
-// metadata file's own checksum (docs/format.md 4.0); readers accept both.
-inline constexpr int kFormatVersion = 2;
+// metadata file's own checksum (docs/format.md 4.0); version 3 adds block
+// checksums (CRC32Cs of fixed-size blocks of each chunk, 4.2), so a part
+// of a chunk is checked by reading the blocks that enclose it. Readers
+// accept all three.
+inline constexpr int kFormatVersion = 3;
 inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr char kMetadataFileName[] = "metadata.json";
+// The block size of the block checksums a save writes by default
+// (SaveOptions::crc32c_block_bytes).
+inline constexpr uint64_t kDefaultCrc32cBlockBytes = uint64_t{1} << 20;
 
 // Where a run of bytes lives: a data file of the checkpoint, the absolute
 // offset of its first byte in that file, its length and its CRC32C.
@@ -28,6 +34,10 @@ struct ByteLocation {
   uint64_t offset = 0;
   uint64_t nbytes = 0;
   uint32_t crc32c = 0;
+  // Format version 3: the CRC32Cs of its consecutive blocks of
+  // Metadata::crc32c_block_bytes bytes (the last one shorter), when it is
+  // longer than one block; empty otherwise, and in versions 1 and 2.
+  std::vector<uint32_t> block_crc32c = {};
   friend bool operator==(const ByteLocation&, const ByteLocation&) = default;
 };
 
@@ -62,6 +72,10 @@ struct Metadata {
   // one rank-local save (so folders of different saves are never mixed).
   // Empty in checkpoints written before cairn recorded it.
   std::string save_id;
+  // The block size of the locations' block_crc32c (a power of two, at
+  // least 4096). Written in version 3 only; a version 1 or 2 file decodes
+  // with the default, and no location has block checksums.
+  uint64_t crc32c_block_bytes = kDefaultCrc32cBlockBytes;
   std::map<std::string, TensorMetadata> tensors;  // by FQN
   std::map<std::string, ByteLocation> objects;    // by FQN
   std::map<std::string, Scalar> scalars;          // by FQN

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -143,8 +144,28 @@ absl::StatusOr<std::string> EncodeSharedPieces(
 // the pieces and the checkpoint's chunks (a counting sort by chunk), plus,
 // for strided parts, the pairs of one chunk's parts whose first dimensions
 // overlap.
+// With `unchecked`, also the chunks that some rank read parts of and that
+// were not checked (no set of parts tiles them), as (the tensor's index in
+// metadata.tensors, chunk index), in that order.
 absl::StatusOr<uint64_t> CheckSharedPieces(
-    const Metadata& metadata, const std::vector<std::string>& payloads);
+    const Metadata& metadata, const std::vector<std::string>& payloads,
+    std::vector<std::pair<uint32_t, uint64_t>>* unchecked = nullptr);
+
+// A rank's check, after a load, of the parts it read of chunks that the
+// coordinator could not check (CheckSharedPieces' `unchecked`, the same
+// list on every rank): for each such chunk of which `shared` (this rank's
+// parts) holds parts, reads from storage the blocks that enclose them when
+// the chunk has block checksums (format version 3, every block a byte of
+// a part lies in), else the whole chunk, and compares their CRC32Cs with
+// the stored ones; and the bytes read again of each contiguous part must
+// have the CRC32C the part had when it was loaded. kDataLoss naming the
+// chunk's entry (FQN and box), file and offset. Adds what it read to
+// *bytes_read.
+absl::Status VerifyUncheckedParts(
+    Storage& storage, const Metadata& metadata,
+    const std::vector<SharedPieces>& shared,
+    const std::vector<std::pair<uint32_t, uint64_t>>& unchecked,
+    uint64_t* bytes_read);
 
 // Merge against an opened storage.
 absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,

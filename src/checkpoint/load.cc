@@ -48,7 +48,11 @@
 //     each chunk that they tile and compares them with its CRC32C
 //     (CheckSharedPieces: contiguous pieces in a chain, any chunk with a
 //     strided part as boxes whose signatures XOR to it), and every rank
-//     learns the verdict.
+//     learns the verdict, with the chunks that parts were returned of but
+//     that no set of parts tiles (a slice).
+//  5. Only when there are such chunks: the ranks that read parts of them
+//     check them (VerifyUncheckedParts: the checksum blocks around the
+//     parts, format version 3, or the whole chunk) and agree.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1770,7 +1774,8 @@ absl::StatusOr<bool> CheckBoxParts(std::string_view fqn,
 }  // namespace
 
 absl::StatusOr<uint64_t> CheckSharedPieces(
-    const Metadata& metadata, const std::vector<std::string>& payloads) {
+    const Metadata& metadata, const std::vector<std::string>& payloads,
+    std::vector<std::pair<uint32_t, uint64_t>>* unchecked) {
   // Every chunk of the checkpoint by a number: its tensor's first chunk's
   // number plus its index in the tensor.
   using Stored = decltype(metadata.tensors)::value_type;
@@ -1893,6 +1898,8 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
   }
   uint64_t checked = 0;
   std::vector<const Part*> tiling;
+  // Chunk numbers with parts that no set of parts tiles (for `unchecked`).
+  std::vector<uint64_t> untiled;
   size_t t = 0;  // the tensor of chunk number c
   for (uint64_t c = 0; c < chunks; ++c) {
     if (begin[c] == begin[c + 1]) continue;
@@ -1943,7 +1950,10 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
       covered += p.bytes;
       tiling.push_back(part);
     }
-    if (!tiles || covered != chunk.location.nbytes) continue;
+    if (!tiles || covered != chunk.location.nbytes) {
+      untiled.push_back(c);
+      continue;
+    }
     if (crc != chunk.location.crc32c) {
       std::vector<CrcPiece> pieces;
       std::set<int> ranks;
@@ -1986,9 +1996,24 @@ absl::StatusOr<uint64_t> CheckSharedPieces(
       box_parts.push_back(
           {strided[i].part.box, strided[i].part.signature, strided[i].rank});
     }
-    if (!boxes) continue;
+    if (!boxes) {
+      untiled.push_back(c);
+      continue;
+    }
     CAIRN_ASSIGN_OR_RETURN(bool tiled, CheckBoxParts(fqn, tm, chunk, box_parts));
     checked += tiled ? 1 : 0;
+    if (!tiled) untiled.push_back(c);
+  }
+  if (unchecked != nullptr) {
+    std::sort(untiled.begin(), untiled.end());
+    for (uint64_t c : untiled) {
+      const size_t tensor =
+          static_cast<size_t>(std::upper_bound(first_chunk.begin(),
+                                               first_chunk.end(), c) -
+                              first_chunk.begin()) - 1;
+      unchecked->emplace_back(static_cast<uint32_t>(tensor),
+                              c - first_chunk[tensor]);
+    }
   }
   return checked;
 }
@@ -2599,15 +2624,62 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
       GatherOrError(*comm, read, mine_pieces, kOperation, "reading");
   absl::Status verdict = pieces.status();
   uint64_t shared_checked = 0;
+  // The chunks that ranks returned parts of and that the parts do not
+  // tile (a slice of a chunk), which the coordinator could not check: the
+  // verdict carries them to every rank (the tensor's index, chunk index).
+  std::string unchecked_message;
   if (coordinator && verdict.ok()) {
-    absl::StatusOr<uint64_t> checked = CheckSharedPieces(metadata, *pieces);
+    std::vector<std::pair<uint32_t, uint64_t>> unchecked;
+    absl::StatusOr<uint64_t> checked =
+        CheckSharedPieces(metadata, *pieces, &unchecked);
     verdict = Annotate(checked.status(),
                        absl::StrCat(kOperation, " failed in checking the "
                                                 "chunks ranks read parts of"));
-    if (checked.ok()) shared_checked = *checked;
+    if (checked.ok()) {
+      shared_checked = *checked;
+      internal_core::ByteWriter w;
+      w.U64(unchecked.size());
+      for (const auto& [t, c] : unchecked) {
+        w.U32(t);
+        w.U64(c);
+      }
+      unchecked_message = w.Take();
+    }
   }
-  CAIRN_RETURN_IF_ERROR(
-      BroadcastOutcome(*comm, verdict, std::string()).status());
+  pieces = std::vector<std::string>();
+  CAIRN_ASSIGN_OR_RETURN(
+      unchecked_message,
+      BroadcastOutcome(*comm, verdict, std::move(unchecked_message)));
+  std::vector<std::pair<uint32_t, uint64_t>> unchecked;
+  {
+    internal_core::ByteReader in(unchecked_message,
+                                 "unchecked chunks from the coordinator");
+    const uint64_t n = in.Count(12);
+    for (uint64_t i = 0; i < n && !in.failed(); ++i) {
+      const uint32_t t = in.U32();
+      const uint64_t c = in.U64();
+      unchecked.emplace_back(t, c);
+    }
+    CAIRN_RETURN_IF_ERROR(in.status());
+  }
+  // 5. Only when some chunk was returned in part and stayed unchecked:
+  // every rank that read parts of such a chunk checks them itself (the
+  // blocks around them, or, without block checksums, the whole chunk),
+  // and the ranks agree, so that every rank returns the same verdict. A
+  // load whose parts tile every chunk they touch skips this.
+  if (!unchecked.empty()) {
+    uint64_t extra = 0;
+    absl::Status mine =
+        VerifyUncheckedParts(**storage, metadata, shared, unchecked, &extra);
+    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(
+        *comm, mine, kOperation,
+        "checking the parts of chunks that were not read whole"));
+    result->bytes_read += extra;
+    result->chunks_verified += unchecked.size();
+  }
+  // Every byte returned passed a check unless checks are off.
+  (options.verify_checksums ? result->bytes_verified
+                            : result->bytes_unverified) = result->bytes_loaded;
   result->chunks_verified += shared_checked;
   result->world_size = world;
   result->phases = phases;

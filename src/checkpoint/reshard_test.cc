@@ -263,23 +263,35 @@ TEST(ReshardTest, ReadsOnlyTheNeededBytes) {
 
   std::vector<float> out;
   const uint64_t header_bytes = 8 * 4096;  // metadata.json + file header, generously
+  // The reads of the slices themselves (checks off: a slice of a chunk is
+  // checked after the load by reading the blocks around it, below).
+  LoadOptions unchecked;
+  unchecked.verify_checksums = false;
   // Rows 100..110: 10 rows of 4 KiB.
-  uint64_t rows = load_counting(Box{{100, 0}, {10, kCols}}, {}, out);
+  uint64_t rows = load_counting(Box{{100, 0}, {10, kCols}}, unchecked, out);
   EXPECT_LE(rows, 10 * kCols * 4 + header_bytes);
   EXPECT_GE(rows, 10 * kCols * 4);
   EXPECT_EQ(shared, 0u);  // every byte read is copied: no other rank's
+  // Checked, the rows' one 1 MiB checksum block (bytes [0, 1 MiB) of the
+  // 4 MiB chunk) is read again, and nothing else.
+  EXPECT_EQ(load_counting(Box{{100, 0}, {10, kCols}}, {}, out),
+            rows + kDefaultCrc32cBlockBytes);
   // Two columns of every row, per-run reads (gap larger than the limit).
-  LoadOptions no_coalesce;
+  LoadOptions no_coalesce = unchecked;
   no_coalesce.coalesce_gap_bytes = 0;
   uint64_t cols = load_counting(Box{{0, 500}, {kRows, 2}}, no_coalesce, out);
   EXPECT_LE(cols, kRows * 2 * 4 + header_bytes);
   EXPECT_EQ(shared, 0u);
   // With coalescing the gaps are read too, but never more than the chunk,
   // and as a shared read: the gaps are the other ranks' columns.
-  uint64_t coalesced = load_counting(Box{{0, 500}, {kRows, 2}}, {}, out);
+  uint64_t coalesced = load_counting(Box{{0, 500}, {kRows, 2}}, unchecked, out);
   EXPECT_LE(coalesced, kRows * kCols * 4 + header_bytes);
   EXPECT_GE(shared, (kRows - 1) * kCols * 4 + 2 * 4);
   EXPECT_LE(shared, coalesced);
+  // Checked, a column has a byte in every block: the chunk is read again.
+  no_coalesce.verify_checksums = true;
+  EXPECT_EQ(load_counting(Box{{0, 500}, {kRows, 2}}, no_coalesce, out),
+            cols + kRows * kCols * 4);
 }
 
 // A state dict holding `full` ([rows, cols] F32) as "w" in `chunks` row
@@ -811,12 +823,13 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
   EXPECT_FALSE(blind.statuses[2].ok());  // columns 512..768: a wrong element
   flip();  // back as it was
 
-  // A part that no other rank's parts complete stays unchecked (rows 0..60
-  // of the 64-row chunk 0, loaded alone), and only its bytes are read.
+  // A part that no other rank's parts complete (rows 0..60 of the 64-row
+  // chunk 0, loaded alone) is checked by its reader after the load: the
+  // chunk (256 KiB) is one checksum block, so it reads the chunk again.
   Outcome alone = LoadBoxes({Box{{0, 0}, {60, kCols}}}, 1, small);
   ASSERT_TRUE(alone.statuses[0].ok()) << alone.statuses[0];
-  EXPECT_EQ(alone.verified, 0u);
-  EXPECT_EQ(alone.read, 60 * kCols * 4);
+  EXPECT_EQ(alone.verified, 1u);
+  EXPECT_EQ(alone.read, (60 + 64) * kCols * 4);
 }
 
 // The coordinator's check of strided parts (CheckSharedPieces on boxes and

@@ -115,6 +115,8 @@ struct Entry {
   const WriteItem* item = nullptr;
   internal_format::SafetensorsEntry st;
   uint32_t crc32c = 0;
+  // Its block checksums (format version 3), when longer than one block.
+  std::vector<uint32_t> block_crc32c;
   // Blocks not yet filled; the resolved data is released when it hits 0.
   std::atomic<int64_t> blocks_left{0};
   std::mutex mu;  // guards resolved/resolve_status
@@ -123,8 +125,11 @@ struct Entry {
   ResolvedData data;
 };
 
+// The CRC32C of bytes [offset, offset + length) of an entry; pieces never
+// cross a boundary of the entry's checksum blocks.
 struct CrcPiece {
   size_t entry;
+  uint64_t offset;
   uint64_t length;
   uint32_t crc;
 };
@@ -263,10 +268,11 @@ void Release(Entry& e) {
 }
 
 // Fills buf with file bytes [begin, end); appends the checksum pieces of the
-// entries it touched, in file order.
+// entries it touched, in file order, cut where the entries' checksum blocks
+// of `block_bytes` (counted from each entry's start) end.
 absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
                        uint64_t begin, uint64_t end, std::byte* buf,
-                       std::vector<CrcPiece>& pieces) {
+                       uint64_t block_bytes, std::vector<CrcPiece>& pieces) {
   uint64_t pos = begin;
   if (pos < layout.data_start) {
     const uint64_t n = std::min(end, layout.data_start) - pos;
@@ -302,9 +308,13 @@ absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
       internal_core::CopyRowMajorBytes(data->view, lo, hi, dst);
     }
     Release(e);
-    pieces.push_back(
-        CrcPiece{static_cast<size_t>(it - layout.entries.begin()), hi - lo,
-                 internal_format::Crc32c(dst, hi - lo)});
+    const size_t index = static_cast<size_t>(it - layout.entries.begin());
+    for (uint64_t a = lo; a < hi;) {
+      const uint64_t b = std::min(hi, (a / block_bytes + 1) * block_bytes);
+      pieces.push_back(CrcPiece{index, a, b - a,
+                                internal_format::Crc32c(dst + (a - lo), b - a)});
+      a = b;
+    }
   }
   zero_until(end);
   return absl::OkStatus();
@@ -347,7 +357,8 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
         CAIRN_ASSIGN_OR_RETURN(internal_core::PooledBuffer buf,
                                pool.Acquire());
         CAIRN_RETURN_IF_ERROR(
-            FillBlock(layout, planner, begin, end, buf.data(), pieces[i]));
+            FillBlock(layout, planner, begin, end, buf.data(),
+                      options.crc32c_block_bytes, pieces[i]));
         // O_DIRECT needs whole aligned blocks: zero-pad the tail; Finish
         // cuts the file back to its size.
         const uint64_t len = internal_core::RoundUp(end - begin, align);
@@ -358,7 +369,15 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
       }));
   CAIRN_RETURN_IF_ERROR(file->Finish(layout.file_size));
 
+  // Each entry's pieces come in order (write blocks in file order, pieces
+  // in each in file order): its CRC32C is all of them combined, and each of
+  // its checksum blocks' those inside the block.
+  const uint64_t bb = options.crc32c_block_bytes;
   std::vector<bool> seen(layout.entries.size(), false);
+  for (auto& e : layout.entries) {
+    e->block_crc32c.assign(
+        internal_format::Crc32cBlockCount(e->st.end - e->st.begin, bb), 0);
+  }
   for (const std::vector<CrcPiece>& block_pieces : pieces) {
     for (const CrcPiece& p : block_pieces) {
       Entry& e = *layout.entries[p.entry];
@@ -366,6 +385,11 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
                                      e.crc32c, p.crc, p.length)
                                : p.crc;
       seen[p.entry] = true;
+      if (e.block_crc32c.empty()) continue;
+      uint32_t& block = e.block_crc32c[p.offset / bb];
+      block = p.offset % bb == 0
+                  ? p.crc
+                  : internal_format::Crc32cCombine(block, p.crc, p.length);
     }
   }
   return absl::OkStatus();
@@ -536,6 +560,13 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   // 1. Local planning, and the plan cache check.
   absl::Status local = storage.status();
   SavePlan local_plan;
+  if (local.ok() &&
+      !internal_format::ValidCrc32cBlockBytes(options.crc32c_block_bytes)) {
+    local = absl::InvalidArgumentError(absl::StrCat(
+        "save: crc32c_block_bytes ", options.crc32c_block_bytes,
+        " is not a power of two in [", internal_format::kMinCrc32cBlockBytes,
+        ", ", internal_format::kMaxCrc32cBlockBytes, "]"));
+  }
   if (local.ok()) local = planner.SetUp(state, coordinator, rank, world);
   if (local.ok()) {
     absl::StatusOr<SavePlan> p = planner.CreateLocalPlan();
@@ -670,7 +701,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       report.file_size = layout->file_size;
       for (const auto& e : layout->entries) {
         report.items.push_back({layout->data_start + e->st.begin,
-                                e->st.end - e->st.begin, e->crc32c});
+                                e->st.end - e->st.begin, e->crc32c,
+                                std::move(e->block_crc32c)});
         result.data_bytes += e->st.end - e->st.begin;
       }
       result.bytes_written = layout->file_size;
@@ -688,6 +720,10 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   std::string summary;
   if (coordinator && committed.ok()) {
     uint64_t total = 0;
+    // The block size the reports' block checksums were taken in (a cached
+    // skeleton may come from a save with another).
+    skeleton->metadata.crc32c_block_bytes = options.crc32c_block_bytes;
+    skeleton->flat.block_bytes = options.crc32c_block_bytes;
     absl::StatusOr<const Metadata*> md = AssembleMetadata(
         *skeleton, *reports, options.user_metadata, &total);
     committed = md.status();

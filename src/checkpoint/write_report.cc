@@ -9,6 +9,7 @@
 #include "core/byte_codec.h"
 #include "core/parallel.h"
 #include "core/status.h"
+#include "format/crc32c.h"
 
 namespace cairn::internal_checkpoint {
 
@@ -24,6 +25,8 @@ std::string EncodeReport(const WriteReport& r) {
     w.U64(l.offset);
     w.U64(l.nbytes);
     w.U32(l.crc32c);
+    w.U64(l.blocks.size());
+    for (uint32_t b : l.blocks) w.U32(b);
   }
   w.U64(r.scalars.size());
   for (const auto& [fqn, v] : r.scalars) {
@@ -38,14 +41,17 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
   WriteReport out;
   out.file = r.Str();
   out.file_size = r.U64();
-  const uint64_t n = r.Count(20);
+  const uint64_t n = r.Count(28);
   out.items.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
     WriteReport::Loc l;
     l.offset = r.U64();
     l.nbytes = r.U64();
     l.crc32c = r.U32();
-    out.items.push_back(l);
+    const uint64_t blocks = r.Count(4);
+    l.blocks.resize(blocks);
+    for (uint32_t& b : l.blocks) b = r.U32();
+    out.items.push_back(std::move(l));
   }
   const uint64_t s = r.Count(9);
   for (uint64_t i = 0; i < s; ++i) {
@@ -63,7 +69,7 @@ namespace {
 // flat.files[1 + r]). Each rank's locations are its own, so ranks may be
 // filled concurrently. kInternal when the report does not match the plan.
 absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
-                           const WriteReport& report) {
+                           WriteReport& report) {
   const std::vector<ByteLocation*>& refs = skeleton.refs[r];
   if (report.items.size() != refs.size()) {
     return absl::InternalError(absl::StrFormat(
@@ -83,20 +89,37 @@ absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
     flat.files[r + 1] = report.file;
     chunk_refs = skeleton.chunk_refs[r].data();
   }
+  const uint64_t block_bytes = skeleton.metadata.crc32c_block_bytes;
+  if (skeleton.uses_flat) flat.blocks[r + 1].clear();
   for (size_t i = 0; i < refs.size(); ++i) {
-    const WriteReport::Loc& l = report.items[i];
+    WriteReport::Loc& l = report.items[i];
+    if (!l.blocks.empty() &&
+        (block_bytes == 0 ||
+         l.blocks.size() !=
+             internal_format::Crc32cBlockCount(l.nbytes, block_bytes))) {
+      return absl::InternalError(absl::StrFormat(
+          "rank %d reports %d block checksums for its item %d of %d bytes "
+          "(blocks of %d bytes)",
+          r, l.blocks.size(), i, l.nbytes, block_bytes));
+    }
     if (refs[i] != nullptr) {
       ByteLocation& loc = *refs[i];
       loc.file = report.file;
       loc.offset = l.offset;
       loc.nbytes = l.nbytes;
       loc.crc32c = l.crc32c;
+      loc.block_crc32c = std::move(l.blocks);
     } else if (chunk_refs != nullptr && chunk_refs[i] < flat.num_chunks()) {
       const uint32_t c = chunk_refs[i];
       flat.file[c] = static_cast<uint32_t>(r + 1);
       flat.offset[c] = l.offset;
       flat.nbytes[c] = l.nbytes;
       flat.crc32c[c] = l.crc32c;
+      std::vector<uint32_t>& blocks = flat.blocks[r + 1];
+      flat.block_at[c] =
+          l.blocks.empty() ? internal_format::FlatChunks::kNoBlocks
+                           : blocks.size();
+      blocks.insert(blocks.end(), l.blocks.begin(), l.blocks.end());
     } else {
       return absl::InternalError(absl::StrFormat(
           "rank %d's item %d has no place in the metadata skeleton", r, i));
@@ -137,6 +160,14 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
     std::map<std::string, Scalar> scalars;
   };
   std::vector<Rest> rest(static_cast<size_t>(world));
+  // Each rank's block checksums go to its file's array (FillLocations).
+  if (skeleton.uses_flat) {
+    skeleton.flat.blocks.resize(skeleton.flat.files.size());
+    if (skeleton.flat.block_at.size() != skeleton.flat.num_chunks()) {
+      skeleton.flat.block_at.assign(skeleton.flat.num_chunks(),
+                                    internal_format::FlatChunks::kNoBlocks);
+    }
+  }
   (void)internal_core::ParallelFor(
       world, internal_core::ThreadsFor(items),
       [&](int64_t r) {

@@ -26,6 +26,9 @@ struct WriteReport {
     uint64_t offset;
     uint64_t nbytes;
     uint32_t crc32c;
+    // Its block checksums (format version 3): none, or as many as the
+    // metadata's crc32c_block_bytes gives it.
+    std::vector<uint32_t> blocks = {};
   };
   std::vector<Loc> items;  // in final-plan order
   std::map<std::string, Scalar> scalars;

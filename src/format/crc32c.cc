@@ -164,4 +164,41 @@ absl::StatusOr<uint32_t> Crc32cFromHex(std::string_view hex) {
   return value;
 }
 
+std::string Crc32cBlocksToHex(std::span<const uint32_t> crcs) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(8 * crcs.size(), '0');
+  for (size_t i = 0; i < crcs.size(); ++i) {
+    for (int k = 0; k < 8; ++k) {
+      out[8 * i + k] = kHex[(crcs[i] >> (28 - 4 * k)) & 0xf];
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<uint32_t>> Crc32cBlocksFromHex(
+    std::string_view hex) {
+  if (hex.empty() || hex.size() % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "crc32c_blocks must be groups of 8 hex digits, got ", hex.size(),
+        " characters"));
+  }
+  std::vector<uint32_t> out(hex.size() / 8);
+  int bad = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t value = 0;
+    for (size_t k = 0; k < 8; ++k) {
+      const int v = kHexTable[static_cast<unsigned char>(hex[8 * i + k])];
+      bad |= v;
+      value = (value << 4) | static_cast<uint32_t>(v & 0xf);
+    }
+    out[i] = value;
+  }
+  if (bad < 0) {
+    return absl::InvalidArgumentError(
+        "crc32c_blocks must be groups of 8 hex digits, got a character that "
+        "is not a hex digit");
+  }
+  return out;
+}
+
 }  // namespace cairn::internal_format

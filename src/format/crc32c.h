@@ -5,7 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -63,6 +65,28 @@ class Crc32cShifter {
 std::string Crc32cToHex(uint32_t crc);
 // kInvalidArgument unless exactly 8 hex digits.
 absl::StatusOr<uint32_t> Crc32cFromHex(std::string_view hex);
+
+// Block checksums (format version 3, docs/format.md 4.2): the CRC32Cs of
+// consecutive `block_bytes`-byte blocks of a chunk's or object's stored
+// bytes (the last block shorter), recorded for one of more than one block.
+// The number of them a location of `nbytes` bytes records: 0 when it is
+// one block or less, else ceil(nbytes / block_bytes). `block_bytes` > 0.
+inline uint64_t Crc32cBlockCount(uint64_t nbytes, uint64_t block_bytes) {
+  return nbytes <= block_bytes ? 0 : (nbytes - 1) / block_bytes + 1;
+}
+// A block size metadata.json may record: a power of two in
+// [kMinCrc32cBlockBytes, kMaxCrc32cBlockBytes].
+inline constexpr uint64_t kMinCrc32cBlockBytes = uint64_t{1} << 12;
+inline constexpr uint64_t kMaxCrc32cBlockBytes = uint64_t{1} << 30;
+inline bool ValidCrc32cBlockBytes(uint64_t b) {
+  return b >= kMinCrc32cBlockBytes && b <= kMaxCrc32cBlockBytes &&
+         (b & (b - 1)) == 0;
+}
+// The CRCs as one string of 8 lower-case hex digits each, in order.
+std::string Crc32cBlocksToHex(std::span<const uint32_t> crcs);
+// kInvalidArgument unless a non-empty multiple of 8 hex digits.
+absl::StatusOr<std::vector<uint32_t>> Crc32cBlocksFromHex(
+    std::string_view hex);
 
 }  // namespace cairn::internal_format
 

@@ -155,14 +155,24 @@ void PutDims(Sink& sink, std::span<const int64_t> dims) {
 // The members of a location, without braces; ",offsets..." may follow.
 // `put_file()` writes the file's name as a JSON string.
 template <typename Sink, typename PutFile>
-absl::Status PutLocationMembers(Sink& sink, uint32_t crc32c, PutFile put_file,
-                                uint64_t nbytes, uint64_t offset) {
+absl::Status PutLocationMembers(Sink& sink, uint32_t crc32c,
+                                std::span<const uint32_t> blocks,
+                                PutFile put_file, uint64_t nbytes,
+                                uint64_t offset) {
   sink.Put("\"crc32c\":\"");
   // Crc32cToHex's "%08x", without a format call per chunk.
   static constexpr char kHex[] = "0123456789abcdef";
   char crc[8];
   for (int i = 0; i < 8; ++i) crc[i] = kHex[(crc32c >> (28 - 4 * i)) & 0xf];
   sink.Put(std::string_view(crc, sizeof crc));
+  if (!blocks.empty()) {
+    // Format version 3's block checksums, one 8-digit group each.
+    sink.Put("\",\"crc32c_blocks\":\"");
+    for (uint32_t b : blocks) {
+      for (int i = 0; i < 8; ++i) crc[i] = kHex[(b >> (28 - 4 * i)) & 0xf];
+      sink.Put(std::string_view(crc, sizeof crc));
+    }
+  }
   sink.Put("\",\"file\":");
   CAIRN_RETURN_IF_ERROR(put_file());
   sink.Put(",\"nbytes\":");
@@ -190,8 +200,8 @@ absl::StatusOr<std::string> Quoted(std::string_view s) {
 template <typename Sink>
 absl::Status PutLocationMembers(Sink& sink, const ByteLocation& loc) {
   return PutLocationMembers(
-      sink, loc.crc32c, [&] { return PutString(sink, loc.file); }, loc.nbytes,
-      loc.offset);
+      sink, loc.crc32c, loc.block_crc32c,
+      [&] { return PutString(sink, loc.file); }, loc.nbytes, loc.offset);
 }
 
 // metadata.tensors' entries in name order, for loops by index over them
@@ -275,14 +285,15 @@ absl::Status PutTensor(
   sink.Put('[');
   // One chunk: `{location,"offsets":[..],"sizes":[..]}`, after a ','
   // unless first.
-  auto put_chunk = [&sink](bool first, uint32_t crc32c, auto put_file,
+  auto put_chunk = [&sink](bool first, uint32_t crc32c,
+                           std::span<const uint32_t> blocks, auto put_file,
                            uint64_t nbytes, uint64_t offset,
                            std::span<const int64_t> offsets,
                            std::span<const int64_t> sizes) -> absl::Status {
     if (!first) sink.Put(',');
     sink.Put('{');
     CAIRN_RETURN_IF_ERROR(
-        PutLocationMembers(sink, crc32c, put_file, nbytes, offset));
+        PutLocationMembers(sink, crc32c, blocks, put_file, nbytes, offset));
     sink.Put(",\"offsets\":");
     PutDims(sink, offsets);
     sink.Put(",\"sizes\":");
@@ -295,7 +306,8 @@ absl::Status PutTensor(
       const ChunkMetadata& chunk = tensor.chunks[c];
       const ByteLocation& loc = chunk.location;
       CAIRN_RETURN_IF_ERROR(put_chunk(
-          c == 0, loc.crc32c, [&] { return PutString(sink, loc.file); },
+          c == 0, loc.crc32c, loc.block_crc32c,
+          [&] { return PutString(sink, loc.file); },
           loc.nbytes, loc.offset, chunk.box.offsets, chunk.box.sizes));
     }
   } else {
@@ -304,7 +316,7 @@ absl::Status PutTensor(
     for (size_t c = flat->first[t]; c < flat->first[t + 1]; ++c) {
       const absl::StatusOr<std::string>& file = flat_files[flat->file[c]];
       CAIRN_RETURN_IF_ERROR(put_chunk(
-          c == flat->first[t], flat->crc32c[c],
+          c == flat->first[t], flat->crc32c[c], flat->BlocksOf(c),
           [&] {
             if (file.ok()) sink.Put(std::string_view(*file));
             return file.status();
@@ -326,7 +338,8 @@ absl::Status PutTensor(
 }
 
 // The document is its head, the members of "tensors" (PutTensor) and its
-// tail. Members in key order: checksum (version 2), created_by, format,
+// tail. Members in key order: checksum (version 2), crc32c_block_bytes
+// (version 3), created_by, format,
 // objects, rank, save_id, scalars, structure, tensors, user, version,
 // world_size.
 template <typename Sink>
@@ -337,6 +350,11 @@ absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
     sink.Put("{\"checksum\":\"00000000\",");
   } else {
     sink.Put('{');
+  }
+  if (md.version >= 3) {  // sorts after "checksum", before "created_by"
+    PutKey(sink, "crc32c_block_bytes");
+    PutInt(sink, md.crc32c_block_bytes);
+    sink.Put(',');
   }
   PutKey(sink, "created_by");
   CAIRN_RETURN_IF_ERROR(PutString(sink, md.created_by));
@@ -429,6 +447,22 @@ json EncodeScalar(const Scalar& scalar) {
 
 // ---------------------------------------------------------------- decoding
 
+// OK when `loc`'s block checksums are as many as version 3 records for its
+// size under `block_bytes` (none for one block or less); with
+// `block_bytes` 0 (versions 1 and 2), when it has none.
+absl::Status CheckBlockCount(const ByteLocation& loc, uint64_t block_bytes) {
+  if (loc.block_crc32c.empty()) return absl::OkStatus();
+  const uint64_t want =
+      block_bytes == 0 ? 0 : Crc32cBlockCount(loc.nbytes, block_bytes);
+  if (loc.block_crc32c.size() == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"crc32c_blocks\" has ", loc.block_crc32c.size(), " checksums; ",
+      loc.nbytes, " bytes in blocks of ", block_bytes, " have ",
+      want == 0 ? "none (one block or less: its crc32c is the block's)"
+                : absl::StrCat(want)));
+}
+
+
 class Decoder {
  public:
   explicit Decoder(std::string_view source) : source_(AsAbsl(source)) {}
@@ -507,16 +541,19 @@ class Decoder {
     return dims;
   }
 
-  absl::StatusOr<ByteLocation> Location(const json& j,
-                                        absl::string_view where) const;
-  absl::StatusOr<TensorMetadata> Tensor(const json& j,
-                                        const std::string& fqn) const;
+  // `block_bytes`: the metadata's crc32c_block_bytes in version 3 (block
+  // checksums are read and checked), 0 before (they are ignored).
+  absl::StatusOr<ByteLocation> Location(const json& j, absl::string_view where,
+                                        uint64_t block_bytes) const;
+  absl::StatusOr<TensorMetadata> Tensor(const json& j, const std::string& fqn,
+                                        uint64_t block_bytes) const;
 
   absl::string_view source_;
 };
 
 absl::StatusOr<ByteLocation> Decoder::Location(const json& j,
-                                               absl::string_view where) const {
+                                               absl::string_view where,
+                                               uint64_t block_bytes) const {
   if (!j.is_object()) {
     return Error(where, absl::StrCat("must be an object, got ", Describe(j)));
   }
@@ -536,11 +573,27 @@ absl::StatusOr<ByteLocation> Decoder::Location(const json& j,
   auto crc = Crc32cFromHex(hex);
   if (!crc.ok()) return Error(where, crc.status().message());
   loc.crc32c = *crc;
+  const json* blocks = block_bytes > 0 ? Find(j, "crc32c_blocks") : nullptr;
+  if (blocks != nullptr) {
+    if (!blocks->is_string()) {
+      return Error(where, absl::StrCat("\"crc32c_blocks\" must be a string, "
+                                       "got ",
+                                       Describe(*blocks)));
+    }
+    absl::StatusOr<std::vector<uint32_t>> crcs =
+        Crc32cBlocksFromHex(blocks->get_ref<const std::string&>());
+    if (!crcs.ok()) return Error(where, crcs.status().message());
+    loc.block_crc32c = *std::move(crcs);
+  }
+  if (absl::Status s = CheckBlockCount(loc, block_bytes); !s.ok()) {
+    return Error(where, s.message());
+  }
   return loc;
 }
 
 absl::StatusOr<TensorMetadata> Decoder::Tensor(const json& j,
-                                               const std::string& fqn) const {
+                                               const std::string& fqn,
+                                               uint64_t block_bytes) const {
   const std::string where = absl::StrCat("tensor ", Quote(fqn));
   if (!j.is_object()) {
     return Error(where, absl::StrCat("must be an object, got ", Describe(j)));
@@ -579,7 +632,8 @@ absl::StatusOr<TensorMetadata> Decoder::Tensor(const json& j,
                    absl::StrCat("box ", chunk.box.ToString(),
                                 " does not fit the shape: ", s.message()));
     }
-    CAIRN_ASSIGN_OR_RETURN(chunk.location, Location(c, chunk_where));
+    CAIRN_ASSIGN_OR_RETURN(chunk.location,
+                           Location(c, chunk_where, block_bytes));
     // Inside the shape, so the box's bytes cannot exceed the tensor's.
     const uint64_t expected =
         internal_core::CheckedBytes(chunk.box.sizes, tensor.dtype).value_or(0);
@@ -709,17 +763,34 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     }
     md.save_id = id->get<std::string>();
   }
+  uint64_t block_bytes = 0;  // version 3: block checksums
+  if (md.version >= 3) {
+    CAIRN_ASSIGN_OR_RETURN(const json* b,
+                           Member(root, "crc32c_block_bytes", ""));
+    auto bytes = GetUint(*b);
+    if (!bytes || !ValidCrc32cBlockBytes(*bytes)) {
+      return Error("", absl::StrCat("\"crc32c_block_bytes\" must be a power "
+                                    "of two in [",
+                                    kMinCrc32cBlockBytes, ", ",
+                                    kMaxCrc32cBlockBytes, "], got ",
+                                    Describe(*b)));
+    }
+    block_bytes = *bytes;
+    md.crc32c_block_bytes = block_bytes;
+  }
 
   CAIRN_ASSIGN_OR_RETURN(const json* tensors, Object(root, "tensors", ""));
   for (const auto& [fqn, value] : tensors->items()) {
-    CAIRN_ASSIGN_OR_RETURN(TensorMetadata tensor, Tensor(value, fqn));
+    CAIRN_ASSIGN_OR_RETURN(TensorMetadata tensor,
+                           Tensor(value, fqn, block_bytes));
     md.tensors.emplace(fqn, std::move(tensor));
   }
 
   CAIRN_ASSIGN_OR_RETURN(const json* objects, Object(root, "objects", ""));
   for (const auto& [fqn, value] : objects->items()) {
     CAIRN_ASSIGN_OR_RETURN(
-        ByteLocation loc, Location(value, absl::StrCat("object ", Quote(fqn))));
+        ByteLocation loc,
+        Location(value, absl::StrCat("object ", Quote(fqn)), block_bytes));
     md.objects.emplace(fqn, std::move(loc));
   }
 
@@ -779,6 +850,7 @@ class FastDecoder : private PlainJsonCursor {
     kUser = 512,
     kChecksum = 1024,
     kSaveId = 2048,
+    kBlockBytes = 4096,
   };
   static constexpr uint32_t kRequired = kFormat | kVersion | kCreatedBy |
                                         kWorldSize | kTensors | kObjects |
@@ -841,6 +913,7 @@ class FastDecoder : private PlainJsonCursor {
     ByteLocation* location;
     std::string_view file;
     std::string_view crc;
+    std::string_view blocks;  // crc32c_blocks, checked after the root
     uint32_t seen = 0;
   };
   bool LocationMember(std::string_view key, PendingLocation* pending);
@@ -870,6 +943,8 @@ bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending)
     bit = 4, ok = Uint(&pending->location->nbytes);
   } else if (key == "crc32c") {
     bit = 8, ok = String(&pending->crc);
+  } else if (key == "crc32c_blocks") {
+    bit = 16, ok = String(&pending->blocks);
   }
   if (!ok || (pending->seen & bit)) return false;
   pending->seen |= bit;
@@ -880,7 +955,7 @@ bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending)
 bool FastDecoder::FinishLocation(const PendingLocation& pending) {
   ByteLocation& loc = *pending.location;
   uint64_t end = 0;
-  if (pending.seen != 15 || !ValidateRelativeName(pending.file).ok() ||
+  if ((pending.seen & 15) != 15 || !ValidateRelativeName(pending.file).ok() ||
       __builtin_add_overflow(loc.offset, loc.nbytes, &end)) {
     return false;
   }
@@ -888,6 +963,13 @@ bool FastDecoder::FinishLocation(const PendingLocation& pending) {
   if (!crc.ok()) return false;
   loc.file = std::string(pending.file);
   loc.crc32c = *crc;
+  if (pending.seen & 16) {
+    // Their count is checked once the block size is known (Decode).
+    absl::StatusOr<std::vector<uint32_t>> blocks =
+        Crc32cBlocksFromHex(pending.blocks);
+    if (!blocks.ok()) return false;
+    loc.block_crc32c = *std::move(blocks);
+  }
   return true;
 }
 
@@ -1085,6 +1167,7 @@ std::optional<Metadata> FastDecoder::Decode() {
   uint64_t version = 0;
   uint64_t world_size = 0;
   uint64_t rank = 0;
+  uint64_t block_bytes = 0;
   auto once = [&seen](uint32_t bit) {
     if (seen & bit) return false;
     seen |= bit;
@@ -1109,6 +1192,9 @@ std::optional<Metadata> FastDecoder::Decode() {
     }
     if (key == "world_size") return once(kWorldSize) && Uint(&world_size);
     if (key == "rank") return once(kRank) && Uint(&rank);
+    if (key == "crc32c_block_bytes") {
+      return once(kBlockBytes) && Uint(&block_bytes);
+    }
     if (key == "save_id") {
       std::string_view id;
       if (!once(kSaveId) || !String(&id) || !IsSaveId(id)) return false;
@@ -1141,6 +1227,26 @@ std::optional<Metadata> FastDecoder::Decode() {
   md.version = static_cast<int>(version);
   md.world_size = static_cast<int>(world_size);
   if (seen & kRank) md.rank = static_cast<int>(rank);
+  // Block checksums: version 3 requires the block size and checks every
+  // location's count; before version 3 they are unknown members, which
+  // Decoder ignores (so it decodes such a text).
+  if (md.version >= 3) {
+    if (!(seen & kBlockBytes) || !ValidCrc32cBlockBytes(block_bytes)) {
+      return std::nullopt;
+    }
+    md.crc32c_block_bytes = block_bytes;
+  } else if (seen & kBlockBytes) {
+    return std::nullopt;
+  }
+  const uint64_t b = md.version >= 3 ? block_bytes : 0;
+  for (const auto& [fqn, tensor] : md.tensors) {
+    for (const ChunkMetadata& c : tensor.chunks) {
+      if (!CheckBlockCount(c.location, b).ok()) return std::nullopt;
+    }
+  }
+  for (const auto& [fqn, loc] : md.objects) {
+    if (!CheckBlockCount(loc, b).ok()) return std::nullopt;
+  }
   return md;
 }
 
@@ -1260,6 +1366,30 @@ namespace {
 absl::StatusOr<std::string> Encode(const Metadata& metadata,
                                    const FlatChunks* flat, uint64_t max_bytes) {
   CAIRN_ASSIGN_OR_RETURN(Prepared prepared, Prepare(metadata, /*scalars=*/true));
+  // Block checksums exist from version 3 on, in blocks of a valid size.
+  if (metadata.version >= 3 &&
+      !ValidCrc32cBlockBytes(metadata.crc32c_block_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "crc32c_block_bytes ", metadata.crc32c_block_bytes,
+        " is not a power of two in [", kMinCrc32cBlockBytes, ", ",
+        kMaxCrc32cBlockBytes, "]"));
+  }
+  if (metadata.version < 3) {
+    bool blocks = flat != nullptr && flat->block_bytes != 0;
+    for (const auto& [fqn, tensor] : metadata.tensors) {
+      for (const ChunkMetadata& c : tensor.chunks) {
+        blocks |= !c.location.block_crc32c.empty();
+      }
+    }
+    for (const auto& [fqn, loc] : metadata.objects) {
+      blocks |= !loc.block_crc32c.empty();
+    }
+    if (blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block checksums need format version 3; the metadata is version ",
+          metadata.version));
+    }
+  }
   if (flat != nullptr &&
       (flat->num_tensors() != metadata.tensors.size() ||
        flat->dims_at.size() != flat->num_tensors() ||
@@ -1374,7 +1504,20 @@ void FlatChunks::ResizeLocations() {
   offset.assign(n, 0);
   nbytes.assign(n, 0);
   crc32c.assign(n, 0);
+  block_at.assign(n, kNoBlocks);
   if (files.empty()) files.emplace_back();
+  blocks.assign(files.size(), {});
+}
+
+std::span<const uint32_t> FlatChunks::BlocksOf(size_t c) const {
+  if (block_bytes == 0 || c >= block_at.size() || block_at[c] == kNoBlocks ||
+      file[c] >= blocks.size()) {
+    return {};
+  }
+  const std::vector<uint32_t>& all = blocks[file[c]];
+  const uint64_t n = Crc32cBlockCount(nbytes[c], block_bytes);
+  if (block_at[c] > all.size() || n > all.size() - block_at[c]) return {};
+  return std::span<const uint32_t>(all.data() + block_at[c], n);
 }
 
 Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat) {
@@ -1387,8 +1530,11 @@ Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat) {
       ChunkMetadata chunk;
       chunk.box = flat.BoxOf(t, c, tensor.shape.size());
       if (c < flat.file.size() && flat.file[c] < flat.files.size()) {
-        chunk.location = ByteLocation{flat.files[flat.file[c]], flat.offset[c],
-                                      flat.nbytes[c], flat.crc32c[c]};
+        const std::span<const uint32_t> b = flat.BlocksOf(c);
+        chunk.location =
+            ByteLocation{flat.files[flat.file[c]], flat.offset[c],
+                         flat.nbytes[c], flat.crc32c[c],
+                         std::vector<uint32_t>(b.begin(), b.end())};
       }
       tensor.chunks.push_back(std::move(chunk));
     }

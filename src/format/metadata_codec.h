@@ -51,12 +51,24 @@ struct FlatChunks {
   internal_core::BigVector<uint64_t> nbytes;
   internal_core::BigVector<uint32_t> crc32c;
   std::vector<std::string> files;
+  // Block checksums (format version 3): chunk c's are
+  // Crc32cBlockCount(nbytes[c], block_bytes) CRC32Cs from
+  // blocks[file[c]][block_at[c]] on (each file's in one array, filled by
+  // the rank that wrote it), or none when block_at[c] is kNoBlocks.
+  static constexpr uint64_t kNoBlocks = ~uint64_t{0};
+  uint64_t block_bytes = 0;
+  internal_core::BigVector<uint64_t> block_at;
+  std::vector<std::vector<uint32_t>> blocks;  // by file index
+  // Chunk c's block checksums (empty when it has none, or they are out of
+  // range).
+  std::span<const uint32_t> BlocksOf(size_t c) const;
 
   size_t num_tensors() const { return first.size() - 1; }
   size_t num_chunks() const { return first.back(); }
   // Chunk c's box (c in tensor t's range, rank `rank`).
   Box BoxOf(size_t t, size_t c, size_t rank) const;
-  // A location for each chunk, empty and unset: sized to num_chunks().
+  // A location for each chunk, empty and unset, without block checksums:
+  // sized to num_chunks() (and `blocks` to files.size()).
   void ResizeLocations();
 };
 

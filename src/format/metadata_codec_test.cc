@@ -64,19 +64,19 @@ Metadata SampleMetadata() {
   TensorMetadata rank0;
   rank0.dtype = DType::kF64;
   rank0.chunks.push_back(
-      {Box{{}, {}}, ByteLocation{"data-00001.safetensors", 4096, 8, 7}});
+      {Box{{}, {}}, ByteLocation{"data-00001.safetensors", 4096, 8, 7, {}}});
   md.tensors["lr_tensor"] = rank0;
   TensorMetadata empty;
   empty.dtype = DType::kF32;
   empty.shape = {0, 3};
   empty.chunks.push_back(
-      {Box{{0, 0}, {0, 3}}, ByteLocation{"data-00001.safetensors", 0, 0, 0}});
+      {Box{{0, 0}, {0, 3}}, ByteLocation{"data-00001.safetensors", 0, 0, 0, {}}});
   md.tensors["empty"] = empty;
   md.tensors["ünïcode.ключ"] =
       RowSharded(DType::kF32, {3}, 1, "rank-00003/data-00000.safetensors");
 
-  md.objects["rng.rank3"] = {"data-00003.safetensors", 0, 5000, 0xdeadbeef};
-  md.objects["opt.pickle"] = {"data-00000.safetensors", 123, 0, 0};
+  md.objects["rng.rank3"] = {"data-00003.safetensors", 0, 5000, 0xdeadbeef, {}};
+  md.objects["opt.pickle"] = {"data-00000.safetensors", 123, 0, 0, {}};
 
   md.scalars["step"] = int64_t{100};
   md.scalars["int.min"] = std::numeric_limits<int64_t>::min();
@@ -377,7 +377,8 @@ void ExpectSameAsTree(const std::string& damaged);
 TEST(MetadataCodecTest, ChecksumOpensTheTextAndCoversTheRest) {
   const std::string text = Encoded(SampleMetadata());
   ASSERT_TRUE(text.starts_with(kChecksumKeyPrefix)) << text.substr(0, 40);
-  ASSERT_EQ(text.substr(kChecksumPrefixBytes - 2, 15), "\",\"created_by\":");
+  ASSERT_EQ(text.substr(kChecksumPrefixBytes - 2, 23),
+            "\",\"crc32c_block_bytes\":");
   const std::string rest = text.substr(kChecksumPrefixBytes);
   EXPECT_EQ(text.substr(kChecksumKeyPrefix.size(), 8),
             Crc32cToHex(Crc32c(rest.data(), rest.size())));
@@ -406,7 +407,7 @@ TEST(MetadataCodecTest, EveryFlippedBitIsCaught) {
   Metadata md;
   md.world_size = 2;
   md.tensors["w"] = RowSharded(DType::kF32, {4, 3}, 2, "data-00000.safetensors");
-  md.objects["o"] = {"data-00001.safetensors", 0, 3, 1};
+  md.objects["o"] = {"data-00001.safetensors", 0, 3, 1, {}};
   md.scalars["step"] = int64_t{100};
   md.scalars["lr"] = 0.25;
   md.scalars["name"] = std::string("run-7");
@@ -512,6 +513,125 @@ TEST(MetadataCodecTest, WrongFormat) {
                  "not cairn metadata");
   ExpectRejected(DecodeEdited([](json& j) { j["format"] = 1; }).status(),
                  "not cairn metadata");
+}
+
+// ------------------------------------------------------------ block checksums
+
+// A version 3 metadata whose chunk and object span several blocks of 4096
+// bytes, with their block checksums.
+Metadata WithBlocks() {
+  Metadata md;
+  md.crc32c_block_bytes = 4096;
+  TensorMetadata t;
+  t.dtype = DType::kU8;
+  t.shape = {3 * 4096 + 5};
+  ChunkMetadata c;
+  c.box = Box::Full(t.shape);
+  c.location = {"data-00000.safetensors", 4096, 3 * 4096 + 5, 0x11,
+                {0xa, 0xb, 0xc, 0xd}};
+  t.chunks.push_back(c);
+  md.tensors["w"] = t;
+  md.objects["o"] = {"data-00000.safetensors", 20480, 8193, 0x22,
+                     {1, 2, 0xdeadbeef}};
+  md.objects["small"] = {"data-00000.safetensors", 40960, 4096, 0x33, {}};
+  return md;
+}
+
+// WithBlocks' JSON, changed by `edit`, resealed and decoded; the fast
+// decoder and the tree decoder must agree.
+absl::StatusOr<Metadata> DecodeBlocksEdited(
+    const std::function<void(json&)>& edit) {
+  json j = json::parse(Encoded(WithBlocks()));
+  j.erase("checksum");
+  edit(j);
+  const std::string text = WithMetadataChecksum(j.dump()).value();
+  ExpectSameAsTree(text);
+  return DecodeMetadata(text, kSource);
+}
+
+TEST(MetadataCodecTest, BlockChecksumsRoundTrip) {
+  const std::string text = Encoded(WithBlocks());
+  EXPECT_THAT(text, HasSubstr("\"crc32c_block_bytes\":4096,"));
+  EXPECT_THAT(text, HasSubstr("\"crc32c\":\"00000011\",\"crc32c_blocks\":"
+                              "\"0000000a0000000b0000000c0000000d\","));
+  EXPECT_THAT(text, HasSubstr("\"crc32c_blocks\":\"0000000100000002deadbeef\""));
+  absl::StatusOr<Metadata> back = DecodeMetadata(text, kSource);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, WithBlocks());
+  ExpectSameAsTree(text);
+  // Upper-case digits are accepted, as for crc32c.
+  back = DecodeBlocksEdited([](json& j) {
+    j["objects"]["o"]["crc32c_blocks"] = "0000000100000002DEADBEEF";
+  });
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->objects.at("o").block_crc32c.back(), 0xdeadbeefu);
+  // A location may go without them (it is then checked whole).
+  back = DecodeBlocksEdited(
+      [](json& j) { j["objects"]["o"].erase("crc32c_blocks"); });
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->objects.at("o").block_crc32c.empty());
+}
+
+TEST(MetadataCodecTest, BadBlockChecksumsAreDataLoss) {
+  auto chunk = [](json& j) -> json& { return j["tensors"]["w"]["chunks"][0]; };
+  struct Case {
+    const char* name;
+    std::function<void(json&)> edit;
+    const char* mention;
+  };
+  const std::vector<Case> cases = {
+      {"not hex", [&](json& j) {
+         chunk(j)["crc32c_blocks"] = "0000000a0000000b0000000c0000000g";
+       }, "hex digit"},
+      {"not groups of 8", [&](json& j) {
+         chunk(j)["crc32c_blocks"] = "0000000a0000000b0000000c000000d";
+       }, "groups of 8"},
+      {"empty", [&](json& j) { chunk(j)["crc32c_blocks"] = ""; },
+       "groups of 8"},
+      {"one too few", [&](json& j) {
+         chunk(j)["crc32c_blocks"] = "0000000a0000000b0000000c";
+       }, "has 3 checksums"},
+      {"one too many", [&](json& j) {
+         chunk(j)["crc32c_blocks"] = "0000000a0000000b0000000c0000000d00000000";
+       }, "has 5 checksums"},
+      {"on one block", [&](json& j) {
+         j["objects"]["small"]["crc32c_blocks"] = "00000033";
+       }, "one block or less"},
+      {"not a string", [&](json& j) {
+         chunk(j)["crc32c_blocks"] = json::array({10, 11, 12, 13});
+       }, "must be a string"},
+      {"block size missing",
+       [&](json& j) { j.erase("crc32c_block_bytes"); }, "crc32c_block_bytes"},
+      {"block size not a power of two",
+       [&](json& j) { j["crc32c_block_bytes"] = 6144; }, "power of two"},
+      {"block size too small",
+       [&](json& j) { j["crc32c_block_bytes"] = 2048; }, "power of two"},
+      {"block size changed under the counts",
+       [&](json& j) { j["crc32c_block_bytes"] = 8192; }, "checksums"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ExpectRejected(DecodeBlocksEdited(c.edit).status(), c.mention);
+  }
+}
+
+// Before version 3 the block members are unknown fields, ignored; an
+// encoder refuses to write block checksums into an older version.
+TEST(MetadataCodecTest, BlockChecksumsBelongToVersion3) {
+  absl::StatusOr<Metadata> back =
+      DecodeBlocksEdited([](json& j) { j["version"] = 2; });
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version, 2);
+  EXPECT_TRUE(back->tensors.at("w").chunks[0].location.block_crc32c.empty());
+  EXPECT_TRUE(back->objects.at("o").block_crc32c.empty());
+  Metadata v2 = WithBlocks();
+  v2.version = 2;
+  EXPECT_EQ(EncodeMetadata(v2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Metadata bad = WithBlocks();
+  bad.crc32c_block_bytes = 1000;
+  EXPECT_EQ(EncodeMetadata(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MetadataCodecTest, UnknownVersion) {
@@ -804,7 +924,7 @@ TEST(MetadataCodecTest, CorruptionNeverCrashes) {
   md.world_size = 2;
   md.tensors["w"] =
       RowSharded(DType::kF32, {4, 3}, 2, "data-00000.safetensors");
-  md.objects["o"] = {"data-00001.safetensors", 0, 3, 1};
+  md.objects["o"] = {"data-00001.safetensors", 0, 3, 1, {}};
   md.scalars["s"] = int64_t{1};
   md.scalars["d"] = 0.5;
   const std::string text = Encoded(md);
@@ -1152,7 +1272,7 @@ TEST(MetadataCodecTest, DamageInAnyPartGivesTheOnePassError) {
 TEST(MetadataCodecTest, EncoderWritesCanonicalJson) {
   Metadata md = SampleMetadata();
   md.tensors["caf\xc3\xa9 \"x\"\t"] = md.tensors.begin()->second;
-  md.objects["o\\bj"] = md.objects.empty() ? ByteLocation{"data-00000.safetensors", 0, 1, 2}
+  md.objects["o\\bj"] = md.objects.empty() ? ByteLocation{"data-00000.safetensors", 0, 1, 2, {}}
                                             : md.objects.begin()->second;
   const std::string text = Encoded(md);
   // The file ends with a newline after the document.
@@ -1178,7 +1298,7 @@ TEST(MetadataCodecTest, ManyChunksEncodeTheSameOnSeveralThreads) {
       chunk.box = Box{{c * 3}, {3}};
       chunk.location = ByteLocation{
           absl::StrCat("d", c % 64), static_cast<uint64_t>(c) * 4099 * 1000003,
-          6, static_cast<uint32_t>(c * 2654435761u)};
+          6, static_cast<uint32_t>(c * 2654435761u), {}};
       t.chunks.push_back(std::move(chunk));
     }
   }
@@ -1284,7 +1404,7 @@ TEST(MetadataCodecTest, AllCoverageReportsTheFirstFailingTensor) {
       tm.shape = {chunks * 2};
       for (int64_t c = 0; c < chunks; ++c) {
         tm.chunks.push_back({Box{{c * 2}, {2}},
-                             ByteLocation{"data-00000.safetensors", 0, 8, 0}});
+                             ByteLocation{"data-00000.safetensors", 0, 8, 0, {}}});
       }
     }
     EXPECT_TRUE(ValidateAllCoverage(md).ok()) << chunks;
@@ -1322,7 +1442,7 @@ TensorMetadata Grid(int64_t rows, int64_t cols, int64_t br, int64_t bc) {
       ChunkMetadata chunk;
       chunk.box = {{r, c}, {std::min(br, rows - r), std::min(bc, cols - c)}};
       chunk.location = {"f", 0, static_cast<uint64_t>(chunk.box.num_elements()),
-                        0};
+                        0, {}};
       t.chunks.push_back(chunk);
     }
   }
@@ -1415,7 +1535,7 @@ TEST(MetadataCodecTest, AgainstFileSizes) {
   Metadata md;
   md.tensors["w"] = RowSharded(DType::kF32, {4, 2}, 2, "data-00000.safetensors",
                                4096);  // [4096, 4112), [4112, 4128)
-  md.objects["o"] = {"data-00001.safetensors", 100, 50, 0};
+  md.objects["o"] = {"data-00001.safetensors", 100, 50, 0, {}};
   std::map<std::string, uint64_t> sizes = {{"data-00000.safetensors", 4128},
                                            {"data-00001.safetensors", 150}};
   EXPECT_TRUE(ValidateAgainstFileSizes(md, sizes).ok());
@@ -1457,11 +1577,11 @@ TEST(MetadataCodecTest, DisjointLocations) {
                                4128);  // [4128, 4144): adjacent is fine
   md.tensors["x"] = RowSharded(DType::kF32, {2, 2}, 1, "data-00001.safetensors",
                                4096);  // same offsets, other file
-  md.objects["o"] = {"data-00000.safetensors", 100, 50, 0};
+  md.objects["o"] = {"data-00000.safetensors", 100, 50, 0, {}};
   // Zero-byte chunks and objects share no byte, wherever they point.
   md.tensors["e"] = RowSharded(DType::kF32, {0, 2}, 1, "data-00000.safetensors",
                                4100);
-  md.objects["empty"] = {"data-00000.safetensors", 4100, 0, 0};
+  md.objects["empty"] = {"data-00000.safetensors", 4100, 0, 0, {}};
   EXPECT_TRUE(ValidateDisjointLocations(md).ok());
 
   // A chunk that reads another tensor's bytes: both named.
