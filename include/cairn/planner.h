@@ -16,7 +16,9 @@
 //   FinishPlan(my final plan)
 //   ResolveDestination(item), once per item, before any read
 //   CommitChunk(item), once per item, after its bytes landed and passed
-//   their checksum
+//   the checks this rank makes alone (whole chunks); checks of parts
+//   combined across ranks, and of slices, come after it (the load then
+//   fails on every rank), so act on the bytes only once Load returned OK
 //
 // CreateGlobalPlan must be a pure function of the local plans: the save plan
 // cache reuses its result whenever every rank's local plan is unchanged.
