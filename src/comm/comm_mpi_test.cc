@@ -36,18 +36,6 @@ std::unique_ptr<Communicator> World() {
   return comm.ok() ? *std::move(comm) : nullptr;
 }
 
-int WorldRank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int WorldSize() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
 // `comm` works on a duplicate of `of` (same group, another context) whose
 // errors are returned, not fatal.
 void ExpectOwnDuplicate(const Communicator& comm, MPI_Comm of) {

@@ -46,18 +46,6 @@ constexpr int kReleaseTag = 4242;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
-int WorldRank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int WorldSize() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
 std::unique_ptr<Communicator> WorldWithTimeout(absl::Duration timeout) {
   MpiOptions options;
   options.collective_timeout = timeout;

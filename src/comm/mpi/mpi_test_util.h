@@ -13,6 +13,19 @@
 
 namespace cairn::internal_comm {
 
+// This process's rank and the size of MPI_COMM_WORLD.
+inline int WorldRank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+inline int WorldSize() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
 // Prints each failed check with its rank: only rank 0 keeps gtest's usual
 // output, so the others would otherwise fail silently.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
