@@ -658,6 +658,11 @@ struct Outside {
   }
 };
 
+// A symbolic link at `at` to `target`.
+void PlantLink(const std::string& target, const std::string& at) {
+  ASSERT_EQ(::symlink(target.c_str(), at.c_str()), 0) << at;
+}
+
 std::span<const std::byte> Bytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
@@ -665,9 +670,8 @@ std::span<const std::byte> Bytes(std::string_view s) {
 TEST(FileStorageTest, CreateNeverTruncatesOrWritesThroughALink) {
   TempDir dir;
   Outside outside;
-  ASSERT_EQ(::symlink(outside.path.c_str(),
-                      (dir.path() + "/data-00000.safetensors").c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(
+      PlantLink(outside.path, dir.path() + "/data-00000.safetensors"));
   StorageOptions o;
   o.direct_io = false;
   auto storage = Storage::Open(dir.path(), o);
@@ -698,9 +702,8 @@ TEST(FileStorageTest, NoLinkedDirectoryIsFollowed) {
   TempDir dir;
   Outside outside;
   // rank-00003 -> a folder elsewhere.
-  ASSERT_EQ(::symlink(outside.dir.path().c_str(),
-                      (dir.path() + "/rank-00003").c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(
+      PlantLink(outside.dir.path(), dir.path() + "/rank-00003"));
   auto storage = Storage::Open(dir.path());
   ASSERT_TRUE(storage.ok());
   EXPECT_EQ((*storage)->Create("rank-00003/new").status().code(),
@@ -719,9 +722,8 @@ TEST(FileStorageTest, NoLinkedDirectoryIsFollowed) {
 TEST(FileStorageTest, ReadersRefuseLinksAndSayWhy) {
   TempDir dir;
   Outside outside;
-  ASSERT_EQ(::symlink(outside.path.c_str(),
-                      (dir.path() + "/data-00000.safetensors").c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(
+      PlantLink(outside.path, dir.path() + "/data-00000.safetensors"));
   auto storage = Storage::Open(dir.path());
   ASSERT_TRUE(storage.ok());
   auto read = (*storage)->OpenForRead("data-00000.safetensors");
@@ -735,9 +737,8 @@ TEST(FileStorageTest, ReadersRefuseLinksAndSayWhy) {
   ASSERT_TRUE((*storage)->Remove("data-00000.safetensors").ok());
   EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
   // WriteAtomically replaces a link by a file; the target stays.
-  ASSERT_EQ(::symlink(outside.path.c_str(),
-                      (dir.path() + "/metadata.json").c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(
+      PlantLink(outside.path, dir.path() + "/metadata.json"));
   ASSERT_TRUE((*storage)->WriteAtomically("metadata.json", "new").ok());
   EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
   EXPECT_EQ(ReadFileDirectly(dir.path() + "/metadata.json"), "new");
@@ -783,9 +784,7 @@ TEST(FileStorageTest, OneLockHolderAtATime) {
   // The lock file is not a file of the checkpoint's data, but it is a
   // regular file: a link in its place is refused.
   Outside outside;
-  ASSERT_EQ(::symlink(outside.path.c_str(),
-                      (dir.path() + "/other.lock").c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(PlantLink(outside.path, dir.path() + "/other.lock"));
   EXPECT_EQ((*a)->TryLock("other.lock").status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReadFileDirectly(outside.path), "precious");
@@ -869,10 +868,9 @@ TEST(FileStorageTest, DirectoriesAndSymlinksAreNotFiles) {
   auto storage = Storage::Open(dir.path());
   ASSERT_TRUE(storage.ok());
   ASSERT_TRUE((*storage)->WriteAtomically("d/real", "r").ok());
-  ASSERT_EQ(::symlink((dir.path() + "/d/real").c_str(),
-                      (dir.path() + "/link").c_str()),
-            0);
-  ASSERT_EQ(::symlink(dir.path().c_str(), (dir.path() + "/loop").c_str()), 0);
+  ASSERT_NO_FATAL_FAILURE(
+      PlantLink(dir.path() + "/d/real", dir.path() + "/link"));
+  ASSERT_NO_FATAL_FAILURE(PlantLink(dir.path(), dir.path() + "/loop"));
   auto names = (*storage)->List();
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_THAT(*names, ElementsAre("d/real"));

@@ -559,17 +559,9 @@ class MpiComm final : public Communicator {
     const SteadyTime spin_until = std::chrono::steady_clock::now() + kSpinFor;
     std::chrono::microseconds pause(10);
     for (;;) {
-      {
-        std::unique_lock<std::mutex> lock = LockIf(serializer_);
-        int done = 0;
-        const int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-        // A request that failed is complete: nothing is left pending.
-        if (rc != MPI_SUCCESS) {
-          return internal_core::Annotate(MpiErrorToStatus(rc, mpi_function),
-                                         Context(op));
-        }
-        if (done) return absl::OkStatus();
-        Serve(nullptr);
+      if (std::optional<absl::Status> ended =
+              TestAndServe(request, op, mpi_function, nullptr)) {
+        return *ended;
       }
       if (!verdict_.ok()) {
         Abandon(std::move(keep));
@@ -617,17 +609,12 @@ class MpiComm final : public Communicator {
     };
     while (!settled() && verdict_.ok() &&
            std::chrono::steady_clock::now() < until) {
-      {
-        std::unique_lock<std::mutex> lock = LockIf(serializer_);
-        int done = 0;
-        const int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) {
-          return internal_core::Annotate(MpiErrorToStatus(rc, mpi_function),
-                                         Context(op));
-        }
-        if (done) return absl::OkStatus();
-        unanswered -= Serve(&answers);
+      int answered = 0;
+      if (std::optional<absl::Status> ended =
+              TestAndServe(request, op, mpi_function, &answers, &answered)) {
+        return *ended;
       }
+      unanswered -= answered;
       std::this_thread::sleep_for(kMaxPause);
     }
     Abandon(std::move(keep));
@@ -688,6 +675,28 @@ class MpiComm final : public Communicator {
   // answers queries, records verdicts in verdict_ and, when `answers` is
   // given, answers to this rank's query in it. Returns how many new
   // answers it recorded.
+  // One MPI_Test of `request` under the serializer, then Serve(answers)
+  // (its count in `*answered`, when given). The collective's outcome once
+  // the request has completed (a request that failed is complete too:
+  // nothing is left pending); nullopt while it is pending.
+  std::optional<absl::Status> TestAndServe(MPI_Request& request,
+                                           std::string_view op,
+                                           std::string_view mpi_function,
+                                           std::vector<int64_t>* answers,
+                                           int* answered = nullptr) {
+    std::unique_lock<std::mutex> lock = LockIf(serializer_);
+    int done = 0;
+    const int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      return internal_core::Annotate(MpiErrorToStatus(rc, mpi_function),
+                                     Context(op));
+    }
+    if (done) return absl::OkStatus();
+    const int served = Serve(answers);
+    if (answered != nullptr) *answered = served;
+    return std::nullopt;
+  }
+
   int Serve(std::vector<int64_t>* answers) {
     int recorded = 0;
     std::erase_if(outgoing_, [](Outgoing& o) {
