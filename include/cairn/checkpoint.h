@@ -127,6 +127,17 @@ struct SaveOptions {
   bool rank_local = false;
 };
 
+// Where a save's time went, in seconds, on this rank (phases of
+// src/checkpoint/save.cc).
+struct SavePhaseTimes {
+  double planning = 0;  // local and global plans (or the cache check)
+  double prepare = 0;   // the location's lock and the save id (coordinator);
+                        // waiting for them elsewhere
+  double write = 0;     // this rank's data file, written and synced
+  double commit = 0;    // gathering results, metadata.json (coordinator);
+                        // waiting for the outcome elsewhere
+};
+
 struct SaveResult {
   // This rank's part.
   uint64_t bytes_written = 0;  // data file bytes, headers included
@@ -136,6 +147,7 @@ struct SaveResult {
   uint64_t checkpoint_bytes = 0;  // data file bytes of all ranks
   int world_size = 1;
   bool plan_cache_hit = false;  // global planning was skipped
+  SavePhaseTimes phases;
   double seconds = 0;           // wall time of the whole save
 };
 
@@ -248,7 +260,9 @@ struct LoadResult {
 // Loads the checkpoint at `url` into `state`: tensor leaves are filled in
 // place (their dtype and global shape must match the checkpoint: else
 // kFailedPrecondition naming the FQN), object and scalar leaves are replaced
-// by the stored values.
+// by the stored values (either kind by either: a scalar leaf whose FQN holds
+// an object becomes that object, and the other way round; a tensor leaf
+// whose FQN holds no tensor is kFailedPrecondition).
 absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
                                 const LoadOptions& options = {});
 

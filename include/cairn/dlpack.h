@@ -8,6 +8,8 @@
 
 #include <dlpack/dlpack.h>
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "cairn/tensor.h"
 
@@ -27,6 +29,11 @@ absl::StatusOr<DLManagedTensor*> ToDLPack(const TensorView& view);
 // Like ToDLPack(view), but the managed tensor keeps `tensor`'s buffer alive
 // until its deleter runs.
 absl::StatusOr<DLManagedTensor*> ToDLPack(const Tensor& tensor);
+
+// Like ToDLPack(view), but the managed tensor holds `owner` (e.g. the buffer
+// of a Tensor of which `view` reinterprets the bytes) until its deleter runs.
+absl::StatusOr<DLManagedTensor*> ToDLPack(const TensorView& view,
+                                          std::shared_ptr<void> owner);
 
 }  // namespace cairn
 

@@ -213,6 +213,49 @@ TEST(CheckpointTest, DtypeShapeAndKindMismatchesNameTheFqn) {
   EXPECT_THAT(Msg(s3), HasSubstr("step"));
 }
 
+TEST(CheckpointTest, ScalarAndObjectLeavesTakeWhicheverIsStored) {
+  TempDir tmp;
+  StateDict sd;
+  sd["was_object"] = Object{"\x01\x02"};
+  sd["was_scalar"] = int64_t{42};
+  sd["t"] = Filled(DType::kF32, {4}, 1);
+  ASSERT_TRUE(Save(sd, tmp.path()).ok());
+  StateDict dst;
+  dst["was_object"] = int64_t{0};      // a scalar placeholder
+  dst["was_scalar"] = Object{"old"};   // an object placeholder
+  dst["t"] = int64_t{0};               // a tensor is never a scalar
+  absl::StatusOr<LoadResult> bad = Load(dst, tmp.path());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(bad.status()), HasSubstr("t: the destination is a scalar"));
+  StateDict ok;
+  ok["was_object"] = int64_t{0};
+  ok["was_scalar"] = Object{"old"};
+  absl::StatusOr<LoadResult> loaded =
+      Load(ok, tmp.path(), {.strict = true});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_NE(ok.Find("was_object")->object(), nullptr);
+  EXPECT_EQ(ok.Find("was_object")->object()->bytes, "\x01\x02");
+  ASSERT_NE(ok.Find("was_scalar")->scalar(), nullptr);
+  EXPECT_EQ(std::get<int64_t>(*ok.Find("was_scalar")->scalar()), 42);
+}
+
+TEST(CheckpointTest, SaveReportsWhereItsTimeWent) {
+  TempDir tmp;
+  Tensor t = Filled(DType::kF32, {256, 1024}, 5);
+  StateDict sd;
+  sd["w"] = t;
+  absl::StatusOr<SaveResult> saved = Save(sd, tmp.path());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const SavePhaseTimes& p = saved->phases;
+  EXPECT_GE(p.planning, 0);
+  EXPECT_GE(p.prepare, 0);
+  EXPECT_GT(p.write, 0);  // a 1 MiB file written and synced
+  EXPECT_GE(p.commit, 0);
+  const double sum = p.planning + p.prepare + p.write + p.commit;
+  EXPECT_GT(sum, 0);
+  EXPECT_LE(sum, saved->seconds + 1e-9);
+}
+
 TEST(CheckpointTest, SaveChecksCoverageBeforeWritingAnything) {
   TempDir tmp;
   std::vector<float> buf(16, 1.0f);

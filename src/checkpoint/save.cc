@@ -546,6 +546,13 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
                                     const SaveOptions& options,
                                     const Where& where) {
   const auto start = std::chrono::steady_clock::now();
+  // Seconds since the previous call (phase boundaries).
+  auto lap = [last = start]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - last).count();
+    last = now;
+    return s;
+  };
   const Ranks ranks(options.comm);
   Communicator* comm = &ranks.comm();
   const int rank = ranks.rank();
@@ -658,6 +665,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   absl::StatusOr<SavePlan> finished = planner.FinishPlan(final_plan);
   absl::Status write_status = finished.status();
 
+  result.phases.planning = lap();
+
   // 3. Prepare the location; the coordinator holds its lock from here on.
   std::unique_ptr<Storage::Lock> lock;
   std::string save_id;
@@ -683,6 +692,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
           "\" is not 1 to 64 characters of [0-9A-Za-z_-]"));
     }
   }
+
+  result.phases.prepare = lap();
 
   // 4. Write this rank's data file.
   WriteReport report;
@@ -710,6 +721,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     }
   }
   report.scalars = local_plan.scalars;
+  result.phases.write = lap();
 
   // 5. Commit.
   // The coordinator always reaches the broadcast below, error or not, so no
@@ -766,6 +778,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   ByteReader r(outcome, "commit summary");
   result.checkpoint_bytes = r.U64();
   CAIRN_RETURN_IF_ERROR(r.status());
+  result.phases.commit = lap();
   result.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - start)
                        .count();

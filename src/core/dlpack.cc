@@ -190,4 +190,9 @@ absl::StatusOr<DLManagedTensor*> ToDLPack(const Tensor& tensor) {
   return MakeManaged(tensor.view(), tensor.buffer());
 }
 
+absl::StatusOr<DLManagedTensor*> ToDLPack(const TensorView& view,
+                                          std::shared_ptr<void> owner) {
+  return MakeManaged(view, std::move(owner));
+}
+
 }  // namespace cairn

@@ -204,5 +204,22 @@ TEST(DLPackTest, ToDLPackOfTensorKeepsBufferAlive) {
   EXPECT_TRUE(weak.expired());
 }
 
+TEST(DLPackTest, ToDLPackWithOwnerReinterpretsAndKeepsOwnerAlive) {
+  auto tensor = Tensor::Zeros(DType::kBF16, {2, 3});
+  ASSERT_TRUE(tensor.ok());
+  std::weak_ptr<void> weak = tensor->buffer();
+  // The bytes of a BF16 tensor as U16, as the Python module hands them out.
+  TensorView bits(tensor->data(), DType::kU16, tensor->shape());
+  auto managed = ToDLPack(bits, tensor->buffer());
+  ASSERT_TRUE(managed.ok());
+  *tensor = Tensor();
+  EXPECT_FALSE(weak.expired());
+  EXPECT_EQ((*managed)->dl_tensor.dtype.code, kDLUInt);
+  EXPECT_EQ((*managed)->dl_tensor.dtype.bits, 16);
+  EXPECT_EQ((*managed)->dl_tensor.shape[1], 3);
+  (*managed)->deleter(*managed);
+  EXPECT_TRUE(weak.expired());
+}
+
 }  // namespace
 }  // namespace cairn

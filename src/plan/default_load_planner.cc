@@ -72,19 +72,21 @@ absl::Status DefaultLoadPlanner::SetUp(StateDict& state,
     std::string stored = StoredName(leaf.fqn);
     requested.insert(stored);
     StateDict& node = *leaf.node;
-    if (Scalar* s = node.scalar()) {
-      auto it = metadata.scalars.find(stored);
-      if (it == metadata.scalars.end()) {
-        CAIRN_RETURN_IF_ERROR(absent(leaf.fqn, stored, "a scalar"));
-        continue;
+    if (node.scalar() != nullptr || node.object() != nullptr) {
+      // A scalar or object leaf takes whichever of the two is stored (a
+      // Python int too large for int64 is stored as an object, say).
+      if (auto it = metadata.scalars.find(stored);
+          it != metadata.scalars.end()) {
+        node = StateDict(it->second);
+      } else if (metadata.objects.contains(stored)) {
+        if (node.object() == nullptr) node = StateDict(Object{});
+        targets_.push_back(Target{leaf.fqn, stored, nullptr, 0, node.object()});
+      } else {
+        CAIRN_RETURN_IF_ERROR(absent(leaf.fqn, stored,
+                                     node.scalar() != nullptr
+                                         ? "a scalar"
+                                         : "a byte object"));
       }
-      *s = it->second;
-    } else if (Object* o = node.object()) {
-      if (!metadata.objects.contains(stored)) {
-        CAIRN_RETURN_IF_ERROR(absent(leaf.fqn, stored, "a byte object"));
-        continue;
-      }
-      targets_.push_back(Target{leaf.fqn, stored, nullptr, 0, o});
     } else if (ShardedTensor* t = node.tensor()) {
       auto it = metadata.tensors.find(stored);
       if (it == metadata.tensors.end()) {

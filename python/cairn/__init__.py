@@ -1,0 +1,40 @@
+"""cairn: distributed checkpointing of sharded tensor state.
+
+    import cairn
+    cairn.save(state_dict, "/ckpt/step-100")          # any ranks, any sharding
+    cairn.load(state_dict, "/ckpt/step-100")          # in place, resharded
+    sd = cairn.load_all("/ckpt/step-100")             # everything, one process
+
+Ranks: in a torch.distributed job (torchrun) cairn talks over a gloo group
+of its own; under mpirun pass comm=cairn.mpi_world(). A DCP user switches
+with cairn.torch.StorageWriter / StorageReader. See docs/python.md.
+"""
+
+from . import _cairn
+from ._api import (AsyncSaver, CheckpointManager, LoadResult, SaveFuture,
+                   SavePlanCache, SaveResult, load, load_all, merge,
+                   read_metadata, save)
+from ._comm import TorchCommunicator, local, mpi_world
+from ._errors import (AbortedError, AlreadyExistsError, CancelledError,
+                      DataLossError, DeadlineExceededError, Error,
+                      FailedPreconditionError, InternalError,
+                      InvalidArgumentError, NotFoundError, OutOfRangeError,
+                      PermissionDeniedError, ResourceExhaustedError,
+                      UnavailableError, UnimplementedError)
+
+__version__ = _cairn.__version__
+FORMAT_VERSION = _cairn.FORMAT_VERSION
+Communicator = _cairn.Communicator
+has_mpi = _cairn.has_mpi
+
+__all__ = [
+    "AbortedError", "AlreadyExistsError", "AsyncSaver", "CancelledError",
+    "CheckpointManager", "Communicator", "DataLossError",
+    "DeadlineExceededError", "Error", "FailedPreconditionError",
+    "FORMAT_VERSION", "InternalError", "InvalidArgumentError", "LoadResult",
+    "NotFoundError", "OutOfRangeError", "PermissionDeniedError",
+    "ResourceExhaustedError", "SaveFuture", "SavePlanCache", "SaveResult",
+    "TorchCommunicator", "UnavailableError", "UnimplementedError",
+    "has_mpi", "load", "load_all", "local", "merge", "mpi_world",
+    "read_metadata", "save",
+]

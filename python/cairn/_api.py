@@ -1,0 +1,320 @@
+"""cairn's Python API: the C++ API in Python's idiom (include/cairn/)."""
+
+import atexit
+import json
+import threading
+import time
+import weakref
+
+from . import _cairn, _comm, _state
+from ._errors import InvalidArgumentError
+
+SaveResult = _cairn.SaveResult
+LoadResult = _cairn.LoadResult
+SavePlanCache = _cairn.SavePlanCache
+
+
+def _user_json(user_metadata):
+    if user_metadata is None:
+        return "{}"
+    if isinstance(user_metadata, str):
+        return user_metadata
+    return json.dumps(user_metadata)
+
+
+def _save_kwargs(overwrite, save_id, rank_local, user_metadata, extra):
+    kw = dict(extra)
+    kw.update(overwrite=overwrite, rank_local=rank_local,
+              user_metadata=_user_json(user_metadata))
+    if save_id is not None:
+        kw["save_id"] = save_id
+    return kw
+
+
+def save(state_dict, path, *, comm=None, rank_local=False, plan_cache=None,
+         overwrite=False, save_id=None, user_metadata=None, **options):
+    """Saves `state_dict` to the folder `path`; every rank of `comm` calls it
+    with its own part of the state.
+
+    `state_dict`: nested dicts and lists of torch tensors, DTensors (any
+    mesh and placements but Partial), NumPy arrays, int/float/bool/str
+    (scalars), bytes, and other picklable objects (pickled). Replicated
+    boxes are written once. Nothing is committed unless every rank
+    succeeds; then metadata.json is written last, atomically.
+
+    `comm`: see cairn.local(); None means the torch.distributed job when
+    one is initialized. `rank_local`: each rank writes its own folder with
+    no collective but the save id's broadcast (see merge()). `plan_cache`:
+    a cairn.SavePlanCache that skips global planning when nothing changed.
+    `overwrite`: replace a committed checkpoint (it stays loadable until
+    the new one commits). `user_metadata`: a JSON-able dict kept in
+    metadata.json. Further options (io_threads, direct_io,
+    write_buffer_bytes, crc32c_block_bytes, dedup) are SaveOptions'
+    (include/cairn/checkpoint.h).
+
+    Returns a cairn.SaveResult (this rank's bytes, the checkpoint's bytes,
+    seconds, and `phases`). Raises a cairn.Error subclass naming the FQN,
+    file or rank on failure.
+    """
+    prepared = _state.Prepared(state_dict, for_load=False)
+    kw = _save_kwargs(overwrite, save_id, rank_local, user_metadata, options)
+    return _cairn.save(prepared.tree, str(path), _comm.resolve(comm),
+                       plan_cache, **kw)
+
+
+def load(state_dict, path, *, comm=None, strict=True, allow_pickle=True,
+         **options):
+    """Loads the checkpoint at `path` into `state_dict` in place.
+
+    Tensors, DTensors and arrays are filled in place, whatever their
+    sharding (each rank reads only the bytes its shards need); their dtype
+    and global shape must match the checkpoint's. Scalars and objects are
+    replaced in their dicts and lists. With `strict` every leaf must be in
+    the checkpoint (cairn.NotFoundError naming it); otherwise missing ones
+    are left alone and listed in the result's `missing`. Objects that were
+    pickled are unpickled (only load checkpoints you trust, or pass
+    allow_pickle=False to get their bytes).
+
+    Every byte returned is checked against its CRC32C (verify_checksums,
+    default True). On failure, tensors may be partly written; scalars and
+    objects are untouched. Further options (io_threads, rank_local,
+    broadcast_replicas, ...) are LoadOptions'. Returns a cairn.LoadResult.
+    """
+    prepared = _state.Prepared(state_dict, for_load=True)
+    result, values = _cairn.load(prepared.tree, str(path), _comm.resolve(comm),
+                                 strict=strict, **options)
+    prepared.put_back(values, result.missing, allow_pickle)
+    return result
+
+
+def load_all(path, framework="torch", *, allow_pickle=True, **options):
+    """Everything in the checkpoint, as newly allocated whole tensors
+    (framework="torch") or NumPy arrays ("numpy"), in the saved nesting.
+    One process. NumPy has no bfloat16 or float8: those need ml_dtypes,
+    else framework="torch"."""
+    if framework not in ("torch", "numpy"):
+        raise InvalidArgumentError(
+            f"framework must be 'torch' or 'numpy', not {framework!r}")
+    tree = _cairn.load_all(str(path), **options)
+    return _state.from_loaded(tree, framework, allow_pickle)
+
+
+def read_metadata(path):
+    """The checkpoint's metadata.json, checked (its checksum and every
+    field), as a dict: tensors (dtype, shape, chunks), objects, scalars,
+    structure and user (parsed JSON), save_id, world_size, ..."""
+    md = _cairn.read_metadata(str(path))
+    md["structure"] = json.loads(md["structure"])
+    md["user"] = json.loads(md["user"])
+    return md
+
+
+def merge(path, *, overwrite=False):
+    """Turns a rank-local checkpoint (save(..., rank_local=True)) into a
+    global one that any number of ranks can load, without copying data.
+    Returns a dict: ranks, data_bytes, duplicates, metadata."""
+    result = _cairn.merge(str(path), overwrite)
+    result["metadata"]["structure"] = json.loads(
+        result["metadata"]["structure"])
+    result["metadata"]["user"] = json.loads(result["metadata"]["user"])
+    return result
+
+
+class SaveFuture:
+    """The outcome of an asynchronous save."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def done(self):
+        """True once the save has committed or failed."""
+        return self._handle.done()
+
+    def result(self, timeout=None):
+        """Waits for the save and returns its cairn.SaveResult (or raises its
+        error). With `timeout` (seconds), raises TimeoutError if it is not
+        done by then."""
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            while not self._handle.done():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"save not done after {timeout} s")
+                time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        return self._handle.wait()
+
+    def exception(self, timeout=None):
+        """The save's error, or None once it succeeded."""
+        try:
+            self.result(timeout)
+            return None
+        except TimeoutError:
+            raise
+        except Exception as e:  # noqa: BLE001 - returned, not swallowed
+            return e
+
+    @property
+    def blocked_seconds(self):
+        """Seconds save() blocked the caller (waiting for a slot, staging)."""
+        return self._handle.blocked_seconds
+
+
+# Savers and managers still open at exit are waited for while the
+# interpreter can still run their collectives.
+_open = weakref.WeakSet()
+_open_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all():
+    with _open_lock:
+        live = list(_open)
+    for obj in live:
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - at exit, nothing to raise to
+            pass
+
+
+class AsyncSaver:
+    """Saves that return once the state is staged (copied to host buffers
+    that are reused from save to save; CUDA tensors through pinned memory),
+    so training goes on while the checkpoint is written. The checkpoint
+    holds the values from when save() was called.
+
+    Collective over `comm` (like save); every rank makes the same calls in
+    the same order. Use as a context manager, or call close().
+    """
+
+    def __init__(self, comm=None, *, max_in_flight=1, max_cached_bytes=None):
+        self._impl = _cairn.AsyncSaver(_comm.resolve(comm), max_in_flight,
+                                       max_cached_bytes)
+        with _open_lock:
+            _open.add(self)
+
+    def save(self, state_dict, path, *, overwrite=False, save_id=None,
+             user_metadata=None, **options):
+        """Stages `state_dict` and saves it to `path` in the background;
+        returns a SaveFuture. A failure of an earlier save that nobody
+        waited for is raised here."""
+        self._check_open()
+        prepared = _state.Prepared(state_dict, for_load=False)
+        kw = _save_kwargs(overwrite, save_id, False, user_metadata, options)
+        return SaveFuture(self._impl.save(prepared.tree, str(path), **kw))
+
+    def wait(self):
+        """Waits for every save in flight; raises the first error not yet
+        seen."""
+        self._check_open()
+        self._impl.wait_all()
+
+    @property
+    def in_flight(self):
+        return self._impl.in_flight
+
+    @property
+    def staging_bytes(self):
+        """Bytes of staging buffers kept for reuse."""
+        return self._impl.staging_bytes
+
+    @property
+    def staging_allocations(self):
+        """Staging buffers allocated so far (stays put once warm)."""
+        return self._impl.staging_allocations
+
+    def close(self):
+        """Waits for the saves in flight and frees the staging buffers."""
+        if self._impl is None:
+            return
+        try:
+            self._impl.wait_all()
+        finally:
+            self._impl = None
+
+    def _check_open(self):
+        if self._impl is None:
+            raise InvalidArgumentError("the AsyncSaver is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CheckpointManager:
+    """A root folder of step-numbered checkpoints (root/step-0000000100/),
+    saved asynchronously by default, with retention (`keep_last` newest,
+    and every step divisible by `keep_every`), and restore of the latest
+    committed step after a crash.
+
+    Collective over `comm`; every rank makes the same calls in the same
+    order. `save_options` and `load_options` are keyword options of save()
+    and load() (e.g. {"io_threads": 4}).
+    """
+
+    def __init__(self, root, comm=None, *, keep_last=3, keep_every=0,
+                 async_save=True, max_in_flight=1, save_options=None,
+                 load_options=None, allow_pickle=True):
+        self._allow_pickle = allow_pickle
+        save_options = dict(save_options or {})
+        if "user_metadata" in save_options:
+            save_options["user_metadata"] = _user_json(
+                save_options["user_metadata"])
+        self._impl = _cairn.CheckpointManager(
+            str(root), _comm.resolve(comm), keep_last, keep_every, async_save,
+            max_in_flight, save_options, dict(load_options or {}))
+        with _open_lock:
+            _open.add(self)
+
+    def save(self, step, state_dict):
+        """Saves `state_dict` as `step`; returns a SaveFuture (already done
+        when async_save is False)."""
+        self._check_open()
+        prepared = _state.Prepared(state_dict, for_load=False)
+        return SaveFuture(self._impl.save(int(step), prepared.tree))
+
+    def restore(self, state_dict, step=None):
+        """Loads `step` (default: the newest committed) into `state_dict`
+        in place, like load(). cairn.NotFoundError when there is none."""
+        self._check_open()
+        prepared = _state.Prepared(state_dict, for_load=True)
+        result, values = self._impl.restore(prepared.tree, step)
+        prepared.put_back(values, result.missing, self._allow_pickle)
+        return result
+
+    def steps(self):
+        """Committed steps, ascending."""
+        self._check_open()
+        return self._impl.steps()
+
+    def latest_step(self):
+        """The newest committed step, or None."""
+        self._check_open()
+        return self._impl.latest_step()
+
+    def step_dir(self, step):
+        self._check_open()
+        return self._impl.step_dir(int(step))
+
+    def wait(self):
+        """Waits for saves in flight, then applies retention."""
+        self._check_open()
+        self._impl.wait()
+
+    def close(self):
+        if self._impl is None:
+            return
+        try:
+            self._impl.wait()
+        finally:
+            self._impl = None
+
+    def _check_open(self):
+        if self._impl is None:
+            raise InvalidArgumentError("the CheckpointManager is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,263 @@
+"""Turning Python state dicts into what the C++ library takes, and back.
+
+A state dict is a nest of dicts (str keys) and lists whose leaves are
+torch tensors (DTensors and Parameters included), NumPy arrays, Python
+int/float/bool/str (stored as cairn scalars), bytes (stored as they are, as
+cairn objects) and any other picklable object (pickled into an object).
+Tuples are leaves too (pickled), since they cannot be filled in place.
+
+Tensors cross to C++ by DLPack without a copy. They cross as integers of
+the element's width (a bf16 tensor as int16, say) beside the dtype's name,
+so dtypes that a framework's DLPack cannot name (float8, bfloat16 in NumPy)
+need no special path.
+"""
+
+import pickle
+import sys
+
+import numpy as np
+
+from . import _cairn
+from ._errors import InvalidArgumentError
+
+# Objects that are not plain bytes are stored pickled, behind this prefix;
+# plain bytes that happen to start with it are pickled too, so a stored
+# object decodes one way only.
+PICKLE_MAGIC = b"\x00cairn-pickle\x00"
+# Objects written through the DCP plugin: torch.save's bytes.
+TORCH_MAGIC = b"\x00cairn-torch\x00"
+
+_TORCH_NAMES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+_NUMPY_NAMES = dict(_TORCH_NAMES)  # NumPy's dtype names are the same
+_CAIRN_TO_NAME = {v: k for k, v in _TORCH_NAMES.items()}
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_torch_tensor(x):
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _dtensor_type():
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
+    return sys.modules["torch.distributed.tensor"].DTensor
+
+
+def torch_dtype_name(dtype, fqn):
+    name = str(dtype).removeprefix("torch.")
+    cairn_name = _TORCH_NAMES.get(name)
+    if cairn_name is None:
+        raise InvalidArgumentError(
+            f"'{fqn}': dtype {dtype} is not one cairn stores "
+            f"(it stores {', '.join(sorted(_TORCH_NAMES))})")
+    return cairn_name
+
+
+def torch_dtype(cairn_name):
+    return getattr(_torch(), _CAIRN_TO_NAME[cairn_name])
+
+
+def _torch_bits(t):
+    """`t`'s bytes as an integer tensor of the element's width."""
+    torch = _torch()
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().view(bits[t.element_size()])
+
+
+def numpy_dtype_name(dtype, fqn):
+    # ml_dtypes' bfloat16 and float8 arrays have those names too.
+    cairn_name = _NUMPY_NAMES.get(dtype.name)
+    if cairn_name is None:
+        raise InvalidArgumentError(
+            f"'{fqn}': NumPy dtype {dtype} is not one cairn stores")
+    return cairn_name
+
+
+def numpy_dtype(cairn_name, fqn):
+    name = _CAIRN_TO_NAME[cairn_name]
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise InvalidArgumentError(
+                f"'{fqn}' is {cairn_name}, which NumPy has no dtype for: "
+                f"load it with framework='torch', or install ml_dtypes"
+            ) from None
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def _numpy_bits(a):
+    bits = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+    return a.view(bits[a.dtype.itemsize])
+
+
+def _dtensor_leaf(dt, fqn):
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor._utils import (
+        compute_local_shape_and_global_offset)
+
+    if any(isinstance(p, Partial) for p in dt.placements):
+        raise InvalidArgumentError(
+            f"'{fqn}': a DTensor with Partial placements "
+            f"({dt.placements}) holds partial sums, not values: "
+            f"redistribute it to Shard or Replicate first")
+    name = torch_dtype_name(dt.dtype, fqn)
+    shape = list(dt.shape)
+    local = dt.to_local()
+    shards = []
+    if dt.device_mesh.get_coordinate() is not None:
+        local_shape, offsets = compute_local_shape_and_global_offset(
+            dt.shape, dt.device_mesh, dt.placements)
+        if list(local.shape) != list(local_shape):
+            raise InvalidArgumentError(
+                f"'{fqn}': the DTensor's local tensor has shape "
+                f"{list(local.shape)}, its placements give {list(local_shape)}")
+        # An empty local shard (uneven sharding) holds nothing to store;
+        # a tensor with no elements at all is stored by its holders.
+        if local.numel() > 0 or dt.numel() == 0:
+            shards.append((list(offsets), list(local_shape), _torch_bits(local)))
+    return _cairn.Sharded(name, shape, shards)
+
+
+def tensor_leaf(x, fqn):
+    """A `_cairn.Sharded` for a tensor, DTensor or array leaf; None if `x`
+    is no tensor."""
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(x, dtensor):
+        return _dtensor_leaf(x, fqn)
+    if _is_torch_tensor(x):
+        if x.is_sparse or x.layout != _torch().strided:
+            raise InvalidArgumentError(
+                f"'{fqn}': only dense (strided) tensors are stored, "
+                f"not {x.layout}")
+        name = torch_dtype_name(x.dtype, fqn)
+        shape = list(x.shape)
+        return _cairn.Sharded(name, shape,
+                              [([0] * len(shape), shape, _torch_bits(x))])
+    if isinstance(x, np.ndarray):
+        name = numpy_dtype_name(x.dtype, fqn)
+        shape = list(x.shape)
+        return _cairn.Sharded(name, shape,
+                              [([0] * len(shape), shape, _numpy_bits(x))])
+    return None
+
+
+def encode_object(value):
+    """The bytes stored for a non-tensor, non-scalar leaf."""
+    if isinstance(value, bytes) and not value.startswith(PICKLE_MAGIC):
+        return value
+    return PICKLE_MAGIC + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_object(data, allow_pickle=True):
+    """The value stored as `data` (see encode_object)."""
+    if data.startswith(PICKLE_MAGIC):
+        if not allow_pickle:
+            return data
+        return pickle.loads(data[len(PICKLE_MAGIC):])
+    if data.startswith(TORCH_MAGIC):
+        if not allow_pickle:
+            return data
+        import io
+
+        import torch
+        return torch.load(io.BytesIO(data[len(TORCH_MAGIC):]),
+                          weights_only=False)
+    return data
+
+
+def _is_scalar(x):
+    return isinstance(x, (bool, float, str)) or (
+        isinstance(x, int) and -(1 << 63) <= x < (1 << 63))
+
+
+def _child(fqn, key):
+    return key if not fqn else f"{fqn}.{key}"
+
+
+class Prepared:
+    """A state dict as the C++ library takes it, and where its non-tensor
+    leaves go back (for loads)."""
+
+    def __init__(self, state_dict, for_load):
+        self.for_load = for_load
+        # FQN -> (container, key) of each scalar or object leaf.
+        self.values = {}
+        if not isinstance(state_dict, dict):
+            raise InvalidArgumentError(
+                f"a state dict is a dict, not {type(state_dict).__name__}")
+        self.tree = self._walk(state_dict, "", None, None)
+
+    def _walk(self, x, fqn, parent, key):
+        if isinstance(x, dict):
+            out = {}
+            for k, v in x.items():
+                if not isinstance(k, str):
+                    raise InvalidArgumentError(
+                        f"state dict keys must be str; "
+                        f"{repr(fqn) if fqn else 'the root'} has key {k!r}")
+                out[k] = self._walk(v, _child(fqn, k), x, k)
+            return out
+        if isinstance(x, list):
+            return [self._walk(v, _child(fqn, str(i)), x, i)
+                    for i, v in enumerate(x)]
+        leaf = tensor_leaf(x, fqn)
+        if leaf is not None:
+            return leaf
+        self.values[fqn] = (parent, key)
+        if _is_scalar(x):
+            return x
+        if self.for_load:
+            return b""  # a placeholder: the stored object replaces it
+        return encode_object(x)
+
+    def put_back(self, values, missing, allow_pickle):
+        """Writes the loaded scalar and object values into the state dict."""
+        skip = set(missing)
+        for fqn, (container, key) in self.values.items():
+            if fqn in skip or fqn not in values:
+                continue
+            value = values[fqn]
+            if isinstance(value, bytes):
+                value = decode_object(value, allow_pickle)
+            container[key] = value
+
+
+def from_loaded(tree, framework, allow_pickle, fqn=""):
+    """load_all's nest: Exported tensors as torch tensors or NumPy arrays,
+    objects decoded."""
+    if isinstance(tree, dict):
+        return {k: from_loaded(v, framework, allow_pickle, _child(fqn, k))
+                for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [from_loaded(v, framework, allow_pickle, _child(fqn, str(i)))
+                for i, v in enumerate(tree)]
+    if isinstance(tree, _cairn.Exported):
+        if framework == "torch":
+            import torch
+            return torch.from_dlpack(tree).view(torch_dtype(tree.dtype))
+        return np.from_dlpack(tree).view(numpy_dtype(tree.dtype, fqn))
+    if isinstance(tree, bytes):
+        return decode_object(tree, allow_pickle)
+    return tree

@@ -1,0 +1,73 @@
+// Conversions between Python objects and cairn's C++ types, for the
+// extension module _cairn.
+//
+// The pure-Python layer (python/cairn) prepares a state dict before it
+// reaches C++: every tensor, DTensor or array becomes a `Sharded` (the
+// dtype's safetensors name, the global shape, and per local shard its box
+// and an object exporting the shard's bytes by DLPack as an unsigned (or
+// signed) integer tensor of the dtype's width), and every object that is
+// not an int, float, bool, str or bytes is already pickled into bytes. So
+// the C++ side never interprets framework dtypes: it takes the bits and
+// the name, and checks that the widths agree.
+#ifndef CAIRN_PYTHON_CONVERT_H_
+#define CAIRN_PYTHON_CONVERT_H_
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cairn/cairn.h"
+
+namespace cairn::python {
+
+namespace py = pybind11;
+
+// A tensor leaf as the Python layer prepared it.
+struct Sharded {
+  std::string dtype;            // "F32", "BF16", ...
+  std::vector<int64_t> shape;   // global shape
+  // (offsets, sizes, exporter): exporter has __dlpack__.
+  py::list shards;
+};
+
+// The Python objects a converted StateDict's views point into (DLPack
+// capsules), kept alive (and released with the GIL held) by the caller.
+struct KeepAlive {
+  std::vector<py::object> objects;
+};
+
+// Builds the StateDict of a prepared nested dict/list. `writable`: the
+// views will be written (a load), so read-only exports are refused. Errors
+// (kInvalidArgument) name the FQN. Needs the GIL.
+absl::StatusOr<StateDict> ToStateDict(py::handle prepared, bool writable,
+                                      KeepAlive& keep);
+
+// The value of a scalar or object leaf as a Python object (bytes for
+// objects); None for other nodes. Needs the GIL.
+py::object LeafValue(const StateDict& node);
+
+// A StateDict of whole host tensors (LoadAll's) as nested dicts/lists whose
+// tensor leaves are `Exported` objects (see module.cc) and whose other
+// leaves are Python values. Needs the GIL.
+py::object FromStateDict(const StateDict& state);
+
+// An owning host tensor handed to Python by DLPack (__dlpack__ /
+// __dlpack_device__): its bytes as an unsigned integer tensor of the
+// dtype's width, which the Python layer views as the real dtype.
+struct Exported {
+  TensorView view;              // contiguous host memory
+  std::shared_ptr<void> owner;  // keeps view's memory alive
+  std::string dtype;            // cairn's name
+};
+
+// A capsule ("dltensor") of `exported`'s bits; the tensor's buffer lives
+// until the consumer's deleter runs.
+py::capsule ExportCapsule(const Exported& exported);
+
+}  // namespace cairn::python
+
+#endif  // CAIRN_PYTHON_CONVERT_H_

@@ -1,0 +1,617 @@
+// _cairn: the extension module under the Python package `cairn`. It binds
+// the C++ API one to one; python/cairn turns PyTorch and NumPy state dicts
+// into what it takes (convert.h) and gives it Python's idiom. Every call
+// that does I/O, planning or waits for other ranks releases the GIL.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cairn/cairn.h"
+#include "cairn/version.h"
+#include "convert.h"
+#include "core/flatten.h"
+#include "py_communicator.h"
+
+namespace cairn::python {
+namespace {
+
+// Raises the Python exception class that python/cairn/_errors.py registered
+// for the status's code (cairn.Error when none).
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::module_ mod = py::module_::import("cairn._cairn");
+  py::object cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  if (py::hasattr(mod, "_error_types")) {
+    py::dict types = mod.attr("_error_types");
+    py::int_ code(static_cast<int>(status.code()));
+    if (types.contains(code)) {
+      cls = types[code];
+    } else if (types.contains(py::int_(-1))) {
+      cls = types[py::int_(-1)];
+    }
+  }
+  PyErr_SetString(cls.ptr(), std::string(status.message()).c_str());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// A communicator handle shared by Python objects (a saver or manager keeps
+// the one it was made with alive).
+struct Comm {
+  std::shared_ptr<Communicator> impl;
+};
+
+Communicator* CommOf(const std::optional<Comm>& comm) {
+  return comm ? comm->impl.get() : nullptr;
+}
+
+// Converts a prepared state dict; the capsules stay in `keep`.
+StateDict Prepare(py::handle prepared, bool writable, KeepAlive& keep) {
+  return Unwrap(ToStateDict(prepared, writable, keep));
+}
+
+// The stored values of the scalar and object leaves of a loaded state
+// dict, by FQN.
+py::dict LoadedValues(StateDict& state) {
+  py::dict values;
+  auto flat = internal_core::FlattenMutable(state);
+  if (!flat.ok()) Raise(flat.status());
+  for (const auto& leaf : flat->leaves) {
+    if (leaf.node->tensor() != nullptr) continue;
+    values[py::str(leaf.fqn)] = LeafValue(*leaf.node);
+  }
+  return values;
+}
+
+py::dict MetadataToDict(const Metadata& m) {
+  auto location = [](const ByteLocation& l) {
+    py::dict d;
+    d["file"] = l.file;
+    d["offset"] = l.offset;
+    d["nbytes"] = l.nbytes;
+    d["crc32c"] = l.crc32c;
+    d["block_crc32c"] = l.block_crc32c;
+    return d;
+  };
+  py::dict tensors;
+  for (const auto& [fqn, t] : m.tensors) {
+    py::list chunks;
+    for (const ChunkMetadata& c : t.chunks) {
+      py::dict d = location(c.location);
+      d["offsets"] = c.box.offsets;
+      d["sizes"] = c.box.sizes;
+      chunks.append(d);
+    }
+    py::dict td;
+    td["dtype"] = std::string(DTypeName(t.dtype));
+    td["shape"] = t.shape;
+    td["chunks"] = chunks;
+    tensors[py::str(fqn)] = td;
+  }
+  py::dict objects;
+  for (const auto& [fqn, l] : m.objects) objects[py::str(fqn)] = location(l);
+  py::dict scalars;
+  for (const auto& [fqn, s] : m.scalars) {
+    scalars[py::str(fqn)] = LeafValue(StateDict(s));
+  }
+  py::dict d;
+  d["version"] = m.version;
+  d["created_by"] = m.created_by;
+  d["world_size"] = m.world_size;
+  d["rank"] = m.rank;
+  d["save_id"] = m.save_id;
+  d["crc32c_block_bytes"] = m.crc32c_block_bytes;
+  d["tensors"] = tensors;
+  d["objects"] = objects;
+  d["scalars"] = scalars;
+  d["structure"] = m.structure;
+  d["user"] = m.user;
+  d["total_bytes"] = m.total_bytes();
+  return d;
+}
+
+// Keyword options shared by save, AsyncSaver.save and the manager.
+struct SaveArgs {
+  bool overwrite = false;
+  std::string save_id;
+  int io_threads = 8;
+  bool direct_io = true;
+  uint64_t write_buffer_bytes = uint64_t{8} << 20;
+  uint64_t crc32c_block_bytes = kDefaultCrc32cBlockBytes;
+  std::string user_metadata = "{}";
+  bool rank_local = false;
+  std::string dedup = "balance_bytes";
+
+  SaveOptions ToOptions() const {
+    SaveOptions o;
+    o.overwrite = overwrite;
+    o.save_id = save_id;
+    o.io_threads = io_threads;
+    o.direct_io = direct_io;
+    o.write_buffer_bytes = write_buffer_bytes;
+    o.crc32c_block_bytes = crc32c_block_bytes;
+    o.user_metadata = user_metadata;
+    o.rank_local = rank_local;
+    if (dedup == "balance_bytes") {
+      o.dedup = DedupPolicy::kBalanceBytes;
+    } else if (dedup == "lowest_rank") {
+      o.dedup = DedupPolicy::kLowestRank;
+    } else {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          "dedup must be 'balance_bytes' or 'lowest_rank', not '", dedup,
+          "'")));
+    }
+    return o;
+  }
+};
+
+struct LoadArgs {
+  bool strict = true;
+  int io_threads = 8;
+  bool verify_checksums = true;
+  uint64_t coalesce_gap_bytes = uint64_t{64} << 10;
+  uint64_t bounce_buffer_bytes = uint64_t{8} << 20;
+  bool broadcast_replicas = true;
+  uint64_t broadcast_batch_bytes = uint64_t{64} << 20;
+  uint64_t device_batch_bytes = uint64_t{64} << 20;
+  bool rank_local = false;
+
+  LoadOptions ToOptions() const {
+    LoadOptions o;
+    o.strict = strict;
+    o.io_threads = io_threads;
+    o.verify_checksums = verify_checksums;
+    o.coalesce_gap_bytes = coalesce_gap_bytes;
+    o.bounce_buffer_bytes = bounce_buffer_bytes;
+    o.broadcast_replicas = broadcast_replicas;
+    o.broadcast_batch_bytes = broadcast_batch_bytes;
+    o.device_batch_bytes = device_batch_bytes;
+    o.rank_local = rank_local;
+    return o;
+  }
+};
+
+SaveArgs SaveArgsFrom(const py::kwargs& kw) {
+  SaveArgs a;
+  for (auto [k, v] : kw) {
+    const std::string key = py::cast<std::string>(k);
+    if (key == "overwrite") a.overwrite = py::cast<bool>(v);
+    else if (key == "save_id") a.save_id = v.is_none() ? "" : py::cast<std::string>(v);
+    else if (key == "io_threads") a.io_threads = py::cast<int>(v);
+    else if (key == "direct_io") a.direct_io = py::cast<bool>(v);
+    else if (key == "write_buffer_bytes") a.write_buffer_bytes = py::cast<uint64_t>(v);
+    else if (key == "crc32c_block_bytes") a.crc32c_block_bytes = py::cast<uint64_t>(v);
+    else if (key == "user_metadata") a.user_metadata = py::cast<std::string>(v);
+    else if (key == "rank_local") a.rank_local = py::cast<bool>(v);
+    else if (key == "dedup") a.dedup = py::cast<std::string>(v);
+    else throw py::type_error(absl::StrCat("unexpected save option '", key, "'"));
+  }
+  return a;
+}
+
+LoadArgs LoadArgsFrom(const py::kwargs& kw) {
+  LoadArgs a;
+  for (auto [k, v] : kw) {
+    const std::string key = py::cast<std::string>(k);
+    if (key == "strict") a.strict = py::cast<bool>(v);
+    else if (key == "io_threads") a.io_threads = py::cast<int>(v);
+    else if (key == "verify_checksums") a.verify_checksums = py::cast<bool>(v);
+    else if (key == "coalesce_gap_bytes") a.coalesce_gap_bytes = py::cast<uint64_t>(v);
+    else if (key == "bounce_buffer_bytes") a.bounce_buffer_bytes = py::cast<uint64_t>(v);
+    else if (key == "broadcast_replicas") a.broadcast_replicas = py::cast<bool>(v);
+    else if (key == "broadcast_batch_bytes") a.broadcast_batch_bytes = py::cast<uint64_t>(v);
+    else if (key == "device_batch_bytes") a.device_batch_bytes = py::cast<uint64_t>(v);
+    else if (key == "rank_local") a.rank_local = py::cast<bool>(v);
+    else throw py::type_error(absl::StrCat("unexpected load option '", key, "'"));
+  }
+  return a;
+}
+
+py::tuple RunLoad(const std::function<absl::StatusOr<LoadResult>(StateDict&)>& fn,
+                  py::handle prepared) {
+  KeepAlive keep;
+  StateDict state = Prepare(prepared, /*writable=*/true, keep);
+  absl::StatusOr<LoadResult> result;
+  {
+    py::gil_scoped_release release;
+    result = fn(state);
+  }
+  LoadResult r = Unwrap(std::move(result));
+  return py::make_tuple(std::move(r), LoadedValues(state));
+}
+
+// Owns an AsyncSaver; destroys it without the GIL (its destructor waits
+// for background saves, whose collectives may need the GIL).
+struct Saver {
+  std::unique_ptr<AsyncSaver> impl;
+  ~Saver() {
+    if (impl) {
+      py::gil_scoped_release release;
+      impl.reset();
+    }
+  }
+};
+
+struct Manager {
+  std::shared_ptr<Communicator> comm;  // outlives impl
+  std::unique_ptr<CheckpointManager> impl;
+  ~Manager() {
+    if (impl) {
+      py::gil_scoped_release release;
+      impl.reset();
+    }
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_cairn, m) {
+  m.doc() = "cairn's C++ library; use the `cairn` package, not this module.";
+  m.attr("__version__") = CAIRN_VERSION_STRING;
+  m.attr("FORMAT_VERSION") = kFormatVersion;
+  m.attr("_error_types") = py::dict();
+
+  py::class_<Sharded>(m, "Sharded")
+      .def(py::init([](std::string dtype, std::vector<int64_t> shape,
+                       py::list shards) {
+             return Sharded{std::move(dtype), std::move(shape),
+                            std::move(shards)};
+           }),
+           py::arg("dtype"), py::arg("shape"), py::arg("shards"))
+      .def_readonly("dtype", &Sharded::dtype)
+      .def_readonly("shape", &Sharded::shape)
+      .def_readonly("shards", &Sharded::shards);
+
+  py::class_<Exported>(m, "Exported")
+      .def_readonly("dtype", &Exported::dtype)
+      .def_property_readonly("shape",
+                             [](const Exported& e) { return e.view.shape(); })
+      .def("__dlpack__",
+           [](const Exported& e, py::kwargs) { return ExportCapsule(e); })
+      .def("__dlpack_device__",
+           [](const Exported&) { return py::make_tuple(1, 0); });
+
+  m.def("dtype_size", [](const std::string& name) {
+    return DTypeSize(Unwrap(DTypeFromName(name)));
+  });
+  m.def("dtype_names", [] {
+    std::vector<std::string> names;
+    for (DType d : AllDTypes()) names.emplace_back(DTypeName(d));
+    return names;
+  });
+
+  py::class_<Comm>(m, "Communicator")
+      .def_property_readonly("rank", [](const Comm& c) { return c.impl->rank(); })
+      .def_property_readonly("size", [](const Comm& c) { return c.impl->size(); })
+      .def_property_readonly("kind", [](const Comm& c) {
+        return std::string(c.impl->kind());
+      })
+      .def("barrier", [](Comm& c) {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = c.impl->Barrier();
+        }
+        Check(s);
+      })
+      .def("__repr__", [](const Comm& c) {
+        return absl::StrCat("<cairn.Communicator ", std::string(c.impl->kind()), " rank ",
+                            c.impl->rank(), " of ", c.impl->size(), ">");
+      });
+  m.def("local_communicator",
+        [] { return Comm{std::shared_ptr<Communicator>(LocalCommunicator())}; });
+  m.def("has_mpi", &HasMpi);
+  m.def(
+      "mpi_world_communicator",
+      [](double timeout_s) {
+        CommunicatorOptions o;
+        if (timeout_s > 0) o.collective_timeout = absl::Seconds(timeout_s);
+        std::unique_ptr<Communicator> c;
+        {
+          py::gil_scoped_release release;
+          c = Unwrap(MpiWorldCommunicator(o));
+        }
+        return Comm{std::move(c)};
+      },
+      py::arg("timeout_s") = 0.0);
+  m.def("python_communicator", [](py::object impl) {
+    return Comm{Unwrap(MakePyCommunicator(std::move(impl)))};
+  });
+
+  py::class_<SavePlanCache>(m, "SavePlanCache")
+      .def(py::init<>())
+      .def("clear", &SavePlanCache::Clear);
+
+  py::class_<SavePhaseTimes>(m, "SavePhaseTimes")
+      .def_readonly("planning", &SavePhaseTimes::planning)
+      .def_readonly("prepare", &SavePhaseTimes::prepare)
+      .def_readonly("write", &SavePhaseTimes::write)
+      .def_readonly("commit", &SavePhaseTimes::commit)
+      .def("__repr__", [](const SavePhaseTimes& p) {
+        return absl::StrCat("SavePhaseTimes(planning=", p.planning,
+                            ", prepare=", p.prepare, ", write=", p.write,
+                            ", commit=", p.commit, ")");
+      });
+
+  py::class_<SaveResult>(m, "SaveResult")
+      .def_readonly("bytes_written", &SaveResult::bytes_written)
+      .def_readonly("data_bytes", &SaveResult::data_bytes)
+      .def_readonly("files", &SaveResult::files)
+      .def_readonly("checkpoint_bytes", &SaveResult::checkpoint_bytes)
+      .def_readonly("world_size", &SaveResult::world_size)
+      .def_readonly("plan_cache_hit", &SaveResult::plan_cache_hit)
+      .def_readonly("phases", &SaveResult::phases)
+      .def_readonly("seconds", &SaveResult::seconds)
+      .def("__repr__", [](const SaveResult& r) {
+        return absl::StrCat("SaveResult(data_bytes=", r.data_bytes,
+                            ", bytes_written=", r.bytes_written,
+                            ", files=", r.files, ", checkpoint_bytes=",
+                            r.checkpoint_bytes, ", world_size=", r.world_size,
+                            ", seconds=", r.seconds, ")");
+      });
+
+  py::class_<LoadPhaseTimes>(m, "LoadPhaseTimes")
+      .def_readonly("metadata", &LoadPhaseTimes::metadata)
+      .def_readonly("planning", &LoadPhaseTimes::planning)
+      .def_readonly("read", &LoadPhaseTimes::read)
+      .def_readonly("broadcast", &LoadPhaseTimes::broadcast)
+      .def_readonly("copy", &LoadPhaseTimes::copy)
+      .def_readonly("staging", &LoadPhaseTimes::staging)
+      .def("__repr__", [](const LoadPhaseTimes& p) {
+        return absl::StrCat("LoadPhaseTimes(metadata=", p.metadata,
+                            ", planning=", p.planning, ", read=", p.read,
+                            ", broadcast=", p.broadcast, ", copy=", p.copy,
+                            ", staging=", p.staging, ")");
+      });
+
+  py::class_<LoadResult>(m, "LoadResult")
+      .def_readonly("missing", &LoadResult::missing)
+      .def_readonly("unexpected", &LoadResult::unexpected)
+      .def_readonly("bytes_loaded", &LoadResult::bytes_loaded)
+      .def_readonly("bytes_read", &LoadResult::bytes_read)
+      .def_readonly("chunks_verified", &LoadResult::chunks_verified)
+      .def_readonly("bytes_verified", &LoadResult::bytes_verified)
+      .def_readonly("bytes_unverified", &LoadResult::bytes_unverified)
+      .def_readonly("device_bytes", &LoadResult::device_bytes)
+      .def_readonly("world_size", &LoadResult::world_size)
+      .def_readonly("replica_group_size", &LoadResult::replica_group_size)
+      .def_readonly("io_threads", &LoadResult::io_threads)
+      .def_readonly("phases", &LoadResult::phases)
+      .def_readonly("seconds", &LoadResult::seconds)
+      .def("__repr__", [](const LoadResult& r) {
+        return absl::StrCat("LoadResult(bytes_loaded=", r.bytes_loaded,
+                            ", bytes_read=", r.bytes_read, ", missing=",
+                            r.missing.size(), ", unexpected=",
+                            r.unexpected.size(), ", seconds=", r.seconds, ")");
+      });
+
+  m.def(
+      "save",
+      [](py::handle prepared, const std::string& url, std::optional<Comm> comm,
+         SavePlanCache* plan_cache, py::kwargs kw) {
+        SaveOptions options = SaveArgsFrom(kw).ToOptions();
+        options.comm = CommOf(comm);
+        options.plan_cache = plan_cache;
+        KeepAlive keep;
+        StateDict state = Prepare(prepared, /*writable=*/false, keep);
+        absl::StatusOr<SaveResult> result;
+        {
+          py::gil_scoped_release release;
+          result = Save(state, url, options);
+        }
+        return Unwrap(std::move(result));
+      },
+      py::arg("prepared"), py::arg("url"), py::arg("comm") = py::none(),
+      py::arg("plan_cache") = nullptr);
+
+  m.def(
+      "load",
+      [](py::handle prepared, const std::string& url, std::optional<Comm> comm,
+         py::kwargs kw) {
+        LoadOptions options = LoadArgsFrom(kw).ToOptions();
+        options.comm = CommOf(comm);
+        return RunLoad(
+            [&](StateDict& state) { return Load(state, url, options); },
+            prepared);
+      },
+      py::arg("prepared"), py::arg("url"), py::arg("comm") = py::none());
+
+  m.def(
+      "load_all",
+      [](const std::string& url, py::kwargs kw) {
+        LoadOptions options = LoadArgsFrom(kw).ToOptions();
+        absl::StatusOr<StateDict> state;
+        {
+          py::gil_scoped_release release;
+          state = LoadAll(url, options);
+        }
+        return FromStateDict(Unwrap(std::move(state)));
+      },
+      py::arg("url"));
+
+  m.def("read_metadata", [](const std::string& url) {
+    absl::StatusOr<Metadata> md;
+    {
+      py::gil_scoped_release release;
+      md = ReadMetadata(url);
+    }
+    return MetadataToDict(Unwrap(std::move(md)));
+  });
+
+  m.def(
+      "merge",
+      [](const std::string& url, bool overwrite) {
+        MergeOptions o;
+        o.overwrite = overwrite;
+        absl::StatusOr<MergeResult> r;
+        {
+          py::gil_scoped_release release;
+          r = Merge(url, o);
+        }
+        MergeResult mr = Unwrap(std::move(r));
+        py::dict d;
+        d["ranks"] = mr.ranks;
+        d["data_bytes"] = mr.data_bytes;
+        d["duplicates"] = mr.duplicates;
+        d["metadata"] = MetadataToDict(mr.metadata);
+        return d;
+      },
+      py::arg("url"), py::arg("overwrite") = false);
+
+  py::class_<AsyncSaveHandle, std::shared_ptr<AsyncSaveHandle>>(m, "SaveHandle")
+      .def("done", &AsyncSaveHandle::done)
+      .def("wait", [](AsyncSaveHandle& h) {
+        absl::StatusOr<SaveResult> r;
+        {
+          py::gil_scoped_release release;
+          r = h.Wait();
+        }
+        return Unwrap(std::move(r));
+      })
+      .def_property_readonly("blocked_seconds",
+                             &AsyncSaveHandle::blocked_seconds);
+
+  py::class_<Saver>(m, "AsyncSaver")
+      .def(py::init([](std::optional<Comm> comm, int max_in_flight,
+                       std::optional<uint64_t> max_cached_bytes) {
+             AsyncSaveOptions o;
+             o.max_in_flight = max_in_flight;
+             if (max_cached_bytes) o.stager.max_cached_bytes = *max_cached_bytes;
+             absl::StatusOr<std::unique_ptr<AsyncSaver>> s;
+             {
+               py::gil_scoped_release release;
+               s = AsyncSaver::Create(CommOf(comm), o);
+             }
+             auto saver = std::make_unique<Saver>();
+             saver->impl = Unwrap(std::move(s));
+             return saver;
+           }),
+           py::arg("comm") = py::none(), py::arg("max_in_flight") = 1,
+           py::arg("max_cached_bytes") = py::none())
+      .def(
+          "save",
+          [](Saver& s, py::handle prepared, const std::string& url,
+             py::kwargs kw) {
+            SaveOptions options = SaveArgsFrom(kw).ToOptions();
+            KeepAlive keep;
+            StateDict state = Prepare(prepared, /*writable=*/false, keep);
+            absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h;
+            {
+              py::gil_scoped_release release;
+              h = s.impl->Save(state, url, options);
+            }
+            return Unwrap(std::move(h));
+          },
+          py::arg("prepared"), py::arg("url"))
+      .def("wait_all",
+           [](Saver& s) {
+             absl::Status st;
+             {
+               py::gil_scoped_release release;
+               st = s.impl->WaitAll();
+             }
+             Check(st);
+           })
+      .def_property_readonly("in_flight",
+                             [](const Saver& s) { return s.impl->in_flight(); })
+      .def_property_readonly(
+          "staging_bytes", [](const Saver& s) { return s.impl->staging_bytes(); })
+      .def_property_readonly("staging_allocations", [](const Saver& s) {
+        return s.impl->staging_allocations();
+      });
+
+  py::class_<Manager>(m, "CheckpointManager")
+      .def(py::init([](const std::string& root, std::optional<Comm> comm,
+                       int keep_last, int keep_every, bool async_save,
+                       int max_in_flight, py::dict save_kw, py::dict load_kw) {
+             ManagerOptions o;
+             o.keep_last = keep_last;
+             o.keep_every = keep_every;
+             o.async = async_save;
+             o.async_options.max_in_flight = max_in_flight;
+             o.save_options =
+                 SaveArgsFrom(py::kwargs(std::move(save_kw))).ToOptions();
+             o.load_options =
+                 LoadArgsFrom(py::kwargs(std::move(load_kw))).ToOptions();
+             auto mgr = std::make_unique<Manager>();
+             if (comm) mgr->comm = comm->impl;
+             absl::StatusOr<std::unique_ptr<CheckpointManager>> created;
+             {
+               py::gil_scoped_release release;
+               created = CheckpointManager::Create(root, mgr->comm.get(), o);
+             }
+             mgr->impl = Unwrap(std::move(created));
+             return mgr;
+           }),
+           py::arg("root"), py::arg("comm"), py::arg("keep_last"),
+           py::arg("keep_every"), py::arg("async_save"),
+           py::arg("max_in_flight"), py::arg("save_options"),
+           py::arg("load_options"))
+      .def(
+          "save",
+          [](Manager& mgr, int64_t step, py::handle prepared) {
+            KeepAlive keep;
+            StateDict state = Prepare(prepared, /*writable=*/false, keep);
+            absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h;
+            {
+              py::gil_scoped_release release;
+              h = mgr.impl->Save(step, state);
+            }
+            return Unwrap(std::move(h));
+          },
+          py::arg("step"), py::arg("prepared"))
+      .def(
+          "restore",
+          [](Manager& mgr, py::handle prepared, std::optional<int64_t> step) {
+            return RunLoad(
+                [&](StateDict& state) { return mgr.impl->Restore(state, step); },
+                prepared);
+          },
+          py::arg("prepared"), py::arg("step") = py::none())
+      .def("steps",
+           [](const Manager& mgr) {
+             absl::StatusOr<std::vector<int64_t>> r;
+             {
+               py::gil_scoped_release release;
+               r = mgr.impl->Steps();
+             }
+             return Unwrap(std::move(r));
+           })
+      .def("latest_step",
+           [](const Manager& mgr) {
+             absl::StatusOr<std::optional<int64_t>> r;
+             {
+               py::gil_scoped_release release;
+               r = mgr.impl->LatestStep();
+             }
+             return Unwrap(std::move(r));
+           })
+      .def("wait",
+           [](Manager& mgr) {
+             absl::Status st;
+             {
+               py::gil_scoped_release release;
+               st = mgr.impl->Wait();
+             }
+             Check(st);
+           })
+      .def("step_dir", [](const Manager& mgr, int64_t step) {
+        return mgr.impl->StepDir(step);
+      });
+}
+
+}  // namespace cairn::python

@@ -1,0 +1,72 @@
+"""AsyncSaver and CheckpointManager in one process."""
+
+import torch
+
+import cairn
+
+
+def test_async_save_holds_the_values_from_before(tmp_path):
+    w = torch.arange(1 << 16, dtype=torch.float32)
+    sd = {"w": w, "step": 1}
+    with cairn.AsyncSaver() as saver:
+        fut = saver.save(sd, tmp_path / "a")
+        w.add_(1000)  # the next training step, at once
+        sd["step"] = 2
+        result = fut.result(timeout=120)
+        assert fut.done() and fut.exception() is None
+        assert result.data_bytes == w.numel() * 4
+        assert fut.blocked_seconds >= 0
+    back = cairn.load_all(tmp_path / "a")
+    assert torch.equal(back["w"], torch.arange(1 << 16, dtype=torch.float32))
+    assert back["step"] == 1
+
+
+def test_async_saver_reuses_its_staging_buffers(tmp_path):
+    sd = {"a": torch.ones(4096), "b": torch.zeros(128, 64)}
+    with cairn.AsyncSaver() as saver:
+        saver.save(sd, tmp_path / "1").result()
+        allocations = saver.staging_allocations
+        assert allocations > 0 and saver.staging_bytes > 0
+        for i in range(2, 5):
+            sd["a"].add_(1)
+            saver.save(sd, tmp_path / str(i)).result()
+        assert saver.staging_allocations == allocations
+    assert cairn.load_all(tmp_path / "4")["a"][0].item() == 4.0
+
+
+def test_async_failure_reaches_the_caller(tmp_path):
+    cairn.save({"w": torch.zeros(2)}, tmp_path / "taken")
+    with cairn.AsyncSaver() as saver:
+        fut = saver.save({"w": torch.ones(2)}, tmp_path / "taken")
+        assert isinstance(fut.exception(), cairn.AlreadyExistsError)
+
+
+def test_manager_saves_retains_and_restores(tmp_path):
+    root = tmp_path / "run"
+    w = torch.zeros(32)
+    with cairn.CheckpointManager(root, keep_last=2) as manager:
+        assert manager.latest_step() is None
+        for step in range(1, 5):
+            w.fill_(step)
+            manager.save(step, {"w": w, "step": step})
+        manager.wait()
+        assert manager.steps() == [3, 4]
+        dst = {"w": torch.empty(32), "step": 0}
+        result = manager.restore(dst)
+        assert dst["step"] == 4 and torch.equal(dst["w"], torch.full((32,), 4.0))
+        assert result.bytes_loaded == 32 * 4
+        manager.restore(dst, step=3)
+        assert dst["step"] == 3
+    # A new manager (a restarted job) finds the newest step.
+    with cairn.CheckpointManager(root, async_save=False) as manager:
+        assert manager.latest_step() == 4
+
+
+def test_manager_restore_without_checkpoint(tmp_path):
+    with cairn.CheckpointManager(tmp_path / "empty") as manager:
+        try:
+            manager.restore({"w": torch.zeros(1)})
+        except cairn.NotFoundError:
+            pass
+        else:
+            raise AssertionError("restore of nothing must raise NotFoundError")
