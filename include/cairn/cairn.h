@@ -16,6 +16,7 @@
 #include "cairn/state_dict_utils.h"  // IWYU pragma: export
 #include "cairn/storage.h"      // IWYU pragma: export
 #include "cairn/tensor.h"       // IWYU pragma: export
+#include "cairn/verify.h"       // IWYU pragma: export
 
 #include "cairn/version.h"      // IWYU pragma: export
 
