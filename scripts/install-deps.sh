@@ -1,10 +1,14 @@
 #!/bin/sh
-# Installs cairn's build and test dependencies from Debian 12 packages.
-# Run as root (or with sudo). Safe to run again: apt-get skips what is there.
+# Installs cairn's build and test dependencies: Debian 12 packages for C++
+# (apt-get), then the Python side, pinned (python/requirements.txt: pip,
+# into the Python first on PATH; torch is the local CPU wheel of 2.13.0).
+# Run as root (or with sudo). Safe to run again: both skip what is there.
 # fio is the benchmark harness's (bench/run.sh), whose end-to-end test
-# (bench_run_test) runs with the suite.
+# (bench_run_test) runs with the suite. Set CAIRN_SKIP_PYTHON=1 to install
+# only the C++ dependencies.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
+cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake ninja-build pkg-config \
@@ -23,4 +27,9 @@ if [ -n "$missing" ]; then
   $SUDO apt-get install -y -q --no-install-recommends $missing
 else
   echo "install-deps: all packages present"
+fi
+if [ "${CAIRN_SKIP_PYTHON:-0}" != 1 ]; then
+  PYTHON="${PYTHON:-python3}"
+  echo "install-deps: Python packages for $($PYTHON --version 2>&1) ($(command -v "$PYTHON"))"
+  $PYTHON -m pip install -q --disable-pip-version-check -r python/requirements.txt
 fi

@@ -12,9 +12,10 @@ with cairn.torch.StorageWriter / StorageReader. See docs/python.md.
 
 from . import _cairn
 from ._api import (AsyncSaver, CheckpointManager, LoadResult, SaveFuture,
-                   SavePlanCache, SaveResult, load, load_all, merge,
-                   read_metadata, save)
+                   SavePlanCache, SaveResult, VerifyReport, load, load_all,
+                   merge, read_metadata, save, verify)
 from ._comm import TorchCommunicator, local, mpi_world
+from ._state import ShardedTensor
 from ._errors import (AbortedError, AlreadyExistsError, CancelledError,
                       DataLossError, DeadlineExceededError, Error,
                       FailedPreconditionError, InternalError,
@@ -36,5 +37,5 @@ __all__ = [
     "ResourceExhaustedError", "SaveFuture", "SavePlanCache", "SaveResult",
     "TorchCommunicator", "UnavailableError", "UnimplementedError",
     "has_mpi", "load", "load_all", "local", "merge", "mpi_world",
-    "read_metadata", "save",
+    "read_metadata", "save", "ShardedTensor", "verify", "VerifyReport",
 ]

@@ -12,6 +12,7 @@ from ._errors import InvalidArgumentError
 SaveResult = _cairn.SaveResult
 LoadResult = _cairn.LoadResult
 SavePlanCache = _cairn.SavePlanCache
+VerifyReport = _cairn.VerifyReport
 
 
 def _user_json(user_metadata):
@@ -118,6 +119,19 @@ def merge(path, *, overwrite=False):
         result["metadata"]["structure"])
     result["metadata"]["user"] = json.loads(result["metadata"]["user"])
     return result
+
+
+def verify(path, *, io_threads=8, buffer_bytes=8 << 20, progress=None):
+    """Checks every byte of the checkpoint at `path` against its metadata
+    without loading a tensor (what `cairn verify` runs): metadata.json's
+    checksum and fields, every data file's presence, length and safetensors
+    header, and the CRC32C of every chunk, block and object. Returns a
+    cairn.VerifyReport (`ok`, `problems`: each with kind, fqn, file, offset
+    and message); damage is reported there, not raised. Raises
+    cairn.NotFoundError when there is no checkpoint and cairn.DataLossError
+    when metadata.json itself is damaged. `progress(bytes_done,
+    bytes_total)` is called as it reads."""
+    return _cairn.verify(str(path), io_threads, buffer_bytes, progress)
 
 
 class SaveFuture:

@@ -140,9 +140,63 @@ def _dtensor_leaf(dt, fqn):
     return _cairn.Sharded(name, shape, shards)
 
 
+class ShardedTensor:
+    """A tensor of which this rank holds some boxes, for tensors that are
+    not DTensors (NumPy arrays, or torch tensors sharded by hand):
+
+        cairn.ShardedTensor([4096, 4096], [((1024, 0), my_rows)])
+
+    `shape`: the global shape; `shards`: (offsets, local) pairs, each local
+    a torch tensor or NumPy array of the box's sizes, all of one dtype.
+    Ranks holding the same box hold a replica (stored once). Load fills the
+    locals in place."""
+
+    def __init__(self, shape, shards):
+        self.shape = [int(d) for d in shape]
+        self.shards = [(tuple(int(o) for o in offsets), local)
+                       for offsets, local in shards]
+
+    def __repr__(self):
+        return (f"cairn.ShardedTensor(shape={self.shape}, "
+                f"shards={[(o, tuple(t.shape)) for o, t in self.shards]})")
+
+
+def _local_leaf(local, fqn):
+    """(dtype name, bits exporter) of a local tensor or array."""
+    if _is_torch_tensor(local):
+        return torch_dtype_name(local.dtype, fqn), _torch_bits(local)
+    if isinstance(local, np.ndarray):
+        return numpy_dtype_name(local.dtype, fqn), _numpy_bits(local)
+    raise InvalidArgumentError(
+        f"'{fqn}': a shard must be a torch tensor or a NumPy array, not "
+        f"{type(local).__name__}")
+
+
+def _sharded_leaf(x, fqn):
+    names, shards = set(), []
+    for offsets, local in x.shards:
+        name, bits = _local_leaf(local, fqn)
+        names.add(name)
+        if len(offsets) != len(x.shape):
+            raise InvalidArgumentError(
+                f"'{fqn}': a shard's offsets {list(offsets)} do not match "
+                f"the shape {x.shape}")
+        shards.append((list(offsets), list(local.shape), bits))
+    if len(names) > 1:
+        raise InvalidArgumentError(
+            f"'{fqn}': shards of different dtypes ({sorted(names)})")
+    if not names:
+        raise InvalidArgumentError(
+            f"'{fqn}': a ShardedTensor with no shards has no dtype; give "
+            f"it a shard, or leave the tensor out on this rank")
+    return _cairn.Sharded(names.pop(), x.shape, shards)
+
+
 def tensor_leaf(x, fqn):
     """A `_cairn.Sharded` for a tensor, DTensor or array leaf; None if `x`
     is no tensor."""
+    if isinstance(x, ShardedTensor):
+        return _sharded_leaf(x, fqn)
     dtensor = _dtensor_type()
     if dtensor is not None and isinstance(x, dtensor):
         return _dtensor_leaf(x, fqn)

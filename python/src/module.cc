@@ -472,6 +472,70 @@ PYBIND11_MODULE(_cairn, m) {
       },
       py::arg("url"), py::arg("overwrite") = false);
 
+  py::class_<VerifyProblem>(m, "VerifyProblem")
+      .def_readonly("kind", &VerifyProblem::kind)
+      .def_readonly("fqn", &VerifyProblem::fqn)
+      .def_readonly("file", &VerifyProblem::file)
+      .def_readonly("offset", &VerifyProblem::offset)
+      .def_readonly("message", &VerifyProblem::message)
+      .def("__repr__", [](const VerifyProblem& p) {
+        return absl::StrCat("VerifyProblem(", p.kind, ": ", p.message, ")");
+      });
+
+  py::class_<VerifyReport>(m, "VerifyReport")
+      .def_readonly("format_version", &VerifyReport::format_version)
+      .def_readonly("metadata_checksum", &VerifyReport::metadata_checksum)
+      .def_readonly("tensors", &VerifyReport::tensors)
+      .def_readonly("chunks", &VerifyReport::chunks)
+      .def_readonly("objects", &VerifyReport::objects)
+      .def_readonly("files", &VerifyReport::files)
+      .def_readonly("bytes_checked", &VerifyReport::bytes_checked)
+      .def_readonly("problems", &VerifyReport::problems)
+      .def_readonly("seconds", &VerifyReport::seconds)
+      .def_property_readonly("ok", &VerifyReport::ok)
+      .def("__bool__", &VerifyReport::ok)
+      .def("__repr__", [](const VerifyReport& r) {
+        return absl::StrCat("VerifyReport(ok=", r.ok() ? "True" : "False",
+                            ", problems=", r.problems.size(), ", files=",
+                            r.files, ", bytes_checked=", r.bytes_checked, ")");
+      });
+
+  m.def(
+      "verify",
+      [](const std::string& url, int io_threads, uint64_t buffer_bytes,
+         py::object progress) {
+        VerifyOptions o;
+        o.io_threads = io_threads;
+        o.buffer_bytes = buffer_bytes;
+        // Called from the reading threads, one at a time; a Python error
+        // in it is reported once verification is over.
+        std::string progress_error;
+        if (!progress.is_none()) {
+          o.progress = [&](uint64_t done, uint64_t total) {
+            py::gil_scoped_acquire gil;
+            if (!progress_error.empty()) return;
+            try {
+              progress(done, total);
+            } catch (py::error_already_set& e) {
+              progress_error = e.what();
+            }
+          };
+        }
+        absl::StatusOr<VerifyReport> r;
+        {
+          py::gil_scoped_release release;
+          r = Verify(url, o);
+        }
+        if (!progress_error.empty()) {
+          throw std::runtime_error(
+              absl::StrCat("the progress callback failed: ", progress_error));
+        }
+        return Unwrap(std::move(r));
+      },
+      py::arg("url"), py::arg("io_threads") = 8,
+      py::arg("buffer_bytes") = uint64_t{8} << 20,
+      py::arg("progress") = py::none());
+
   py::class_<AsyncSaveHandle, std::shared_ptr<AsyncSaveHandle>>(m, "SaveHandle")
       .def("done", &AsyncSaveHandle::done)
       .def("wait", [](AsyncSaveHandle& h) {

@@ -151,3 +151,33 @@ def test_communicator_errors_become_exceptions(ckpt):
     with pytest.raises(cairn.Error, match="network is down"):
         cairn.save({"w": torch.zeros(2)}, ckpt, comm=Broken())
     assert not (ckpt / "metadata.json").exists()
+
+
+def test_verify_finds_damage_without_raising(saved):
+    calls = []
+    report = cairn.verify(saved, progress=lambda done, total: calls.append(
+        (done, total)))
+    assert report.ok and not report.problems
+    assert report.files == 1 and report.bytes_checked >= 64 * 4
+    assert calls and calls[-1][0] == calls[-1][1]
+    (f,) = data_files(saved)
+    offset = cairn.read_metadata(saved)["tensors"]["w"]["chunks"][0]["offset"]
+    flip_byte(f, offset + 3)
+    report = cairn.verify(saved)
+    assert not report.ok
+    (problem,) = report.problems
+    assert problem.kind == "crc32c" and problem.fqn == "w"
+    assert problem.file == f.name and f.name in problem.message
+
+
+def test_verify_errors(tmp_path, saved):
+    with pytest.raises(cairn.NotFoundError):
+        cairn.verify(tmp_path / "nothing")
+    with pytest.raises(cairn.InvalidArgumentError):
+        cairn.verify(saved, io_threads=0)
+
+    def broken(done, total):
+        raise ValueError("progress bar fell over")
+
+    with pytest.raises(RuntimeError, match="progress bar fell over"):
+        cairn.verify(saved, progress=broken)
