@@ -290,6 +290,20 @@ def test_overwrite(ckpt):
     assert torch.equal(cairn.load_all(ckpt)["w"], torch.full((3,), 2.0))
 
 
+def test_cached_plans_get_fresh_save_ids(ckpt):
+    # DCP's plan caching hands the writer the first save's plans again,
+    # storage_data (the save id) included.
+    ids = set()
+    for i in range(3):
+        dcp.save({"w": torch.full((3,), float(i))},
+                 storage_writer=cairn.torch.StorageWriter(ckpt),
+                 planner=dcp.DefaultSavePlanner(enable_plan_caching=True))
+        ids.add(cairn.read_metadata(ckpt)["save_id"])
+        assert torch.equal(cairn.load_all(ckpt)["w"],
+                           torch.full((3,), float(i)))
+    assert len(ids) == 3
+
+
 def test_checkpoint_id_resets_the_path(tmp_path):
     writer = cairn.torch.StorageWriter(tmp_path / "unused")
     dcp.save({"w": torch.ones(3)}, checkpoint_id=tmp_path / "a",
