@@ -21,8 +21,8 @@ from . import _cairn
 from ._errors import InvalidArgumentError
 
 # Objects that are not plain bytes are stored pickled, behind this prefix;
-# plain bytes that happen to start with it are pickled too, so a stored
-# object decodes one way only.
+# plain bytes that happen to start with it (or with TORCH_MAGIC) are pickled
+# too, so a stored object decodes one way only.
 PICKLE_MAGIC = b"\x00cairn-pickle\x00"
 # Objects written through the DCP plugin: torch.save's bytes.
 TORCH_MAGIC = b"\x00cairn-torch\x00"
@@ -194,7 +194,10 @@ def _sharded_leaf(x, fqn):
 
 def tensor_leaf(x, fqn):
     """A `_cairn.Sharded` for a tensor, DTensor or array leaf; None if `x`
-    is no tensor."""
+    is no tensor. A `_cairn.Sharded` passes as it is (the DCP plugin builds
+    them from DCP's write and read items)."""
+    if isinstance(x, _cairn.Sharded):
+        return x
     if isinstance(x, ShardedTensor):
         return _sharded_leaf(x, fqn)
     dtensor = _dtensor_type()
@@ -217,9 +220,17 @@ def tensor_leaf(x, fqn):
     return None
 
 
+class Encoded(bytes):
+    """Bytes already in their stored form, stored as they are: the DCP
+    plugin's TORCH_MAGIC + torch.save bytes."""
+
+
 def encode_object(value):
     """The bytes stored for a non-tensor, non-scalar leaf."""
-    if isinstance(value, bytes) and not value.startswith(PICKLE_MAGIC):
+    if isinstance(value, Encoded):
+        return bytes(value)
+    if isinstance(value, bytes) and not value.startswith(
+            (PICKLE_MAGIC, TORCH_MAGIC)):
         return value
     return PICKLE_MAGIC + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
