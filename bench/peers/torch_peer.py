@@ -446,9 +446,24 @@ def rank_body(spec, rank, world, port):
     return out
 
 
-def rank_main(spec, rank, world, port, q):
+def quiet_deprecations():
+    """torch 2.x warns, once per rank and call, that ShardedTensor and
+    torch.distributed._shard are deprecated; the peer uses them on purpose
+    (the one API both 1.13 and 2.x have), so those lines only hide the
+    progress."""
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=".*ShardedTensor.*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning,
+                            message=".*torch.distributed._shard.*")
+
+
+def rank_main(spec, rank, world, port, q, body=None):
+    """A worker process: runs `body` (default rank_body; another peer
+    script passes its own) and reports to the parent over `q`."""
+    quiet_deprecations()
     try:
-        res = rank_body(spec, rank, world, port)
+        res = (body or rank_body)(spec, rank, world, port)
         q.put(("ok", rank, res))
         code = 0
     except BaseException:
@@ -487,14 +502,16 @@ def stop_all(procs):
             p.join(5)
 
 
-def run_workers(spec, world, timeout):
-    """Runs rank_body on `world` fresh processes; returns their results or
-    raises PhaseError (after killing every rank) on any failure/timeout."""
-    ctx = multiprocessing.get_context("spawn")
+def run_workers(spec, world, timeout, body=None, ctx=None):
+    """Runs `body` (default rank_body) on `world` fresh processes of `ctx`
+    (default: multiprocessing's spawn); returns their results or raises
+    PhaseError (after killing every rank) on any failure/timeout."""
+    ctx = ctx or multiprocessing.get_context("spawn")
     for attempt in range(3):
         q = ctx.Queue()
         port = free_port()
-        procs = [ctx.Process(target=rank_main, args=(spec, r, world, port, q),
+        procs = [ctx.Process(target=rank_main,
+                             args=(spec, r, world, port, q, body),
                              daemon=True, name=f"{spec['name']}-rank{r}")
                  for r in range(world)]
         for p in procs:
@@ -621,6 +638,7 @@ def main():
                  f"`cairn bench ... --model-out FILE`)")
 
     import torch
+    quiet_deprecations()
     tensors, total = load_model(args.model)
     W = args.ranks
 
