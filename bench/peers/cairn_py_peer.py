@@ -135,6 +135,18 @@ def verify_state(state, local, shapes, what):
     return checked
 
 
+SAVE_PHASES = ("planning", "prepare", "write", "commit")
+LOAD_PHASES = ("metadata", "planning", "read", "broadcast", "copy", "staging")
+
+
+def library_diagnostics(result, phases):
+    """What the C++ library says it spent (its own clock) of a timed call;
+    the rest of the call is the Python side's."""
+    return {"library_seconds": float(result.seconds),
+            "phase_seconds": {p: float(getattr(result.phases, p))
+                              for p in phases}}
+
+
 def rank_body(spec, rank, world, port):
     import torch
     import torch.distributed as dist
@@ -186,11 +198,13 @@ def rank_body(spec, rank, world, port):
         dist.barrier()
         t0 = time.monotonic()
         if kind == "cairn_save":
-            cairn.save(state, spec["path"])
+            result = cairn.save(state, spec["path"])
         else:
             dcp.save(state, storage_writer=plugin.StorageWriter(spec["path"]))
         t1 = time.monotonic()
         out["peak_rss_bytes"] = tp.maxrss_bytes()
+        if kind == "cairn_save":
+            out.update(library_diagnostics(result, SAVE_PHASES))
     elif kind in ("cairn_async_save", "plugin_async_save"):
         # Two saves, the second timed, as `cairn bench` and torch_peer.py.
         saver = cairn.AsyncSaver() if kind == "cairn_async_save" else None
@@ -223,11 +237,13 @@ def rank_body(spec, rank, world, port):
         t0 = time.monotonic()
         if kind == "cairn_load":
             result = cairn.load(state, spec["path"])
-            out["storage_bytes_read"] = int(result.bytes_read)
         else:
             dcp.load(state, storage_reader=plugin.StorageReader(spec["path"]))
         t1 = time.monotonic()
         out["peak_rss_bytes"] = tp.maxrss_bytes()
+        if kind == "cairn_load":
+            out["storage_bytes_read"] = int(result.bytes_read)
+            out.update(library_diagnostics(result, LOAD_PHASES))
         out["verified_bytes"] = verify_state(state, local, shapes,
                                              spec["name"])
         out["verified"] = True
@@ -242,6 +258,22 @@ def rank_body(spec, rank, world, port):
 # --------------------------------------------------------------------------
 # Parent side
 # --------------------------------------------------------------------------
+def median_diagnostics(samples, med):
+    """For the median sample: the slowest rank's library seconds and each
+    phase's slowest rank (as `cairn bench` gives phase_seconds), and the
+    Python side's share (seconds - library seconds, slowest rank)."""
+    res = next(res for sec, res in samples if sec == med) \
+        if med in [s for s, _ in samples] else samples[0][1]
+    if not all("library_seconds" in r for r in res):
+        return {}
+    phases = {p: max(r["phase_seconds"][p] for r in res)
+              for p in res[0]["phase_seconds"]}
+    return {"library_seconds": max(r["library_seconds"] for r in res),
+            "phase_seconds": phases,
+            "python_overhead_seconds": max(
+                (r["t1"] - r["t0"]) - r["library_seconds"] for r in res)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="model JSON from harness")
@@ -348,6 +380,7 @@ def main():
             "peak_rss_over_dest_bytes": max(
                 r["peak_rss_bytes"] - r["dest_bytes"] for r in every),
             "ranks": world, "samples": secs,
+            **median_diagnostics(samples, med),
             "rank_seconds": [[r["t1"] - r["t0"] for r in res]
                              for _, res in samples]})
         results.append(row)
