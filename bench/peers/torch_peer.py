@@ -62,8 +62,12 @@ def log(msg):
 # is first imported, dataclasses.field turns such a default into a factory
 # that returns a fresh copy. Nothing installed is modified.
 # --------------------------------------------------------------------------
+_DCP_IMPORTED = False
+
+
 def import_dcp():
-    if "torch.distributed._shard.checkpoint" in sys.modules:
+    global _DCP_IMPORTED
+    if _DCP_IMPORTED:
         return
     original_field = dataclasses.field
 
@@ -81,9 +85,13 @@ def import_dcp():
     dataclasses.field = patched_field
     try:
         import torch.distributed._shard.sharded_tensor  # noqa: F401
-        import torch.distributed._shard.checkpoint  # noqa: F401
+        # torch 2.x keeps _shard.checkpoint only as an alias that warns
+        # with "always" on import: import it only where it is the DCP.
+        if modern_dcp() is None:
+            import torch.distributed._shard.checkpoint  # noqa: F401
     finally:
         dataclasses.field = original_field
+    _DCP_IMPORTED = True
 
 
 def modern_dcp():
