@@ -13,6 +13,10 @@ Reads from RESULTS_DIR (what bench/run.sh writes there):
   cairn-SIZE.json   cairn bench --json
   torch-SIZE.json   bench/peers/torch_peer.py --out
   torch.skipped     why the peer was not run
+  cairn_py-SIZE.json  bench/peers/cairn_py_peer.py --out: cairn's rows
+                    through its Python API (and through DCP with cairn's
+                    storage plugin, rows plugin_*)
+  cairn_py.skipped  why cairn's Python API was not run
   run.json          the machine and the command (optional)
 Writes RESULTS_DIR/report.md and RESULTS_DIR/report.json and prints the
 markdown. Whatever is missing is reported as "not measured" with its reason.
@@ -32,6 +36,9 @@ SAVE_VS_WRITE = 0.9
 COLD_VS_READ = 0.9
 WARM_VS_MEMCPY = 0.5
 ASYNC_VS_SYNC = 0.25
+# The Python package against the CLI: at least this fraction of the CLI's
+# speed (CLI seconds / Python seconds) on every row.
+PY_VS_CLI = 0.9
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 PARTLY = "met where measured"  # no row missed, but some rows not measured
@@ -150,9 +157,20 @@ def merge_samples(samples):
     return job
 
 
+def peer_doc(out, prefix, label):
+    """(JSON or None, reason) of a peer's file for one size."""
+    skipped = os.path.join(out, f"{prefix}.skipped")
+    if os.path.exists(skipped):
+        return None, read_text(skipped)
+    path = os.path.join(out, f"{prefix}-{label}.json")
+    if os.path.exists(path):
+        return read_json(path)
+    return None, f"no {prefix}-{label}.json"
+
+
 def sizes(out):
-    """[(label, cairn JSON or None, reason, torch JSON or None, reason)],
-    smallest state first."""
+    """[(label, cairn JSON or None, reason, torch JSON or None, reason,
+    cairn_py JSON or None, reason)], smallest state first."""
     torch_skip = None
     if os.path.exists(os.path.join(out, "torch.skipped")):
         torch_skip = read_text(os.path.join(out, "torch.skipped"))
@@ -167,7 +185,9 @@ def sizes(out):
             torch, torch_err = read_json(torch_path)
         else:
             torch, torch_err = None, f"no torch-{label}.json"
-        found.append((label, cairn, cairn_err, torch, torch_err))
+        py, py_err = peer_doc(out, "cairn_py", label)
+        found.append((label, cairn, cairn_err, torch, torch_err, py,
+                      py_err))
     found.sort(key=lambda s: (s[1] or {}).get("bytes", 0))
     return found
 
@@ -205,10 +225,11 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def size_rows(cairn, torch, limits):
+def size_rows(cairn, torch, limits, py=None):
     """Every row of one size's table, with figures and ratios."""
     c = by_key(cairn)
     t = by_key(torch)
+    p = by_key(py)
     write = limits["write"]
     read = limits["cold_read"]
     memcpy, memcpy_which = memcpy_limit(cairn)
@@ -250,6 +271,19 @@ def size_rows(cairn, torch, limits):
         if dcp is not None and "peak_rss_over_dest_bytes" in dcp:
             r["dcp_peak_rss_bytes"] = dcp["peak_rss_bytes"]
             r["dcp_peak_rss_over_dest_bytes"] = dcp["peak_rss_over_dest_bytes"]
+        # cairn's Python API (py_) and DCP with cairn's storage plugin
+        # (plugin_), the same row: speed against the CLI (CLI s / s) and
+        # against DCP (DCP s / s).
+        for who, key in (("py", name), ("plugin", "plugin_" + name)):
+            other = p.get((key, cache))
+            if other is None or seconds(other) is None:
+                continue
+            r[f"{who}_seconds"] = seconds(other)
+            r[f"{who}_over_cli"] = ratio(sec, seconds(other))
+            if dcp is not None:
+                r[f"{who}_vs_dcp"] = ratio(dcp["seconds"], seconds(other))
+            if other.get("peak_rss_bytes") is not None:
+                r[f"{who}_peak_rss_bytes"] = other["peak_rss_bytes"]
         rows.append(r)
 
     def secs(row):
@@ -293,7 +327,8 @@ def size_rows(cairn, torch, limits):
 # --------------------------------------------------------------------------
 # Targets
 # --------------------------------------------------------------------------
-def targets_for_size(label, cairn, torch, torch_err, limits, rows):
+def targets_for_size(label, cairn, torch, torch_err, limits, rows,
+                     py=None, py_err=None):
     """One entry per target of issue 6 for this size."""
     by_row = {(r["row"], r["cache"]): r for r in rows}
 
@@ -374,6 +409,62 @@ def targets_for_size(label, cairn, torch, torch_err, limits, rows):
               "every row > 1.00x", ("slower: " if slow else "") + detail,
               value=worst["speedup_vs_dcp"], threshold=1.0,
               unit="x (DCP s / cairn s, slowest row)")
+
+    # cairn's Python API: every row the CLI has, async ones included.
+    target = (f"cairn Python API >= {PY_VS_CLI} x CLI speed on every row")
+    measured = [r for r in rows if "not_measured" not in r]
+    paired = [r for r in measured if r.get("py_over_cli") is not None]
+    if py is None:
+        entry(target, NOT_MEASURED, "-", f">= {PY_VS_CLI:.2f}x", py_err)
+    elif not paired:
+        entry(target, NOT_MEASURED, "-", f">= {PY_VS_CLI:.2f}x",
+              "no Python API row pairs with the CLI's")
+    else:
+        slow = [r for r in paired if r["py_over_cli"] < PY_VS_CLI]
+        worst = min(paired, key=lambda r: r["py_over_cli"])
+        detail = (", ".join(f"{row_name(r)} {fmt_ratio(r['py_over_cli'])}"
+                            for r in slow) if slow else
+                  f"slowest: {row_name(worst)} "
+                  f"{fmt_ratio(worst['py_over_cli'])}")
+        unpaired = [r for r in measured if r.get("py_over_cli") is None]
+        if unpaired:
+            detail += "; not measured: " + ", ".join(
+                row_name(r) for r in unpaired)
+        entry(target, MISSED if slow else PARTLY if unpaired else MET,
+              f"{len(paired) - len(slow)} of {len(paired)} rows at "
+              f">= {PY_VS_CLI:.2f}x", f"every row >= {PY_VS_CLI:.2f}x",
+              ("below: " if slow else "") + detail,
+              value=worst["py_over_cli"], threshold=PY_VS_CLI,
+              unit="x (CLI s / Python s, slowest row)")
+
+    # cairn's Python API against the peer's DCP: every row DCP has,
+    # async_save's blocked and total included (torch 2.x has it).
+    version = (torch or {}).get("torch_version", "")
+    target = (f"cairn Python API faster than DCP{' ' + version if version else ''}"
+              f" on every row")
+    dpaired = [r for r in paired if r.get("py_vs_dcp") is not None]
+    if py is None or torch is None:
+        entry(target, NOT_MEASURED, "-", "> 1.00x",
+              py_err if py is None else torch_err)
+    elif not dpaired:
+        entry(target, NOT_MEASURED, "-", "> 1.00x",
+              "no DCP rows pair with the Python API's")
+    else:
+        slow = [r for r in dpaired if r["py_vs_dcp"] <= 1]
+        worst = min(dpaired, key=lambda r: r["py_vs_dcp"])
+        detail = (", ".join(f"{row_name(r)} {fmt_ratio(r['py_vs_dcp'])}"
+                            for r in slow) if slow else
+                  f"slowest: {row_name(worst)} "
+                  f"{fmt_ratio(worst['py_vs_dcp'])}")
+        unpaired = [r for r in rows if r.get("py_vs_dcp") is None]
+        if unpaired:
+            detail += "; no pair for " + ", ".join(
+                row_name(r) for r in unpaired)
+        entry(target, MISSED if slow else PARTLY if unpaired else MET,
+              f"{len(dpaired) - len(slow)} of {len(dpaired)} rows faster",
+              "every row > 1.00x", ("slower: " if slow else "") + detail,
+              value=worst["py_vs_dcp"], threshold=1.0,
+              unit="x (DCP s / Python s, slowest row)")
 
     target = f"async blocked <= {ASYNC_VS_SYNC} x sync save"
     blocked = get("async save, blocked")
@@ -483,7 +574,7 @@ def limits_md(limits, size_docs, run):
                "--repeat) each job ran that many times, the jobs taking "
                "turns, and its figure is the median of its samples."]
     mem = []
-    for label, cairn, _, _, _ in size_docs:
+    for label, cairn, *_ in size_docs:
         if cairn and cairn.get("memcpy_gb_per_s"):
             m = cairn.get("memcpy", {})
             samples = m.get("samples", [])
@@ -567,6 +658,49 @@ def size_md(label, cairn, rows, torch, torch_err):
     return md + [""] + notes
 
 
+def python_md(label, rows, torch, py, py_err):
+    """The second table of a size: the same rows through cairn's CLI, its
+    Python API and DCP with its storage plugin, beside DCP and
+    torch.save/load."""
+    md = [f"### {label}: cairn CLI, Python API and DCP plugin against "
+          f"PyTorch", ""]
+    if py is None:
+        return md + [f"cairn's Python API: not measured ({py_err})."]
+    dcp = f"DCP {torch['torch_version']}" if torch else "DCP"
+    md.append(f"cairn {py.get('cairn_version')} Python API on torch "
+              f"{py.get('torch_version')}, cold={py.get('cold_method')}; "
+              + (f"DCP plugin: not measured "
+                 f"({py['plugin_not_measured']})."
+                 if py.get("plugin_not_measured") else
+                 "DCP plugin: cairn.torch.StorageWriter/StorageReader."))
+    md.append("")
+    header = ["row", "cache", "CLI s", "Python API s", "Python / CLI",
+              "DCP plugin s", "plugin / CLI", f"{dcp} s",
+              f"Python vs {dcp}", f"plugin vs {dcp}", "torch.save/load s"]
+    table = []
+    for r in rows:
+        if "not_measured" in r:
+            table.append([r["row"], r["cache"] or "-",
+                          f"not measured: {r['not_measured']}"]
+                         + [""] * (len(header) - 3))
+            continue
+        table.append([
+            r["row"], r["cache"] or "-", fmt_s(r["cairn_seconds"]),
+            fmt_s(r.get("py_seconds")), fmt_ratio(r.get("py_over_cli")),
+            fmt_s(r.get("plugin_seconds")),
+            fmt_ratio(r.get("plugin_over_cli")), fmt_s(r.get("dcp_seconds")),
+            fmt_ratio(r.get("py_vs_dcp")), fmt_ratio(r.get("plugin_vs_dcp")),
+            fmt_s(r.get("torch_seconds"))])
+    md += md_table(header, table)
+    md += ["", f"Python / CLI = CLI seconds / Python API seconds (target "
+           f">= {PY_VS_CLI:.2f}x: the package keeps the CLI's speed); "
+           f"vs {dcp} = DCP seconds / cairn seconds (above 1.00x cairn is "
+           f"faster). The CLI runs its ranks as threads of one process; "
+           f"the Python API and DCP run one process per rank over gloo. "
+           f"A blank: that tool has no such row."]
+    return md
+
+
 def targets_md(targets):
     md = ["## Targets (issue 6)", ""]
     for name in dict.fromkeys(t["target"] for t in targets):
@@ -609,14 +743,14 @@ def build(out):
     if not size_docs:
         md += ["", "cairn: not measured (no cairn-*.json in the results "
                "folder)."]
-    for label, cairn, cairn_err, torch, torch_err in size_docs:
+    for label, cairn, cairn_err, torch, torch_err, py, py_err in size_docs:
         md.append("")
         if cairn is None:
             md.append(f"## {label}: not measured ({cairn_err})")
             continue
-        rows = size_rows(cairn, torch, limits)
+        rows = size_rows(cairn, torch, limits, py)
         targets = targets_for_size(label, cairn, torch, torch_err, limits,
-                                   rows)
+                                   rows, py, py_err)
         report["sizes"].append({
             "size": label, "bytes": cairn["bytes"],
             "ranks": cairn.get("ranks"),
@@ -626,9 +760,16 @@ def build(out):
             "torch": ({"torch_version": torch.get("torch_version"),
                        "cold_method": torch.get("cold_method")}
                       if torch else {"not_measured": torch_err}),
+            "cairn_py": ({"cairn_version": py.get("cairn_version"),
+                          "torch_version": py.get("torch_version"),
+                          "cold_method": py.get("cold_method"),
+                          "plugin_not_measured":
+                              py.get("plugin_not_measured")}
+                         if py else {"not_measured": py_err}),
             "rows": rows})
         report["targets"] += targets
         md += size_md(label, cairn, rows, torch, torch_err)
+        md += [""] + python_md(label, rows, torch, py, py_err)
     if report["targets"]:
         md += [""] + targets_md(report["targets"])
     return report, "\n".join(md) + "\n"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark harness of issue 6 in one command: the physical limits of a
-# directory (fio), cairn (`cairn bench`) and PyTorch checkpointing
+# directory (fio), cairn (`cairn bench`, and its Python API through
+# bench/peers/cairn_py_peer.py) and PyTorch checkpointing
 # (bench/peers/torch_peer.py) on the same tensors, then bench/report.py.
 # bench/README.md describes what is measured and how to read the report.
 set -euo pipefail
@@ -12,7 +13,7 @@ usage() {
   cat <<EOF
 Usage: $PROG [--dir DIR] [--sizes "256MiB 1GiB 2GiB"] [--ranks 4] [--repeat N]
                     [--out RESULTS_DIR] [--cairn PATH] [--skip-fio] [--skip-torch]
-                    [--fio-runtime SECONDS] [--python PATH]
+                    [--skip-cairn-python] [--fio-runtime SECONDS] [--python PATH]
 
   --dir DIR           directory on the storage to measure (created if missing;
                       must not be tmpfs). Default /var/tmp/cairn-bench
@@ -25,14 +26,21 @@ Usage: $PROG [--dir DIR] [--sizes "256MiB 1GiB 2GiB"] [--ranks 4] [--repeat N]
                       Default bench/results/<date>-<hostname>
   --cairn PATH        the cairn binary. Default build/tools/cairn
   --skip-fio          do not measure the physical limits (reported as not measured)
-  --skip-torch        do not run the PyTorch peer (reported as not measured)
+  --skip-torch        do not run the PyTorch peer, nor cairn's Python API
+                      (which runs on torch.distributed); reported as not measured
+  --skip-cairn-python do not run cairn through its Python API
+                      (bench/peers/cairn_py_peer.py; reported as not measured)
   --fio-runtime S     time limit of each fio job in seconds. Default 10
-  --python PATH       the Python that runs the PyTorch peer. Default
-                      /usr/bin/python3 (Debian's python3-torch); name another
-                      where torch lives elsewhere (a venv, a GPU image)
+  --python PATH       the Python that runs the PyTorch peer and cairn's Python
+                      API: it needs torch 2.x (torch.distributed.checkpoint
+                      save/load/async_save, DTensor) and the cairn package.
+                      Default: python3 on PATH, which must have torch 2.x;
+                      name another to measure another torch (say Debian's
+                      /usr/bin/python3 with torch 1.13)
 
 Writes fio-*.json, cairn-SIZE.json, model-SIZE.json, torch-SIZE.json,
-run.json, report.md and report.json into the results folder and prints
+cairn_py-SIZE.json, run.json, report.md and report.json into the results
+folder and prints
 report.md. Progress goes to stderr. Cold loads drop the page cache, which
 needs root; without it the cold rows are reported as not measured.
 EOF
@@ -74,8 +82,9 @@ OUT=
 CAIRN=$ROOT/build/tools/cairn
 SKIP_FIO=0
 SKIP_TORCH=0
+SKIP_CAIRN_PY=0
 FIO_RUNTIME=10
-PEER_PYTHON=/usr/bin/python3
+PEER_PYTHON=
 COMMAND_LINE="$PROG$(printf " %q" "$@")"
 
 while [ $# -gt 0 ]; do
@@ -83,6 +92,7 @@ while [ $# -gt 0 ]; do
     -h|--help) usage; exit 0 ;;
     --skip-fio) SKIP_FIO=1; shift; continue ;;
     --skip-torch) SKIP_TORCH=1; shift; continue ;;
+    --skip-cairn-python) SKIP_CAIRN_PY=1; shift; continue ;;
     --dir|--sizes|--ranks|--repeat|--out|--cairn|--fio-runtime|--python)
       [ $# -ge 2 ] || die "$1 needs a value (see --help)" ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -120,12 +130,37 @@ command -v python3 >/dev/null || die "python3 not found (needed for bench/report
 if [ "$SKIP_FIO" = 0 ]; then
   command -v fio >/dev/null || die "fio not found: apt-get install -y fio (or --skip-fio)"
 fi
-if [ "$SKIP_TORCH" = 0 ]; then
-  # The peer is written for Debian's python3-torch, hence /usr/bin/python3
-  # rather than whatever python3 is first on PATH, unless --python says.
-  [ -x "$PEER_PYTHON" ] || die "$PEER_PYTHON not found: apt-get install -y python3-torch python3-numpy (or --python PATH, or --skip-torch)"
+# cairn's Python API runs its ranks over torch.distributed: no torch, no rows.
+if [ "$SKIP_TORCH" = 1 ]; then SKIP_CAIRN_PY=1; fi
+if [ "$SKIP_TORCH" = 0 ] || [ "$SKIP_CAIRN_PY" = 0 ]; then
+  # The peer to beat is torch 2.x's torch.distributed.checkpoint (save,
+  # load, async_save). Unless --python names an interpreter, python3 on
+  # PATH, and it must have torch 2.x: Debian's /usr/bin/python3 has torch
+  # 1.13, which has neither dcp.save nor async_save and is measured only
+  # when asked for by name.
+  if [ -z "$PEER_PYTHON" ]; then
+    PEER_PYTHON=$(command -v python3) ||
+      die "python3 not found on PATH: pass --python PATH (a Python with torch 2.x and cairn), or --skip-torch"
+    PEER_DEFAULT=1
+  fi
+  [ -x "$PEER_PYTHON" ] || die "$PEER_PYTHON not found (pass --python PATH, or --skip-torch)"
   TORCH_VERSION=$("$PEER_PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
-    die "$PEER_PYTHON cannot import torch: apt-get install -y python3-torch python3-numpy (or --python PATH, or --skip-torch)"
+    die "$PEER_PYTHON cannot import torch: pip install torch==2.13.0, or --python PATH, or --skip-torch"
+  case $TORCH_VERSION in
+    0.*|1.*)
+      if [ "${PEER_DEFAULT:-0}" = 1 ]; then
+        die "$PEER_PYTHON (python3 on PATH) has torch $TORCH_VERSION; the peer is torch 2.x: pass --python PATH with torch 2.x (or name this one with --python to measure torch $TORCH_VERSION anyway)"
+      fi
+      # torch 1.13 has no DTensor: cairn's Python rows need 2.x.
+      if [ "$SKIP_CAIRN_PY" = 0 ]; then
+        CAIRN_PY_SKIPPED="$PEER_PYTHON has torch $TORCH_VERSION; cairn's Python rows need torch 2.x (DTensor)"
+        SKIP_CAIRN_PY=1
+      fi ;;
+  esac
+  if [ "$SKIP_CAIRN_PY" = 0 ]; then
+    CAIRN_PY_VERSION=$("$PEER_PYTHON" -c 'import cairn; print(cairn.__version__)' 2>/dev/null) ||
+      die "$PEER_PYTHON cannot import cairn: pip install --no-build-isolation . (or --python PATH, or --skip-cairn-python)"
+  fi
 fi
 
 # Filesystem and free space of DIR, or of the folder it will be made in:
@@ -186,7 +221,8 @@ json.dump(dict(zip(a[::2], a[1::2])), open(sys.argv[1], "w"), indent=1)' \
   cairn "$CAIRN" cairn_version "$("$CAIRN" --version 2>&1 | head -n 1)" \
   fio_version "$(if [ "$SKIP_FIO" = 0 ]; then fio --version | sed 's/^fio-//'; else echo skipped; fi)" \
   fio_file_bytes "$FIO_BYTES" fio_runtime_s "$FIO_RUNTIME" \
-  torch_version "${TORCH_VERSION:-skipped}" command "$COMMAND_LINE"
+  torch_version "${TORCH_VERSION:-skipped}" python "${PEER_PYTHON:-skipped}" \
+  cairn_python_version "${CAIRN_PY_VERSION:-skipped}" command "$COMMAND_LINE"
 
 # ---- (a) physical limits: sequential 1 MiB I/O on one file in DIR
 # fio_job NAME OPTIONS...: one job on the test file, its JSON in
@@ -262,8 +298,15 @@ else
   cleanup
 fi
 
-# ---- (b) cairn and the PyTorch peer, per size, on the same tensors
+# ---- (b) cairn, cairn's Python API and the PyTorch peer, per size, on the
+# same tensors
 if [ "$SKIP_TORCH" = 1 ]; then echo "--skip-torch given" > "$OUT/torch.skipped"; fi
+if [ "$SKIP_CAIRN_PY" = 1 ]; then
+  if [ "$SKIP_TORCH" = 1 ]; then why="--skip-torch given (it runs on torch.distributed)"
+  else why=${CAIRN_PY_SKIPPED:-"--skip-cairn-python given"}
+  fi
+  echo "$why" > "$OUT/cairn_py.skipped"
+fi
 for s in $SIZES; do
   step "cairn bench $s" "$CAIRN" bench --dir "$DIR" --size "$s" \
     --ranks "$RANKS" --repeat "$REPEAT" --json \
@@ -273,6 +316,13 @@ for s in $SIZES; do
     step "torch peer $s" "$PEER_PYTHON" "$ROOT/bench/peers/torch_peer.py" \
       --model "$OUT/model-$s.json" --dir "$DIR" --ranks "$RANKS" \
       --repeat "$REPEAT" --out "$OUT/torch-$s.json" >&2
+  fi
+  if [ "$SKIP_CAIRN_PY" = 0 ]; then
+    # cairn.save/AsyncSaver/load, and DCP with cairn's storage plugin
+    # (cairn.torch) where the package has it; its JSON says when not.
+    step "cairn python $s" "$PEER_PYTHON" "$ROOT/bench/peers/cairn_py_peer.py" \
+      --model "$OUT/model-$s.json" --dir "$DIR" --ranks "$RANKS" \
+      --repeat "$REPEAT" --out "$OUT/cairn_py-$s.json" >&2
   fi
 done
 

@@ -4,7 +4,8 @@
 The inputs have the shapes the real tools write (fio 3.33's JSON, `cairn
 bench --json`, bench/peers/torch_peer.py --out), trimmed to the keys the
 report reads plus a few it must ignore. Figures are round so that the
-expected ratios are exact. Standard library only.
+expected ratios are exact. bench/peers/cairn_py_peer.py --out (cairn's
+Python API and DCP plugin) too. Standard library only.
 """
 
 import copy
@@ -127,6 +128,44 @@ TORCH = {
 }
 
 
+def py_doc(scale=1.0, plugin=True):
+    """cairn_py_peer.py --out: cairn's rows through the Python API at
+    `scale` x the CLI's seconds, and the DCP plugin rows at 1.5 x, unless
+    plugin=False (then skipped with import cairn.torch's reason)."""
+    rows = []
+    for r in CAIRN["results"]:
+        row = copy.deepcopy(r)
+        row["seconds"] *= scale
+        if "blocked_seconds" in row:
+            row["blocked_seconds"] *= scale
+        rows.append(row)
+    if plugin:
+        for r in CAIRN["results"]:
+            row = copy.deepcopy(r)
+            row["name"] = "plugin_" + row["name"]
+            row["seconds"] *= 1.5
+            if "blocked_seconds" in row:
+                row["blocked_seconds"] *= 1.5
+            rows.append(row)
+    return {"peer": "cairn_py", "cairn_version": "0.1.0",
+            "torch_version": "2.13.0+cpu", "bytes": STATE, "ranks": 4,
+            "repeat": 1, "cold_method": "drop_caches",
+            "plugin_not_measured": None if plugin else
+            "cairn.torch not available (ModuleNotFoundError: No module "
+            "named 'cairn.torch')",
+            "results": rows, "notes": []}
+
+
+def torch2_doc():
+    """A torch 2.13 peer: TORCH plus dcp_async_save (blocked 2.0 s, done
+    after 4.0 s)."""
+    doc = dict(TORCH, torch_version="2.13.0+cpu")
+    row = peer_row("dcp_async_save", "async", 4.0, 4)
+    row["blocked_seconds"] = 2.0
+    doc["results"] = TORCH["results"] + [row]
+    return doc
+
+
 class ReportTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -233,13 +272,84 @@ class ReportTest(unittest.TestCase):
         self.full_run()
         data, md = self.run_report()
         results = {t["target"]: t["result"] for t in data["targets"]}
-        self.assertEqual(len(results), 6)
+        self.assertEqual(len(results), 8)
+        # No cairn_py-2GB.json: the Python targets are not measured.
+        for name in ("cairn Python API >= 0.9 x CLI speed on every row",
+                     "cairn Python API faster than DCP 1.13.0a0 on every "
+                     "row"):
+            self.assertEqual(results.pop(name), "not measured")
         self.assertEqual(set(results.values()), {"met"}, results)
         self.assertIn("11 of 11 rows faster",
                       self.target(data, "faster than")["measured"])
         self.assertEqual(self.target(data, "async")["measured"],
                          "0.200 s = 0.200 x 1.000 s")
         self.assertIn("- save >= 0.9 x fastest fio write: **met**", md)
+
+    def test_python_api_beside_the_cli_and_dcp(self):
+        self.full_run(torch=torch2_doc())
+        self.write("cairn_py-2GB.json", py_doc(scale=1.1))
+        data, md = self.run_report()
+        save = self.row(data, "save")
+        self.assertAlmostEqual(save["py_seconds"], 1.1)
+        self.assertAlmostEqual(save["py_over_cli"], 1 / 1.1)
+        self.assertAlmostEqual(save["py_vs_dcp"], 2.0 / 1.1)
+        self.assertAlmostEqual(save["plugin_seconds"], 1.5)
+        self.assertAlmostEqual(save["plugin_over_cli"], 1 / 1.5)
+        self.assertAlmostEqual(save["plugin_vs_dcp"], 2.0 / 1.5)
+        # Async blocked pairs blocked seconds with blocked seconds.
+        blocked = self.row(data, "async save, blocked")
+        self.assertAlmostEqual(blocked["py_seconds"], 0.22)
+        self.assertAlmostEqual(blocked["py_vs_dcp"], 2.0 / 0.22)
+        cols = self.row(data, "load_4to3_cols", "cold")
+        self.assertAlmostEqual(cols["py_vs_dcp"], 1.0 / 0.55)
+        py_cli = self.target(data, "cairn Python API >= 0.9")
+        self.assertEqual(py_cli["result"], "met")
+        self.assertIn("13 of 13 rows", py_cli["measured"])
+        self.assertAlmostEqual(py_cli["value"], 1 / 1.1)
+        py_dcp = self.target(data, "cairn Python API faster than DCP "
+                             "2.13.0+cpu")
+        self.assertEqual(py_dcp["result"], "met")
+        self.assertIn("13 of 13 rows faster", py_dcp["measured"])
+        self.assertIn("### 2GB: cairn CLI, Python API and DCP plugin", md)
+        self.assertIn("DCP 2.13.0+cpu s", md)
+        self.assertIn("| save | - | 1.000 | 1.100 | 0.91x | 1.500 | 0.67x "
+                      "| 2.000 | 1.82x | 1.33x | 2.500 |", md)
+
+    def test_python_api_below_the_cli_and_plugin_absent(self):
+        self.full_run(torch=torch2_doc())
+        self.write("cairn_py-2GB.json", py_doc(scale=1.25, plugin=False))
+        data, md = self.run_report()
+        self.assertNotIn("plugin_seconds", self.row(data, "save"))
+        py_cli = self.target(data, "cairn Python API >= 0.9")
+        self.assertEqual(py_cli["result"], "missed")
+        self.assertIn("0 of 13 rows", py_cli["measured"])
+        self.assertIn("save 0.80x", py_cli["detail"])
+        # 1.25 x the CLI is still faster than DCP's 2 x.
+        self.assertEqual(self.target(data, "cairn Python API faster")[
+            "result"], "met")
+        self.assertIn("DCP plugin: not measured (cairn.torch not available",
+                      md)
+        # Slower than DCP on one row: missed, naming it.
+        doc = py_doc(plugin=False)
+        for r in doc["results"]:
+            if r["name"] == "load_4to2_rows" and r["cache"] == "warm":
+                r["seconds"] = 0.6  # DCP 0.5 s
+        self.write("cairn_py-2GB.json", doc)
+        data, _ = self.run_report()
+        t = self.target(data, "cairn Python API faster")
+        self.assertEqual(t["result"], "missed")
+        self.assertIn("load_4to2_rows warm 0.83x", t["detail"])
+
+    def test_python_api_skipped(self):
+        self.full_run()
+        self.write("cairn_py.skipped", "--skip-cairn-python given")
+        data, md = self.run_report()
+        for prefix in ("cairn Python API >= 0.9", "cairn Python API faster"):
+            t = self.target(data, prefix)
+            self.assertEqual(t["result"], "not measured")
+            self.assertEqual(t["detail"], "--skip-cairn-python given")
+        self.assertIn("cairn's Python API: not measured "
+                      "(--skip-cairn-python given).", md)
 
     def test_missed_targets(self):
         cairn = copy.deepcopy(CAIRN)

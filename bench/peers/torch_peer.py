@@ -62,8 +62,12 @@ def log(msg):
 # is first imported, dataclasses.field turns such a default into a factory
 # that returns a fresh copy. Nothing installed is modified.
 # --------------------------------------------------------------------------
+_DCP_IMPORTED = False
+
+
 def import_dcp():
-    if "torch.distributed._shard.checkpoint" in sys.modules:
+    global _DCP_IMPORTED
+    if _DCP_IMPORTED:
         return
     original_field = dataclasses.field
 
@@ -81,9 +85,13 @@ def import_dcp():
     dataclasses.field = patched_field
     try:
         import torch.distributed._shard.sharded_tensor  # noqa: F401
-        import torch.distributed._shard.checkpoint  # noqa: F401
+        # torch 2.x keeps _shard.checkpoint only as an alias that warns
+        # with "always" on import: import it only where it is the DCP.
+        if modern_dcp() is None:
+            import torch.distributed._shard.checkpoint  # noqa: F401
     finally:
         dataclasses.field = original_field
+    _DCP_IMPORTED = True
 
 
 def modern_dcp():
@@ -446,9 +454,24 @@ def rank_body(spec, rank, world, port):
     return out
 
 
-def rank_main(spec, rank, world, port, q):
+def quiet_deprecations():
+    """torch 2.x warns, once per rank and call, that ShardedTensor and
+    torch.distributed._shard are deprecated; the peer uses them on purpose
+    (the one API both 1.13 and 2.x have), so those lines only hide the
+    progress."""
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=".*ShardedTensor.*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning,
+                            message=".*torch.distributed._shard.*")
+
+
+def rank_main(spec, rank, world, port, q, body=None):
+    """A worker process: runs `body` (default rank_body; another peer
+    script passes its own) and reports to the parent over `q`."""
+    quiet_deprecations()
     try:
-        res = rank_body(spec, rank, world, port)
+        res = (body or rank_body)(spec, rank, world, port)
         q.put(("ok", rank, res))
         code = 0
     except BaseException:
@@ -487,14 +510,16 @@ def stop_all(procs):
             p.join(5)
 
 
-def run_workers(spec, world, timeout):
-    """Runs rank_body on `world` fresh processes; returns their results or
-    raises PhaseError (after killing every rank) on any failure/timeout."""
-    ctx = multiprocessing.get_context("spawn")
+def run_workers(spec, world, timeout, body=None, ctx=None):
+    """Runs `body` (default rank_body) on `world` fresh processes of `ctx`
+    (default: multiprocessing's spawn); returns their results or raises
+    PhaseError (after killing every rank) on any failure/timeout."""
+    ctx = ctx or multiprocessing.get_context("spawn")
     for attempt in range(3):
         q = ctx.Queue()
         port = free_port()
-        procs = [ctx.Process(target=rank_main, args=(spec, r, world, port, q),
+        procs = [ctx.Process(target=rank_main,
+                             args=(spec, r, world, port, q, body),
                              daemon=True, name=f"{spec['name']}-rank{r}")
                  for r in range(world)]
         for p in procs:
@@ -621,6 +646,7 @@ def main():
                  f"`cairn bench ... --model-out FILE`)")
 
     import torch
+    quiet_deprecations()
     tensors, total = load_model(args.model)
     W = args.ranks
 
