@@ -14,7 +14,7 @@ from . import _cairn
 from ._api import (AsyncSaver, CheckpointManager, LoadResult, SaveFuture,
                    SavePlanCache, SaveResult, VerifyReport, load, load_all,
                    merge, read_metadata, save, verify)
-from ._comm import TorchCommunicator, local, mpi_world
+from ._comm import TorchCommunicator, in_process, local, mpi_world
 from ._state import ShardedTensor
 from ._errors import (AbortedError, AlreadyExistsError, CancelledError,
                       DataLossError, DeadlineExceededError, Error,
@@ -36,6 +36,6 @@ __all__ = [
     "NotFoundError", "OutOfRangeError", "PermissionDeniedError",
     "ResourceExhaustedError", "SaveFuture", "SavePlanCache", "SaveResult",
     "TorchCommunicator", "UnavailableError", "UnimplementedError",
-    "has_mpi", "load", "load_all", "local", "merge", "mpi_world",
+    "has_mpi", "in_process", "load", "load_all", "local", "merge", "mpi_world",
     "read_metadata", "save", "ShardedTensor", "verify", "VerifyReport",
 ]

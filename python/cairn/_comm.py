@@ -30,6 +30,15 @@ def local():
     return _cairn.local_communicator()
 
 
+def in_process(n, timeout_s=0.0):
+    """`n` ranks as threads of this process: a list of n communicators,
+    rank r's at index r, for n threads that each call save or load with
+    their own (the C++ library's in-process ranks: tests, simulations,
+    benchmarks of the binding itself). cairn releases the GIL while it
+    works, so the ranks run in parallel."""
+    return _cairn.in_process_communicators(n, timeout_s)
+
+
 def mpi_world(timeout_s=0.0):
     """A communicator over MPI_COMM_WORLD (under mpirun). ``timeout_s``: how
     long a rank waits for the others in a collective (0: cairn's default,

@@ -328,6 +328,22 @@ PYBIND11_MODULE(_cairn, m) {
         return Comm{std::move(c)};
       },
       py::arg("timeout_s") = 0.0);
+  m.def(
+      "in_process_communicators",
+      [](int n, double timeout_s) {
+        CommunicatorOptions o;
+        if (timeout_s > 0) o.collective_timeout = absl::Seconds(timeout_s);
+        std::vector<std::unique_ptr<Communicator>> made =
+            InProcessCommunicators(n, o);
+        if (made.empty()) {
+          Raise(absl::InvalidArgumentError(absl::StrCat(
+              "in_process_communicators: n must be at least 1, not ", n)));
+        }
+        std::vector<Comm> out;
+        for (auto& c : made) out.push_back(Comm{std::move(c)});
+        return out;
+      },
+      py::arg("n"), py::arg("timeout_s") = 0.0);
   m.def("python_communicator", [](py::object impl) {
     return Comm{Unwrap(MakePyCommunicator(std::move(impl)))};
   });

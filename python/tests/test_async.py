@@ -70,3 +70,38 @@ def test_manager_restore_without_checkpoint(tmp_path):
             pass
         else:
             raise AssertionError("restore of nothing must raise NotFoundError")
+
+
+def test_in_process_ranks_as_threads(tmp_path):
+    import threading
+    world = 4
+    comms = cairn.in_process(world)
+    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    errors = []
+
+    def rank(r):
+        try:
+            mine = full[2 * r:2 * r + 2].clone()
+            cairn.save({"w": cairn.ShardedTensor([8, 6], [((2 * r, 0), mine)]),
+                        "step": 9}, tmp_path / "c", comm=comms[r])
+            dst = torch.zeros(8, 6)[:, r:r + 1]  # a strided column
+            sd = {"w": cairn.ShardedTensor([8, 6], [((0, r), dst)]), "step": 0}
+            result = cairn.load(sd, tmp_path / "c", comm=comms[r])
+            assert result.world_size == world and sd["step"] == 9
+            assert torch.equal(dst, full[:, r:r + 1])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert cairn.read_metadata(tmp_path / "c")["world_size"] == world
+    try:
+        cairn.in_process(0)
+    except cairn.InvalidArgumentError:
+        pass
+    else:
+        raise AssertionError("in_process(0) must raise")
