@@ -78,10 +78,12 @@ def torch_dtype(cairn_name):
 
 
 def _torch_bits(t):
-    """`t`'s bytes as an integer tensor of the element's width."""
+    """A DLPack capsule of `t`'s bytes as an integer tensor of the element's
+    width (to_dlpack: far cheaper than the __dlpack__ protocol, and torch
+    tensors are never read-only)."""
     torch = _torch()
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return t.detach().view(bits[t.element_size()])
+    return torch.utils.dlpack.to_dlpack(t.detach().view(bits[t.element_size()]))
 
 
 def numpy_dtype_name(dtype, fqn):

@@ -46,18 +46,24 @@ absl::StatusOr<TensorView> ImportView(py::handle exporter, DType dtype,
                                       KeepAlive& keep) {
   py::object capsule;
   try {
-    if (!py::hasattr(exporter, "__dlpack__")) {
+    if (PyCapsule_CheckExact(exporter.ptr())) {
+      // Already a capsule: the Python layer passes torch tensors as
+      // torch.utils.dlpack.to_dlpack's (0.4 us against 8 us for torch's
+      // __dlpack__ here).
+      capsule = py::reinterpret_borrow<py::object>(exporter);
+    } else if (!py::hasattr(exporter, "__dlpack__")) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(fqn), ": a shard's data has no __dlpack__ (got ",
           std::string(py::str(py::type::of(exporter).attr("__name__"))), ")"));
-    }
-    py::object method = exporter.attr("__dlpack__");
-    try {
-      capsule = method(py::arg("max_version") = py::make_tuple(1, 0));
-    } catch (py::error_already_set& e) {
-      // Producers older than DLPack 1.0 take no max_version.
-      if (!e.matches(PyExc_TypeError)) throw;
-      capsule = method();
+    } else {
+      py::object method = exporter.attr("__dlpack__");
+      try {
+        capsule = method(py::arg("max_version") = py::make_tuple(1, 0));
+      } catch (py::error_already_set& e) {
+        // Producers older than DLPack 1.0 take no max_version.
+        if (!e.matches(PyExc_TypeError)) throw;
+        capsule = method();
+      }
     }
   } catch (py::error_already_set& e) {
     return absl::InvalidArgumentError(
