@@ -78,12 +78,17 @@ def torch_dtype(cairn_name):
 
 
 def _torch_bits(t):
-    """A DLPack capsule of `t`'s bytes as an integer tensor of the element's
-    width (to_dlpack: far cheaper than the __dlpack__ protocol, and torch
-    tensors are never read-only)."""
+    """A DLPack capsule of `t`'s bytes (to_dlpack: far cheaper than the
+    __dlpack__ protocol, and torch tensors are never read-only). The
+    extension checks only the element width against the dtype's name, so
+    a tensor goes as it is; float8 goes as uint8, whose DLPack codes
+    differ across DLPack versions. (Tensor.view(dtype) costs about 20 us,
+    more than all the rest of a tensor's way to C++.)"""
     torch = _torch()
-    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return torch.utils.dlpack.to_dlpack(t.detach().view(bits[t.element_size()]))
+    d = t.detach()
+    if d.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        d = d.view(torch.uint8)
+    return torch.utils.dlpack.to_dlpack(d)
 
 
 def numpy_dtype_name(dtype, fqn):
