@@ -189,7 +189,39 @@ def _close_all():
             pass
 
 
-class AsyncSaver:
+class _Closable:
+    """Holds an extension object whose saves run in the background: waited
+    for by close(), by leaving a `with` block, or at exit."""
+
+    def _open_with(self, impl):
+        self._impl = impl
+        with _open_lock:
+            _open.add(self)
+
+    def _live(self):
+        if self._impl is None:
+            raise InvalidArgumentError(
+                f"the {type(self).__name__} is closed")
+        return self._impl
+
+    def close(self):
+        """Waits for the saves in flight (their errors are raised), then
+        releases the object; later calls raise."""
+        if self._impl is None:
+            return
+        try:
+            self._wait_on_close(self._impl)
+        finally:
+            self._impl = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncSaver(_Closable):
     """Saves that return once the state is staged (copied to host buffers
     that are reused from save to save; CUDA tensors through pinned memory),
     so training goes on while the checkpoint is written. The checkpoint
@@ -200,62 +232,44 @@ class AsyncSaver:
     """
 
     def __init__(self, comm=None, *, max_in_flight=1, max_cached_bytes=None):
-        self._impl = _cairn.AsyncSaver(_comm.resolve(comm), max_in_flight,
-                                       max_cached_bytes)
-        with _open_lock:
-            _open.add(self)
+        self._open_with(_cairn.AsyncSaver(_comm.resolve(comm), max_in_flight,
+                                          max_cached_bytes))
 
     def save(self, state_dict, path, *, overwrite=False, save_id=None,
              user_metadata=None, **options):
         """Stages `state_dict` and saves it to `path` in the background;
         returns a SaveFuture. A failure of an earlier save that nobody
         waited for is raised here."""
-        self._check_open()
+        impl = self._live()
         prepared = _state.Prepared(state_dict, for_load=False)
         kw = _save_kwargs(overwrite, save_id, False, user_metadata, options)
-        return SaveFuture(self._impl.save(prepared.tree, str(path), **kw))
+        return SaveFuture(impl.save(prepared.tree, str(path), **kw))
 
     def wait(self):
         """Waits for every save in flight; raises the first error not yet
         seen."""
-        self._check_open()
-        self._impl.wait_all()
+        self._live().wait_all()
 
     @property
     def in_flight(self):
-        return self._impl.in_flight
+        return self._live().in_flight
 
     @property
     def staging_bytes(self):
         """Bytes of staging buffers kept for reuse."""
-        return self._impl.staging_bytes
+        return self._live().staging_bytes
 
     @property
     def staging_allocations(self):
         """Staging buffers allocated so far (stays put once warm)."""
-        return self._impl.staging_allocations
+        return self._live().staging_allocations
 
-    def close(self):
-        """Waits for the saves in flight and frees the staging buffers."""
-        if self._impl is None:
-            return
-        try:
-            self._impl.wait_all()
-        finally:
-            self._impl = None
-
-    def _check_open(self):
-        if self._impl is None:
-            raise InvalidArgumentError("the AsyncSaver is closed")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    @staticmethod
+    def _wait_on_close(impl):
+        impl.wait_all()  # then the staging buffers go with impl
 
 
-class CheckpointManager:
+class CheckpointManager(_Closable):
     """A root folder of step-numbered checkpoints (root/step-0000000100/),
     saved asynchronously by default, with retention (`keep_last` newest,
     and every step divisible by `keep_every`), and restore of the latest
@@ -274,61 +288,41 @@ class CheckpointManager:
         if "user_metadata" in save_options:
             save_options["user_metadata"] = _user_json(
                 save_options["user_metadata"])
-        self._impl = _cairn.CheckpointManager(
+        self._open_with(_cairn.CheckpointManager(
             str(root), _comm.resolve(comm), keep_last, keep_every, async_save,
-            max_in_flight, save_options, dict(load_options or {}))
-        with _open_lock:
-            _open.add(self)
+            max_in_flight, save_options, dict(load_options or {})))
 
     def save(self, step, state_dict):
         """Saves `state_dict` as `step`; returns a SaveFuture (already done
         when async_save is False)."""
-        self._check_open()
+        impl = self._live()
         prepared = _state.Prepared(state_dict, for_load=False)
-        return SaveFuture(self._impl.save(int(step), prepared.tree))
+        return SaveFuture(impl.save(int(step), prepared.tree))
 
     def restore(self, state_dict, step=None):
         """Loads `step` (default: the newest committed) into `state_dict`
         in place, like load(). cairn.NotFoundError when there is none."""
-        self._check_open()
+        impl = self._live()
         prepared = _state.Prepared(state_dict, for_load=True)
-        result, values = self._impl.restore(prepared.tree, step)
+        result, values = impl.restore(prepared.tree, step)
         prepared.put_back(values, result.missing, self._allow_pickle)
         return result
 
     def steps(self):
         """Committed steps, ascending."""
-        self._check_open()
-        return self._impl.steps()
+        return self._live().steps()
 
     def latest_step(self):
         """The newest committed step, or None."""
-        self._check_open()
-        return self._impl.latest_step()
+        return self._live().latest_step()
 
     def step_dir(self, step):
-        self._check_open()
-        return self._impl.step_dir(int(step))
+        return self._live().step_dir(int(step))
 
     def wait(self):
         """Waits for saves in flight, then applies retention."""
-        self._check_open()
-        self._impl.wait()
+        self._live().wait()
 
-    def close(self):
-        if self._impl is None:
-            return
-        try:
-            self._impl.wait()
-        finally:
-            self._impl = None
-
-    def _check_open(self):
-        if self._impl is None:
-            raise InvalidArgumentError("the CheckpointManager is closed")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    @staticmethod
+    def _wait_on_close(impl):
+        impl.wait()

@@ -18,11 +18,14 @@
 import sys
 import threading
 
+import numpy as np
+
 from . import _cairn
 
 _lock = threading.Lock()
-# Gloo groups made for cairn, by the ranks of the group they serve.
-_gloo_groups = {}
+# One cairn communicator (over a gloo group of its own) per torch.distributed
+# job and set of ranks it serves.
+_torch_comms = {}
 
 
 def local():
@@ -61,26 +64,6 @@ def _job():
     return id(_dist().distributed_c10d._get_default_group())
 
 
-def _gloo_group_for(group):
-    """A gloo group over `group`'s ranks, made once and kept (cairn's
-    messages then never mix with the application's)."""
-    dist = _dist()
-    ranks = tuple(dist.get_process_group_ranks(group))
-    key = (_job(), ranks)
-    with _lock:
-        cached = _gloo_groups.get(key)
-    if cached is not None:
-        return cached
-    world = dist.get_world_size()
-    if len(ranks) == world:
-        made = dist.new_group(backend="gloo")
-    else:
-        made = dist.new_group(ranks=list(ranks), backend="gloo",
-                              use_local_synchronization=True)
-    with _lock:
-        return _gloo_groups.setdefault(key, made)
-
-
 class TorchCommunicator:
     """cairn's collectives over a torch.distributed gloo group.
 
@@ -111,10 +94,14 @@ class TorchCommunicator:
         return "torch-gloo"
 
     def _u8(self, data, size=None):
-        torch = self._torch
-        t = torch.zeros(len(data) if size is None else size, dtype=torch.uint8)
-        if data:
-            t[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        """`data` in a uint8 tensor of `size` bytes (default: its own), the
+        rest zeros: one copy (metadata.json travels this way, and can be
+        large)."""
+        t = self._torch.empty(len(data) if size is None else size,
+                              dtype=self._torch.uint8)
+        a = t.numpy()
+        a[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        a[len(data):] = 0
         return t
 
     def _i64(self, values):
@@ -230,18 +217,22 @@ def resolve(comm):
         f"cairn.Communicator or a communicator object, not {type(comm).__name__}")
 
 
-# One cairn communicator per torch group it serves.
-_torch_comms = {}
-
-
 def _torch_communicator(group):
+    """cairn's communicator for the torch group `group`: over a gloo group
+    of the same ranks, made once and kept, so cairn's messages never mix
+    with the application's."""
     dist = _dist()
-    key = (_job(), tuple(dist.get_process_group_ranks(group)))
+    ranks = tuple(dist.get_process_group_ranks(group))
+    key = (_job(), ranks)
     with _lock:
         cached = _torch_comms.get(key)
     if cached is not None:
         return cached
-    gloo = _gloo_group_for(group)
+    if len(ranks) == dist.get_world_size():
+        gloo = dist.new_group(backend="gloo")
+    else:
+        gloo = dist.new_group(ranks=list(ranks), backend="gloo",
+                              use_local_synchronization=True)
     made = _cairn.python_communicator(TorchCommunicator(gloo))
     with _lock:
         return _torch_comms.setdefault(key, made)

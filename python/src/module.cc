@@ -124,101 +124,56 @@ py::dict MetadataToDict(const Metadata& m) {
   return d;
 }
 
-// Keyword options shared by save, AsyncSaver.save and the manager.
-struct SaveArgs {
-  bool overwrite = false;
-  std::string save_id;
-  int io_threads = 8;
-  bool direct_io = true;
-  uint64_t write_buffer_bytes = uint64_t{8} << 20;
-  uint64_t crc32c_block_bytes = kDefaultCrc32cBlockBytes;
-  std::string user_metadata = "{}";
-  bool rank_local = false;
-  std::string dedup = "balance_bytes";
-
-  SaveOptions ToOptions() const {
-    SaveOptions o;
-    o.overwrite = overwrite;
-    o.save_id = save_id;
-    o.io_threads = io_threads;
-    o.direct_io = direct_io;
-    o.write_buffer_bytes = write_buffer_bytes;
-    o.crc32c_block_bytes = crc32c_block_bytes;
-    o.user_metadata = user_metadata;
-    o.rank_local = rank_local;
-    if (dedup == "balance_bytes") {
-      o.dedup = DedupPolicy::kBalanceBytes;
-    } else if (dedup == "lowest_rank") {
-      o.dedup = DedupPolicy::kLowestRank;
-    } else {
-      Raise(absl::InvalidArgumentError(absl::StrCat(
-          "dedup must be 'balance_bytes' or 'lowest_rank', not '", dedup,
-          "'")));
-    }
-    return o;
-  }
-};
-
-struct LoadArgs {
-  bool strict = true;
-  int io_threads = 8;
-  bool verify_checksums = true;
-  uint64_t coalesce_gap_bytes = uint64_t{64} << 10;
-  uint64_t bounce_buffer_bytes = uint64_t{8} << 20;
-  bool broadcast_replicas = true;
-  uint64_t broadcast_batch_bytes = uint64_t{64} << 20;
-  uint64_t device_batch_bytes = uint64_t{64} << 20;
-  bool rank_local = false;
-
-  LoadOptions ToOptions() const {
-    LoadOptions o;
-    o.strict = strict;
-    o.io_threads = io_threads;
-    o.verify_checksums = verify_checksums;
-    o.coalesce_gap_bytes = coalesce_gap_bytes;
-    o.bounce_buffer_bytes = bounce_buffer_bytes;
-    o.broadcast_replicas = broadcast_replicas;
-    o.broadcast_batch_bytes = broadcast_batch_bytes;
-    o.device_batch_bytes = device_batch_bytes;
-    o.rank_local = rank_local;
-    return o;
-  }
-};
-
-SaveArgs SaveArgsFrom(const py::kwargs& kw) {
-  SaveArgs a;
+// The keyword options of save, AsyncSaver.save and the manager, over
+// SaveOptions' own defaults (comm, planner and plan_cache are set apart).
+SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
+  SaveOptions o;
   for (auto [k, v] : kw) {
     const std::string key = py::cast<std::string>(k);
-    if (key == "overwrite") a.overwrite = py::cast<bool>(v);
-    else if (key == "save_id") a.save_id = v.is_none() ? "" : py::cast<std::string>(v);
-    else if (key == "io_threads") a.io_threads = py::cast<int>(v);
-    else if (key == "direct_io") a.direct_io = py::cast<bool>(v);
-    else if (key == "write_buffer_bytes") a.write_buffer_bytes = py::cast<uint64_t>(v);
-    else if (key == "crc32c_block_bytes") a.crc32c_block_bytes = py::cast<uint64_t>(v);
-    else if (key == "user_metadata") a.user_metadata = py::cast<std::string>(v);
-    else if (key == "rank_local") a.rank_local = py::cast<bool>(v);
-    else if (key == "dedup") a.dedup = py::cast<std::string>(v);
-    else throw py::type_error(absl::StrCat("unexpected save option '", key, "'"));
+    if (key == "overwrite") o.overwrite = py::cast<bool>(v);
+    else if (key == "save_id") o.save_id = v.is_none() ? "" : py::cast<std::string>(v);
+    else if (key == "io_threads") o.io_threads = py::cast<int>(v);
+    else if (key == "direct_io") o.direct_io = py::cast<bool>(v);
+    else if (key == "write_buffer_bytes") o.write_buffer_bytes = py::cast<size_t>(v);
+    else if (key == "crc32c_block_bytes") o.crc32c_block_bytes = py::cast<uint64_t>(v);
+    else if (key == "user_metadata") o.user_metadata = py::cast<std::string>(v);
+    else if (key == "rank_local") o.rank_local = py::cast<bool>(v);
+    else if (key == "dedup") {
+      const std::string dedup = py::cast<std::string>(v);
+      if (dedup == "balance_bytes") {
+        o.dedup = DedupPolicy::kBalanceBytes;
+      } else if (dedup == "lowest_rank") {
+        o.dedup = DedupPolicy::kLowestRank;
+      } else {
+        Raise(absl::InvalidArgumentError(absl::StrCat(
+            "dedup must be 'balance_bytes' or 'lowest_rank', not '", dedup,
+            "'")));
+      }
+    } else {
+      throw py::type_error(absl::StrCat("unexpected save option '", key, "'"));
+    }
   }
-  return a;
+  return o;
 }
 
-LoadArgs LoadArgsFrom(const py::kwargs& kw) {
-  LoadArgs a;
+// The keyword options of load and the manager's restore, over LoadOptions'
+// own defaults (comm and planner are set apart).
+LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
+  LoadOptions o;
   for (auto [k, v] : kw) {
     const std::string key = py::cast<std::string>(k);
-    if (key == "strict") a.strict = py::cast<bool>(v);
-    else if (key == "io_threads") a.io_threads = py::cast<int>(v);
-    else if (key == "verify_checksums") a.verify_checksums = py::cast<bool>(v);
-    else if (key == "coalesce_gap_bytes") a.coalesce_gap_bytes = py::cast<uint64_t>(v);
-    else if (key == "bounce_buffer_bytes") a.bounce_buffer_bytes = py::cast<uint64_t>(v);
-    else if (key == "broadcast_replicas") a.broadcast_replicas = py::cast<bool>(v);
-    else if (key == "broadcast_batch_bytes") a.broadcast_batch_bytes = py::cast<uint64_t>(v);
-    else if (key == "device_batch_bytes") a.device_batch_bytes = py::cast<uint64_t>(v);
-    else if (key == "rank_local") a.rank_local = py::cast<bool>(v);
+    if (key == "strict") o.strict = py::cast<bool>(v);
+    else if (key == "io_threads") o.io_threads = py::cast<int>(v);
+    else if (key == "verify_checksums") o.verify_checksums = py::cast<bool>(v);
+    else if (key == "coalesce_gap_bytes") o.coalesce_gap_bytes = py::cast<uint64_t>(v);
+    else if (key == "bounce_buffer_bytes") o.bounce_buffer_bytes = py::cast<uint64_t>(v);
+    else if (key == "broadcast_replicas") o.broadcast_replicas = py::cast<bool>(v);
+    else if (key == "broadcast_batch_bytes") o.broadcast_batch_bytes = py::cast<uint64_t>(v);
+    else if (key == "device_batch_bytes") o.device_batch_bytes = py::cast<uint64_t>(v);
+    else if (key == "rank_local") o.rank_local = py::cast<bool>(v);
     else throw py::type_error(absl::StrCat("unexpected load option '", key, "'"));
   }
-  return a;
+  return o;
 }
 
 py::tuple RunLoad(const std::function<absl::StatusOr<LoadResult>(StateDict&)>& fn,
@@ -419,7 +374,7 @@ PYBIND11_MODULE(_cairn, m) {
       "save",
       [](py::handle prepared, const std::string& url, std::optional<Comm> comm,
          SavePlanCache* plan_cache, py::kwargs kw) {
-        SaveOptions options = SaveArgsFrom(kw).ToOptions();
+        SaveOptions options = SaveOptionsFrom(kw);
         options.comm = CommOf(comm);
         options.plan_cache = plan_cache;
         KeepAlive keep;
@@ -438,7 +393,7 @@ PYBIND11_MODULE(_cairn, m) {
       "load",
       [](py::handle prepared, const std::string& url, std::optional<Comm> comm,
          py::kwargs kw) {
-        LoadOptions options = LoadArgsFrom(kw).ToOptions();
+        LoadOptions options = LoadOptionsFrom(kw);
         options.comm = CommOf(comm);
         return RunLoad(
             [&](StateDict& state) { return Load(state, url, options); },
@@ -449,7 +404,7 @@ PYBIND11_MODULE(_cairn, m) {
   m.def(
       "load_all",
       [](const std::string& url, py::kwargs kw) {
-        LoadOptions options = LoadArgsFrom(kw).ToOptions();
+        LoadOptions options = LoadOptionsFrom(kw);
         absl::StatusOr<StateDict> state;
         {
           py::gil_scoped_release release;
@@ -586,7 +541,7 @@ PYBIND11_MODULE(_cairn, m) {
           "save",
           [](Saver& s, py::handle prepared, const std::string& url,
              py::kwargs kw) {
-            SaveOptions options = SaveArgsFrom(kw).ToOptions();
+            SaveOptions options = SaveOptionsFrom(kw);
             KeepAlive keep;
             StateDict state = Prepare(prepared, /*writable=*/false, keep);
             absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h;
@@ -624,9 +579,9 @@ PYBIND11_MODULE(_cairn, m) {
              o.async = async_save;
              o.async_options.max_in_flight = max_in_flight;
              o.save_options =
-                 SaveArgsFrom(py::kwargs(std::move(save_kw))).ToOptions();
+                 SaveOptionsFrom(py::kwargs(std::move(save_kw)));
              o.load_options =
-                 LoadArgsFrom(py::kwargs(std::move(load_kw))).ToOptions();
+                 LoadOptionsFrom(py::kwargs(std::move(load_kw)));
              auto mgr = std::make_unique<Manager>();
              if (comm) mgr->comm = comm->impl;
              absl::StatusOr<std::unique_ptr<CheckpointManager>> created;

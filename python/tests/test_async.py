@@ -105,3 +105,18 @@ def test_in_process_ranks_as_threads(tmp_path):
         pass
     else:
         raise AssertionError("in_process(0) must raise")
+
+
+def test_closed_saver_and_manager_refuse_work(tmp_path):
+    import pytest
+    with cairn.AsyncSaver() as saver:
+        saver.save({"w": torch.zeros(2)}, tmp_path / "a")
+    with pytest.raises(cairn.InvalidArgumentError, match="AsyncSaver is closed"):
+        saver.save({"w": torch.zeros(2)}, tmp_path / "b")
+    saver.close()  # again: nothing to do
+    assert cairn.load_all(tmp_path / "a")["w"].shape == (2,)
+    manager = cairn.CheckpointManager(tmp_path / "m")
+    manager.close()
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="CheckpointManager is closed"):
+        manager.steps()

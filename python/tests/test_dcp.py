@@ -5,23 +5,21 @@ dcp.async_save; 2 ranks load them back with dcp.load, resharded; one
 process reads them with cairn.load / cairn.load_all and the reference
 safetensors package. Non-tensor state and bad input run in one process."""
 
-import os
 import pathlib
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import (get_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import cairn
 import cairn.torch
-from conftest import data_files, flip_byte, free_port
+from conftest import data_files, flip_byte
+from gloo_jobs import init, make_model, run, shard
 
 # dcp.save / dcp.load in one process warn that torch.distributed is off.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -38,19 +36,6 @@ def blank_objects():
             "big": None}
 
 
-def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 27), torch.nn.ReLU(),
-                               torch.nn.Linear(27, 3))
-
-
-def shard(model, world):
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
 
 
 def train(model, opt, steps):
@@ -106,10 +91,6 @@ def grid():
     g = torch.Generator().manual_seed(7)
     return torch.randn(10, 7, generator=g)
 
-
-def init(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
 def save_job(rank, world, port, out):
@@ -170,9 +151,6 @@ def load_job(rank, world, port, out):
         assert dst["step"] == 11
     dist.destroy_process_group()
 
-
-def run(fn, world, out):
-    mp.spawn(fn, args=(world, free_port(), str(out)), nprocs=world, join=True)
 
 
 @pytest.fixture(scope="module")

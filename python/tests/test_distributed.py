@@ -4,40 +4,24 @@ one process, which then train on with the losses of the uninterrupted run.
 DTensors on a 2-d mesh (Shard on two dims, uneven, Replicate) go along."""
 
 import json
-import os
 import pathlib
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import (get_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import (DTensor, Replicate, Shard,
                                       distribute_tensor)
 
 import cairn
-from conftest import free_port
+from gloo_jobs import init, make_model, run, shard
 
 SAVE_STEP = 3
 MORE_STEPS = 3
 
 
-def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 27), torch.nn.ReLU(),
-                               torch.nn.Linear(27, 3))
-
-
-def shard(model, world):
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
 
 
 def batch(step):
@@ -94,10 +78,6 @@ def state(model, opt, extra):
     return {"model": msd, "optim": osd, "extra": extra}
 
 
-def init(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-
 
 def save_job(rank, world, port, out):
     init(rank, world, port)
@@ -151,9 +131,6 @@ def load_job(rank, world, port, out):
     check_and_resume(model, opt, sd, out, world)
     dist.destroy_process_group()
 
-
-def run(fn, world, out):
-    mp.spawn(fn, args=(world, free_port(), str(out)), nprocs=world, join=True)
 
 
 @pytest.fixture(scope="module")
