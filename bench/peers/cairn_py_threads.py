@@ -12,13 +12,14 @@ dim 1 for _cols; 1-D tensors dim 0).
     python3 bench/peers/cairn_py_threads.py --cairn build/tools/cairn \\
         --dir /var/tmp/cairn-bench --size 256MiB --repeat 3 --out out.json
 
-It runs `cairn bench` (save and load phases, --json) first, which also
-writes the model, then the Python rows, then prints each row's Python
-seconds, CLI seconds and CLI/Python (the target is >= 0.9). Python rows:
+Each of --rounds rounds runs `cairn bench` (save and load phases, --json;
+it also writes the model), then the Python rows; then it prints each row's
+Python seconds, CLI seconds (medians of the pooled samples) and CLI/Python
+(the target is >= 0.9). Python rows:
 destinations allocated and filled with NaN before the timer; cold = page
 cache dropped after that, warm = dropped, then the files read twice (as
 the CLI); seconds from a barrier before the call to the last thread's
-return; every element checked after; the median of --repeat samples, all
+return; every element checked after; the median of --rounds x --repeat samples, all
 in this one process (the CLI runs each sample in a fresh one).
 """
 
@@ -142,36 +143,47 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--size", default="256MiB")
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="samples per row per round, for each side")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of CLI rows then Python rows, pooled")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     workdir = pathlib.Path(args.dir) / f"cairn_py_threads_{os.getpid()}"
     workdir.mkdir(parents=True)
+    # Rounds alternate the CLI and the Python rows, so that the VM's slow
+    # and fast spells fall on both; each row's samples are pooled.
+    cli_rows, py = {}, {}
     try:
         cold = os.geteuid() == 0
         model = workdir / "model.json"
-        cli = subprocess.run(
-            [args.cairn, "bench", "--dir", str(workdir), "--size", args.size,
-             "--ranks", str(args.ranks), "--repeat", str(args.repeat),
-             "--phases", "save,load", "--cold", "drop" if cold else "none",
-             "--json", "--model-out", str(model)],
-            check=True, capture_output=True, text=True)
-        cli = json.loads(cli.stdout)
-        tensors, total = tp.load_model(str(model))
-        py = python_rows(tensors, workdir, args.ranks, args.repeat, cold)
+        for _ in range(args.rounds):
+            cli = subprocess.run(
+                [args.cairn, "bench", "--dir", str(workdir), "--size",
+                 args.size, "--ranks", str(args.ranks), "--repeat",
+                 str(args.repeat), "--phases", "save,load", "--cold",
+                 "drop" if cold else "none", "--json", "--model-out",
+                 str(model)],
+                check=True, capture_output=True, text=True)
+            for r in json.loads(cli.stdout)["results"]:
+                key = r["name"] + (f"/{r['cache']}" if r.get("cache") else "")
+                cli_rows.setdefault(key, []).extend(r["samples"])
+            tensors, total = tp.load_model(str(model))
+            rows = python_rows(tensors, workdir, args.ranks, args.repeat, cold)
+            for key, samples in rows.items():
+                py.setdefault(key, []).extend(samples)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    cli_rows = {}
-    for r in cli["results"]:
-        key = r["name"] + (f"/{r['cache']}" if r.get("cache") else "")
-        cli_rows[key] = r["seconds"]
     report = {"size": args.size, "bytes": total, "ranks": args.ranks,
-              "repeat": args.repeat, "rows": {}}
+              "repeat": args.repeat, "rounds": args.rounds, "rows": {}}
     print(f"{'row':24} {'python s':>9} {'CLI s':>9} {'CLI/python':>10}")
     for key, samples in py.items():
         med = statistics.median(samples)
+        cli_samples = cli_rows.get(key)
         row = {"python_seconds": med, "python_samples": samples,
-               "cli_seconds": cli_rows.get(key)}
+               "cli_seconds": (statistics.median(cli_samples)
+                               if cli_samples else None),
+               "cli_samples": cli_samples}
         if row["cli_seconds"]:
             row["cli_over_python"] = row["cli_seconds"] / med
         report["rows"][key] = row

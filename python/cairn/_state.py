@@ -267,46 +267,44 @@ def _child(fqn, key):
     return key if not fqn else f"{fqn}.{key}"
 
 
+_torch_hooks = None
+
+
+def _hooks():
+    """What the extension's walk (python/src/prepare.h) takes: the torch
+    objects its fast path for plain tensors compares against (None until
+    torch is imported), ShardedTensor, and the Python functions for every
+    other leaf."""
+    global _torch_hooks
+    torch = _torch()
+    if torch is not None and _torch_hooks is None:
+        names = {getattr(torch, n): c for n, c in _TORCH_NAMES.items()
+                 if hasattr(torch, n)}
+        _torch_hooks = ((torch.Tensor, torch.nn.Parameter), torch.strided,
+                        names, (torch.float8_e4m3fn, torch.float8_e5m2),
+                        torch.uint8, torch.utils.dlpack.to_dlpack)
+    return (_torch_hooks if torch is not None else None, ShardedTensor,
+            tensor_leaf, encode_object)
+
+
 class Prepared:
-    """A state dict as the C++ library takes it, and where its non-tensor
-    leaves go back (for loads)."""
+    """A state dict as the C++ library takes it (`tree`, built by the
+    extension in one walk), and where its scalar and object leaves go back
+    (for loads). Plain torch tensors and ShardedTensors of them are taken
+    without running Python code; other leaves go through tensor_leaf and
+    encode_object. Tuples are leaves (pickled): they cannot be filled in
+    place."""
 
     def __init__(self, state_dict, for_load):
-        self.for_load = for_load
-        # FQN -> (container, key) of each scalar or object leaf.
-        self.values = {}
         if not isinstance(state_dict, dict):
             raise InvalidArgumentError(
                 f"a state dict is a dict, not {type(state_dict).__name__}")
-        self.tree = self._walk(state_dict, "", None, None)
-
-    def _walk(self, x, fqn, parent, key):
-        if isinstance(x, dict):
-            out = {}
-            for k, v in x.items():
-                if not isinstance(k, str):
-                    raise InvalidArgumentError(
-                        f"state dict keys must be str; "
-                        f"{repr(fqn) if fqn else 'the root'} has key {k!r}")
-                out[k] = self._walk(v, _child(fqn, k), x, k)
-            return out
-        if isinstance(x, list):
-            return [self._walk(v, _child(fqn, str(i)), x, i)
-                    for i, v in enumerate(x)]
-        leaf = tensor_leaf(x, fqn)
-        if leaf is not None:
-            return leaf
-        self.values[fqn] = (parent, key)
-        if _is_scalar(x):
-            return x
-        if self.for_load:
-            return b""  # a placeholder: the stored object replaces it
-        return encode_object(x)
+        self.tree = _cairn.Prepared(state_dict, for_load, _hooks())
 
     def put_back(self, values, missing, allow_pickle):
         """Writes the loaded scalar and object values into the state dict."""
         skip = set(missing)
-        for fqn, (container, key) in self.values.items():
+        for fqn, container, key in self.tree.slots:
             if fqn in skip or fqn not in values:
                 continue
             value = values[fqn]

@@ -28,6 +28,8 @@ struct VersionedManagedTensor {
 };
 constexpr uint64_t kDLPackFlagReadOnly = uint64_t{1} << 0;
 
+}  // namespace
+
 std::string Where(const std::string& fqn) {
   return fqn.empty() ? std::string("the state dict's root")
                      : absl::StrCat("'", fqn, "'");
@@ -123,6 +125,8 @@ absl::StatusOr<TensorView> ImportView(py::handle exporter, DType dtype,
                     bits->device());
 }
 
+namespace {
+
 absl::StatusOr<std::vector<int64_t>> Int64List(py::handle obj,
                                                const std::string& what,
                                                const std::string& fqn) {
@@ -135,6 +139,8 @@ absl::StatusOr<std::vector<int64_t>> Int64List(py::handle obj,
   }
   return out;
 }
+
+}  // namespace
 
 absl::StatusOr<ShardedTensor> ToShardedTensor(const Sharded& leaf,
                                               bool writable,
@@ -176,18 +182,22 @@ absl::StatusOr<ShardedTensor> ToShardedTensor(const Sharded& leaf,
   return ShardedTensor(*dtype, leaf.shape, std::move(shards));
 }
 
+namespace {
+
 absl::StatusOr<StateDict> Build(py::handle obj, const std::string& fqn,
-                                bool writable, KeepAlive& keep) {
+                                bool writable, KeepAlive& keep,
+                                LeafHandler* leaves, py::handle parent,
+                                py::handle key) {
   if (py::isinstance<py::dict>(obj)) {
     StateDict node = StateDict::Map();
-    for (auto [key, value] : py::reinterpret_borrow<py::dict>(obj)) {
-      if (!py::isinstance<py::str>(key)) {
+    for (auto [name, value] : py::reinterpret_borrow<py::dict>(obj)) {
+      if (!py::isinstance<py::str>(name)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "state dict keys must be str; ", Where(fqn), " has a key of type ",
-            std::string(py::str(py::type::of(key).attr("__name__")))));
+            std::string(py::str(py::type::of(name).attr("__name__")))));
       }
-      const std::string k = py::cast<std::string>(key);
-      auto child = Build(value, Child(fqn, k), writable, keep);
+      const std::string k = py::cast<std::string>(name);
+      auto child = Build(value, Child(fqn, k), writable, keep, leaves, obj, name);
       if (!child.ok()) return child.status();
       node[k] = *std::move(child);
     }
@@ -197,7 +207,9 @@ absl::StatusOr<StateDict> Build(py::handle obj, const std::string& fqn,
     StateDict node = StateDict::List();
     size_t i = 0;
     for (py::handle value : obj) {
-      auto child = Build(value, Child(fqn, std::to_string(i++)), writable, keep);
+      auto child = Build(value, Child(fqn, std::to_string(i)), writable, keep,
+                         leaves, obj, py::int_(i));
+      ++i;
       if (!child.ok()) return child.status();
       node.Append(*std::move(child));
     }
@@ -209,6 +221,15 @@ absl::StatusOr<StateDict> Build(py::handle obj, const std::string& fqn,
     if (!tensor.ok()) return tensor.status();
     return StateDict(*std::move(tensor));
   }
+  if (leaves != nullptr) {
+    return leaves->Leaf(obj, fqn, parent, key, writable, keep);
+  }
+  return ValueLeaf(obj, fqn);
+}
+
+}  // namespace
+
+absl::StatusOr<StateDict> ValueLeaf(py::handle obj, const std::string& fqn) {
   if (PyBool_Check(obj.ptr())) return StateDict(obj.ptr() == Py_True);
   if (PyLong_Check(obj.ptr())) {
     int overflow = 0;
@@ -230,6 +251,8 @@ absl::StatusOr<StateDict> Build(py::handle obj, const std::string& fqn,
       Where(fqn), ": unsupported value of type ",
       std::string(py::str(py::type::of(obj).attr("__name__")))));
 }
+
+namespace {
 
 DType BitsType(DType dtype) {
   switch (DTypeSize(dtype)) {
@@ -257,9 +280,9 @@ void DeleteCapsule(PyObject* capsule) {
 
 }  // namespace
 
-absl::StatusOr<StateDict> ToStateDict(py::handle prepared, bool writable,
-                                      KeepAlive& keep) {
-  return Build(prepared, "", writable, keep);
+absl::StatusOr<StateDict> ToStateDict(py::handle tree, bool writable,
+                                      KeepAlive& keep, LeafHandler* leaves) {
+  return Build(tree, "", writable, keep, leaves, py::none(), py::none());
 }
 
 py::object LeafValue(const StateDict& node) {

@@ -40,11 +40,48 @@ struct KeepAlive {
   std::vector<py::object> objects;
 };
 
-// Builds the StateDict of a prepared nested dict/list. `writable`: the
-// views will be written (a load), so read-only exports are refused. Errors
+// Turns the leaves that ToStateDict does not know itself (anything but a
+// dict, list or Sharded) into nodes: prepare.h's handler takes a user's
+// torch tensors, arrays, scalars and objects straight from the state dict.
+class LeafHandler {
+ public:
+  // The node for `obj` at `fqn`, which is `parent[key]`.
+  virtual absl::StatusOr<StateDict> Leaf(py::handle obj, const std::string& fqn,
+                                         py::handle parent, py::handle key,
+                                         bool writable, KeepAlive& keep) = 0;
+
+ protected:
+  ~LeafHandler() = default;
+};
+
+// Builds the StateDict of a nested dict/list whose leaves are `Sharded`,
+// and the others either go to `leaves` or, without one, are scalars (int,
+// float, bool, str) and bytes (objects). `writable`: the views will be
+// written (a load), so read-only exports are refused. Errors
 // (kInvalidArgument) name the FQN. Needs the GIL.
-absl::StatusOr<StateDict> ToStateDict(py::handle prepared, bool writable,
+absl::StatusOr<StateDict> ToStateDict(py::handle tree, bool writable,
+                                      KeepAlive& keep,
+                                      LeafHandler* leaves = nullptr);
+
+// A scalar (int within int64, float, bool, str) or object (bytes) leaf.
+absl::StatusOr<StateDict> ValueLeaf(py::handle obj, const std::string& fqn);
+
+// The tensor of a Sharded leaf at `fqn`.
+absl::StatusOr<ShardedTensor> ToShardedTensor(const Sharded& leaf,
+                                              bool writable,
+                                              const std::string& fqn,
+                                              KeepAlive& keep);
+
+// A view of the bytes `exporter` (a DLPack capsule, or an object with
+// __dlpack__) hands out, as `dtype`, whose element width must match; the
+// exporter and capsule go into `keep`.
+absl::StatusOr<TensorView> ImportView(py::handle exporter, DType dtype,
+                                      bool writable, const std::string& fqn,
                                       KeepAlive& keep);
+
+// "'fqn'", or the root's name; and a child's FQN.
+std::string Where(const std::string& fqn);
+std::string Child(const std::string& fqn, const std::string& key);
 
 // The value of a scalar or object leaf as a Python object (bytes for
 // objects); None for other nodes. Needs the GIL.

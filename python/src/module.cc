@@ -15,6 +15,7 @@
 #include "cairn/cairn.h"
 #include "cairn/version.h"
 #include "convert.h"
+#include "prepare.h"
 #include "core/flatten.h"
 #include "py_communicator.h"
 
@@ -59,8 +60,24 @@ Communicator* CommOf(const std::optional<Comm>& comm) {
   return comm ? comm->impl.get() : nullptr;
 }
 
-// Converts a prepared state dict; the capsules stay in `keep`.
-StateDict Prepare(py::handle prepared, bool writable, KeepAlive& keep) {
+// The StateDict of `prepared`: a PreparedState (taken: it serves one call)
+// or a nest of Sharded and values (the DCP plugin's). The objects the views
+// point into stay in `keep`.
+StateDict StateOf(py::handle prepared, bool writable, KeepAlive& keep) {
+  if (py::isinstance<PreparedState>(prepared)) {
+    auto& p = py::cast<PreparedState&>(prepared);
+    if (p.taken) {
+      throw py::value_error("this prepared state dict was used already");
+    }
+    if (p.writable != writable) {
+      throw py::value_error(writable
+                                ? "a state dict prepared for a save cannot be loaded into"
+                                : "a state dict prepared for a load cannot be saved");
+    }
+    p.taken = true;
+    keep.objects = std::move(p.keep.objects);
+    return std::move(p.state);
+  }
   return Unwrap(ToStateDict(prepared, writable, keep));
 }
 
@@ -179,7 +196,7 @@ LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
 py::tuple RunLoad(const std::function<absl::StatusOr<LoadResult>(StateDict&)>& fn,
                   py::handle prepared) {
   KeepAlive keep;
-  StateDict state = Prepare(prepared, /*writable=*/true, keep);
+  StateDict state = StateOf(prepared, /*writable=*/true, keep);
   absl::StatusOr<LoadResult> result;
   {
     py::gil_scoped_release release;
@@ -230,6 +247,13 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("dtype", &Sharded::dtype)
       .def_readonly("shape", &Sharded::shape)
       .def_readonly("shards", &Sharded::shards);
+
+  py::class_<PreparedState>(m, "Prepared")
+      .def(py::init([](py::handle state_dict, bool for_load, py::handle hooks) {
+             return Unwrap(Prepare(state_dict, for_load, hooks));
+           }),
+           py::arg("state_dict"), py::arg("for_load"), py::arg("hooks"))
+      .def_readonly("slots", &PreparedState::slots);
 
   py::class_<Exported>(m, "Exported")
       .def_readonly("dtype", &Exported::dtype)
@@ -378,7 +402,7 @@ PYBIND11_MODULE(_cairn, m) {
         options.comm = CommOf(comm);
         options.plan_cache = plan_cache;
         KeepAlive keep;
-        StateDict state = Prepare(prepared, /*writable=*/false, keep);
+        StateDict state = StateOf(prepared, /*writable=*/false, keep);
         absl::StatusOr<SaveResult> result;
         {
           py::gil_scoped_release release;
@@ -543,7 +567,7 @@ PYBIND11_MODULE(_cairn, m) {
              py::kwargs kw) {
             SaveOptions options = SaveOptionsFrom(kw);
             KeepAlive keep;
-            StateDict state = Prepare(prepared, /*writable=*/false, keep);
+            StateDict state = StateOf(prepared, /*writable=*/false, keep);
             absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h;
             {
               py::gil_scoped_release release;
@@ -600,7 +624,7 @@ PYBIND11_MODULE(_cairn, m) {
           "save",
           [](Manager& mgr, int64_t step, py::handle prepared) {
             KeepAlive keep;
-            StateDict state = Prepare(prepared, /*writable=*/false, keep);
+            StateDict state = StateOf(prepared, /*writable=*/false, keep);
             absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h;
             {
               py::gil_scoped_release release;

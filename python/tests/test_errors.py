@@ -107,6 +107,34 @@ def test_unsupported_values_name_the_fqn(ckpt):
     assert not (ckpt / "metadata.json").exists()
 
 
+def test_bad_sharded_tensors_name_the_fqn(ckpt):
+    t = torch.zeros(2, 4)
+    with pytest.raises(cairn.InvalidArgumentError, match="'s'.*different dtypes"):
+        cairn.save({"s": cairn.ShardedTensor(
+            [4, 4], [((0, 0), t), ((2, 0), t.double())])}, ckpt)
+    with pytest.raises(cairn.InvalidArgumentError, match="'s'.*offsets"):
+        cairn.save({"s": cairn.ShardedTensor([4, 4], [((0,), t)])}, ckpt)
+    with pytest.raises(cairn.InvalidArgumentError, match="'s'.*no shards"):
+        cairn.save({"s": cairn.ShardedTensor([4, 4], [])}, ckpt)
+    with pytest.raises(cairn.InvalidArgumentError, match="'s'.*torch tensor or a NumPy"):
+        cairn.save({"s": cairn.ShardedTensor([4, 4], [((0, 0), [1, 2])])}, ckpt)
+    with pytest.raises(cairn.InvalidArgumentError, match="'s'.*complex"):
+        cairn.save({"s": cairn.ShardedTensor(
+            [4], [((0,), torch.zeros(4, dtype=torch.complex64))])}, ckpt)
+    assert not (ckpt / "metadata.json").exists()
+
+
+def test_a_prepared_state_dict_serves_one_call(ckpt):
+    from cairn import _cairn, _state
+    prepared = _state.Prepared({"w": torch.zeros(2)}, for_load=False)
+    _cairn.save(prepared.tree, str(ckpt))
+    with pytest.raises(ValueError, match="used already"):
+        _cairn.save(prepared.tree, str(ckpt), overwrite=True)
+    for_save = _state.Prepared({"w": torch.zeros(2)}, for_load=False)
+    with pytest.raises(ValueError, match="prepared for a save"):
+        _cairn.load(for_save.tree, str(ckpt))
+
+
 def test_read_only_numpy_destination_is_refused(saved):
     src = np.zeros((8, 8), dtype=np.float32)
     src.flags.writeable = False
