@@ -1,0 +1,350 @@
+// What the files of the load (load*.cc in this folder) share: the load
+// protocol, and which file implements each step, is load.cc's top comment.
+// What only one file uses stays in that file's anonymous namespace. Each
+// declaration here carries the comment that stood on its definition; the
+// Loader's private members, declared here only because the class needs
+// them, keep theirs where they are defined (load_slabs.cc, load_read.cc).
+#ifndef CAIRN_CHECKPOINT_LOAD_INTERNAL_H_
+#define CAIRN_CHECKPOINT_LOAD_INTERNAL_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cairn/box.h"
+#include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
+#include "cairn/dtype.h"
+#include "cairn/metadata.h"
+#include "cairn/planner.h"
+#include "cairn/storage.h"
+#include "cairn/tensor.h"
+#include "checkpoint/checkpoint_impl.h"
+#include "core/buffer_pool.h"
+#include "core/parallel.h"
+#include "core/strided.h"
+#include "format/crc32c.h"
+#include "format/safetensors.h"
+
+namespace cairn::internal_checkpoint {
+
+// The operation named in the load's collective errors.
+inline constexpr char kOperation[] = "load";
+
+// Seconds since `start`, for LoadResult::phases.
+inline double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// ---------------------------------------------------------------------------
+// Step 2, plan (load_plan.cc).
+
+// A rank's planning message, and the coordinator's answer, start with one
+// of these: the whole plan (a planner whose CreateGlobalPlan may change
+// plans), or a summary of it (DefaultLoadPlanner and its subclasses, whose
+// global plan is the local plans unchanged: each rank keeps its own).
+enum PlanMessage : uint8_t { kFullPlan = 1, kPlanSummary = 2 };
+
+// The names of the leaves set in `bits` (LeafBits), sorted.
+absl::StatusOr<std::vector<std::string>> LeafNames(const Metadata& metadata,
+                                                   std::string_view bits);
+
+// Collective over `comm` (every rank, when any group has several members):
+// the coordinator grouped ranks by a hash of what their plans read, so each
+// member checks `plan` against its group leader's, byte for byte; if any
+// rank's differs, every rank drops its group (`group` reset: the load reads
+// everything itself instead of broadcasting).
+absl::Status KeepVerifiedGroup(Communicator& comm, const LoadPlan& plan,
+                               std::unique_ptr<Communicator>& group);
+
+// ---------------------------------------------------------------------------
+// Step 3, read (load_slabs.cc, load_read.cc).
+
+struct DataFile {
+  std::unique_ptr<ReadableFile> file;
+  // Its safetensors header, parsed once: every needed location is checked
+  // against it (Loader::CheckLocations), in this Read or a later one.
+  internal_format::SafetensorsHeader header;
+};
+
+// A stored chunk (or object) whose CRC32C is checked:
+//  - kWhole: read whole in one Read call, checked there;
+//  - kCarried: read whole by this rank over several Read calls (see
+//    Loader::CheckAcrossReads), checked when its last piece lands;
+//  - kShared: one contiguous part of it (rows of a row reshard) read by this
+//    rank, the rest by others: each rank checksums its parts and the
+//    coordinator combines them (CheckSharedPieces) after the reads;
+//  - kStrided: a part of it that is not contiguous (columns of a column
+//    reshard, a block of a 2-d one), likewise, by its signature (crc32c.h).
+struct Check {
+  enum class Kind { kWhole, kCarried, kShared, kStrided };
+  std::string what;  // "model.wq@1024,0" or the object's FQN
+  const ByteLocation* location = nullptr;
+  Kind kind = Kind::kWhole;
+  const std::string* fqn = nullptr;  // kShared, kStrided: the tensor
+  size_t chunk = 0;                  // kShared, kStrided: its chunk index
+  Box region;                        // kStrided: the part
+};
+
+// kDataLoss: `what`'s bytes at `loc` have CRC32C `computed`, not the stored
+// one. `note` follows the offset (", read in 3 pieces").
+absl::Status CrcMismatch(std::string_view what, const ByteLocation& loc,
+                         std::string_view note, uint32_t computed);
+
+// OK when `pieces` (in any order) tile `loc`'s bytes and their combined
+// CRC32C is its stored one; kDataLoss naming `what`, the file and offset
+// when it is not; an internal error when they do not tile. `note` follows
+// the offset in messages (", read in 3 pieces").
+absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
+                         std::vector<CrcPiece> pieces, std::string_view note);
+
+// The checksummed pieces so far of a chunk read over several Read calls.
+struct CarriedCheck {
+  std::string what;  // "model.wq [0:1024, 0:512]"
+  std::vector<CrcPiece> pieces;
+};
+
+struct ReadTask {
+  enum class Mode : uint8_t { kDirect, kSpan, kRuns, kObject };
+  Mode mode = Mode::kDirect;
+  int file = 0;              // index into the data files
+  uint64_t file_offset = 0;  // absolute offset of the first byte to read
+  uint64_t span = 0;         // bytes from file_offset to the last byte needed
+  std::string what;          // for errors: entry name
+  // kDirect: read `span` bytes into dst.
+  std::byte* dst = nullptr;
+  // kSpan / kRuns: read into a bounce buffer, then make each copy out of it.
+  // Several copies when several destination boxes share the slab.
+  struct Copy {
+    uint64_t src_offset = 0;  // bytes into the bounce buffer
+    std::byte* dst = nullptr;
+    std::vector<int64_t> shape;
+    std::vector<int64_t> dst_strides;  // bytes
+  };
+  std::vector<Copy> copies;
+  uint64_t copied = 0;  // bytes the copies take out of the span
+  std::vector<int64_t> src_strides;  // bytes, shared by the copies
+  size_t elem_size = 1;
+  internal_core::RunPattern runs;  // kRuns: runs relative to file_offset
+  std::string* object = nullptr;   // kObject: destination string
+  int check = -1;                  // index into checks, or -1
+  uint64_t check_offset = 0;       // offset of this piece within the chunk
+  // A kStrided check's task (`sign`): the runs of its slab, at their
+  // offsets in the chunk (of chunk_bytes bytes), which it signs (SignRuns)
+  // instead of checksumming its span.
+  bool sign = false;
+  internal_core::RunPattern sign_runs;
+  uint64_t chunk_bytes = 0;
+  // The shift between two runs of a row (sign_runs.strides.back()), when
+  // the slab has enough runs to be worth a table (shared by the loader).
+  const internal_format::Crc32cShifter* sign_step = nullptr;
+};
+
+// The byte strides of a row-major block of `sizes`, elements of `es` bytes.
+std::vector<int64_t> RowMajorByteStrides(const Shape& sizes, size_t es);
+
+// Bytes from the first to the last byte of a block of `sizes` (none of
+// them 0) laid out with `byte_strides`.
+uint64_t SpanBytes(const std::vector<int64_t>& sizes,
+                   const std::vector<int64_t>& byte_strides, size_t es);
+
+// Cuts `region` into slabs whose span under `byte_strides` (the layout the
+// bytes are in: a chunk's in its file, or the region's own when packed)
+// fits `limit` bytes, and calls `fn` with each, in row-major order: one
+// index along each dimension before k, runs of n indices along k,
+// everything along the dimensions after k. k is the outermost dimension
+// whose single slice fits (one element always does), and n as many slices
+// as fit with it. The slabs of a region packed in its layout follow each
+// other there.
+absl::Status ForEachSlab(const Box& region,
+                         const std::vector<int64_t>& byte_strides, size_t es,
+                         uint64_t limit,
+                         absl::FunctionRef<absl::Status(const Box&)> fn);
+
+// A destination and the part of one stored chunk it needs.
+struct Target {
+  TensorView dst;  // shape overlap.sizes
+  Box overlap;     // global coordinates
+};
+
+// Step 3 on one rank: checks the planner's items and destinations, opens
+// the data files and checks their headers, cuts what the items need into
+// read tasks, runs them on IO threads and checks what they read.
+class Loader {
+ public:
+  Loader(Storage& storage, const Metadata& metadata, const LoadOptions& options)
+      : storage_(storage), metadata_(metadata), options_(options) {}
+
+  // Reads items[i] into dsts[i] (the planner's destinations of the items),
+  // then commits every item with the planner.
+  absl::StatusOr<LoadResult> Run(const std::vector<ReadItem>& items,
+                                 const std::vector<Destination>& dsts,
+                                 LoadPlanner& planner);
+
+  // Reads items[i] into dsts[i], for every i. May be called again (a staged
+  // load's batches): the data files an earlier call opened, and checked the
+  // headers of, stay open.
+  absl::Status Read(const std::vector<ReadItem>& items,
+                    const std::vector<Destination>& dsts);
+
+  // What the reads so far did; the next Read counts afresh.
+  LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
+
+  // The pieces of chunks this rank read only parts of, over all its Reads
+  // (adjacent pieces merged), for CheckSharedPieces; the next Read
+  // collects afresh.
+  std::vector<SharedPieces> TakeSharedPieces();
+
+  // Declares every tensor item this reader will be given over its Read
+  // calls (a staged load's batches). A stored chunk that these items tile
+  // in contiguous pieces, none of them the whole chunk (a tensor split to
+  // fit staging), is checksummed piece by piece as the pieces land, on the
+  // IO threads, and compared with its CRC32C in the Read that completes
+  // it. (A chunk whose items all fall in one Read is read as one region
+  // and checked there, as always.)
+  void CheckAcrossReads(std::span<const ReadItem> items);
+
+  // After the last Read: an error if a chunk declared to CheckAcrossReads
+  // was not read whole (so not checked).
+  absl::Status FinishAcrossReads() const;
+
+  // `dst` when it fits `item` (see CheckItem; a device view is allowed:
+  // StagedLoad reads it through host staging, after looking up its device's
+  // runtime), else the error.
+  absl::StatusOr<Destination> CheckDestination(const ReadItem& item,
+                                               const Destination& dst);
+
+ private:
+  // Checking items and destinations, and cutting what they need into read
+  // tasks (load_slabs.cc).
+  absl::Status PlanObject(const ReadItem& item, const Destination& dst);
+  absl::StatusOr<const TensorMetadata*> CheckItem(const ReadItem& item,
+                                                  const Destination& dst,
+                                                  bool allow_device);
+  absl::Status PlanChunk(const std::string& fqn, const TensorMetadata& tm,
+                         const ChunkMetadata& chunk,
+                         const std::vector<Target>& targets);
+  int FileIndex(const std::string& name);
+  int AddCheck(std::string what, const ByteLocation* location,
+               Check::Kind kind = Check::Kind::kWhole,
+               const std::string* fqn = nullptr, size_t chunk = 0,
+               const Box& region = {});
+  absl::Status PlanRegion(const std::string& fqn, const TensorMetadata& tm,
+                          const ChunkMetadata& chunk, const Box& overlap,
+                          std::span<const Target> targets);
+  absl::Status AddSlabTask(const ChunkMetadata& chunk,
+                           std::span<const Target> targets, const Box& slab,
+                           int file, int check, const std::string& what,
+                           size_t es, const std::vector<int64_t>& cs);
+  bool Coalesced(const internal_core::RunPattern& runs) const;
+  static bool IsDense(const std::vector<int64_t>& shape,
+                      const std::vector<int64_t>& strides, size_t es);
+
+  // Opening the data files, running the read tasks and checking what they
+  // read (load_read.cc).
+  absl::Status CheckLocations();
+  bool AllInMemory() const;
+  int ReadThreads(bool in_memory) const;
+  absl::Status RunTask(const ReadTask& t, internal_core::BufferPool& pool,
+                       uint32_t* crc);
+
+  // Smaller groups are not formed: reads that small gain little from
+  // being one request, and a group reads the bytes between its tasks too.
+  static constexpr uint64_t kMinGroupBytes = uint64_t{256} << 10;
+
+  // order[first, last): tasks read together with one request for file
+  // bytes [begin, end).
+  struct Group {
+    size_t first = 0;
+    size_t last = 0;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    bool single() const { return last - first == 1; }
+  };
+
+  std::vector<Group> GroupSmallReads(const std::vector<size_t>& order,
+                                     uint64_t buffer_bytes, bool group) const;
+  absl::Status RunGroup(const Group& g, const std::vector<size_t>& order,
+                        internal_core::BufferPool& pool,
+                        std::vector<uint32_t>& crcs);
+  static uint32_t Checksum(const ReadTask& t, const std::byte* src);
+  static uint32_t SignRuns(const ReadTask& t, const std::byte* src,
+                           bool packed);
+  static void CopyOut(const ReadTask& t, const std::byte* src);
+  absl::Status Execute();
+  absl::Status CheckCarried(const ByteLocation* loc);
+
+  // A location a Read needs, and the header entry it must be.
+  struct Needed {
+    int file;
+    const ByteLocation* location;
+    std::string what;  // the entry's name: EntryName, or an object's FQN
+    DType dtype;
+    const Shape* shape;  // the chunk's box sizes; null for an object
+  };
+
+  Storage& storage_;
+  const Metadata& metadata_;
+  const LoadOptions& options_;
+  LoadResult result_;
+  std::vector<ReadTask> tasks_;
+  std::vector<Check> checks_;
+  std::vector<Needed> needed_;
+  std::map<std::string, int> file_index_;
+  std::vector<std::string> file_names_;
+  std::vector<DataFile> files_;
+  // Each stored tensor's FQN: its key in metadata_.tensors, which
+  // outlives this loader.
+  std::map<const TensorMetadata*, const std::string*> fqn_of_;
+  // Chunks read in pieces over several Reads, until checked.
+  std::map<const ByteLocation*, CarriedCheck> carried_;
+  // Chunks this rank read parts of, the rest read by other ranks.
+  std::map<const ByteLocation*, SharedPieces> shared_;
+  // SignRuns' tables, by the row stride they shift by (AddSlabTask).
+  static constexpr int64_t kMinRunsForShifter = 32;
+  std::map<int64_t, std::unique_ptr<internal_format::Crc32cShifter>> shifters_;
+  // The IO threads, kept from Read to Read: a staged load reads batch by
+  // batch, and starting the threads for every batch cost 0.34-0.47 ms a
+  // batch on the 2-core VM.
+  internal_core::WorkerPool pool_;
+};
+
+// ---------------------------------------------------------------------------
+// Step 3 through host staging (load_staged.cc).
+
+// Staged load: the items are read in batches of about `batch_bytes` through
+// host staging, for two reasons, either or both:
+//  - a replica group (`group` of several members, which all have the same
+//    items in the same order): each item is read by one member (largest
+//    items first, each to the member with the fewest bytes so far), the
+//    group agrees that the batch's reads succeeded, and the owners
+//    broadcast;
+//  - device destinations: bytes are read into pinned host staging, checked,
+//    then copied to the device on the runtime's stream. Two staging buffers
+//    alternate, so one batch's device copies run while the next batch is
+//    read; a batch's copies are waited for before its buffer is reused.
+// A tensor item whose destination is contiguous host memory skips staging.
+absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
+                                      const absl::StatusOr<LoadPlan>& plan,
+                                      LoadPlanner& planner, Storage& storage,
+                                      const Metadata& metadata,
+                                      const LoadOptions& options,
+                                      uint64_t batch_bytes,
+                                      LoadPhaseTimes& phases,
+                                      std::vector<SharedPieces>& shared,
+                                      std::vector<Destination> resolved = {});
+
+}  // namespace cairn::internal_checkpoint
+
+#endif  // CAIRN_CHECKPOINT_LOAD_INTERNAL_H_
