@@ -487,9 +487,9 @@ uint32_t ZeroCrc(uint64_t n) {
   return it->second;
 }
 
-// The SharedPieces a rank's load sends at the end (load.cc's Loader): one
-// for each item that reads a part of its chunk that is one contiguous run
-// of it (whole rows). The loader reads some of these whole instead
+// The SharedPieces a rank's load sends at the end (load_read.cc's Loader):
+// one for each item that reads a part of its chunk that is one contiguous
+// run of it (whole rows). The loader reads some of these whole instead
 // (NearlyWhole), so this is an upper bound. Every piece's CRC32C is that of
 // zeros, and each chunk read in parts gets the zeros' CRC32C as its stored
 // one, so that the check passes as it would on real data.

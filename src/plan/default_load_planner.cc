@@ -108,7 +108,7 @@ absl::Status DefaultLoadPlanner::SetUp(StateDict& state,
       for (size_t s = 0; s < t->shards().size(); ++s) {
         const Shard& shard = t->shards()[s];
         // Device destinations are filled from pinned host staging (see
-        // StagedLoad in load.cc).
+        // StagedLoad in load_staged.cc).
         CAIRN_RETURN_IF_ERROR(internal_plan::ValidateShard(
             leaf.fqn, *t, shard, /*allow_device=*/true));
         CAIRN_RETURN_IF_ERROR(
