@@ -14,11 +14,14 @@
 //   CreateLocalPlan()                      -> this rank's LoadPlan
 //   coordinator: CreateGlobalPlan(all)     -> one final plan per rank
 //   FinishPlan(my final plan)
-//   ResolveDestination(item), once per item, before any read
+//   ResolveDestination(item), once per item, before the item's reads
 //   CommitChunk(item), once per item, after its bytes landed and passed
-//   the checks this rank makes alone (whole chunks); checks of parts
-//   combined across ranks, and of slices, come after it (the load then
-//   fails on every rank), so act on the bytes only once Load returned OK
+//     every check that covers them, the combined checks of parts read by
+//     several ranks included; so a planner never acts on bytes that then
+//     fail a check. Items commit as their checks pass: most in the wave
+//     that read them, the parts of chunks checked across ranks after the
+//     last wave. A load that fails may have written unchecked bytes into
+//     memory destinations, but commits none of them.
 //
 // CreateGlobalPlan must be a pure function of the local plans: the save plan
 // cache reuses its result whenever every rank's local plan is unchanged.
@@ -207,13 +210,36 @@ struct LoadPlan {
   std::string storage_data;
 };
 
+// A destination that is not memory: it takes a tensor item's bytes as
+// pieces (a key-value store, a file, a device with little room). NOT YET
+// SUPPORTED by Load (issue 35, in progress): a sink fails with
+// kUnimplemented. The load
+// reads them into host staging, checks them, and only then hands them over, so a sink never sees a byte
+// that failed its checksum; the staging is then reused.
+class LoadSink {
+ public:
+  virtual ~LoadSink() = default;
+  // The values of `box` (global coordinates, inside item.overlap) in
+  // row-major order, of the stored dtype, valid during the call. An item's
+  // pieces tile its overlap and arrive in any order (a large item comes in
+  // pieces that fit the budget); all of them arrive before
+  // CommitChunk(item). Called from the thread that called Load.
+  virtual absl::Status Write(const ReadItem& item, const Box& box,
+                             std::span<const std::byte> bytes) = 0;
+  // Called once per stored tensor (FQN) that this sink received items of,
+  // after the last of this rank's items of it was committed. Default:
+  // nothing.
+  virtual absl::Status Complete(const std::string& fqn);
+};
+
 // Where a read item's bytes go: a view of shape overlap.sizes and the
 // stored dtype (any non-negative strides; host memory, or device memory,
-// which the load fills through host staging), or, for an object, a string
-// to replace.
+// which the load fills through host staging); or a sink (then `view` is
+// unused; tensor items only); or, for an object, a string to replace.
 struct Destination {
   TensorView view;
   std::string* object = nullptr;
+  std::shared_ptr<LoadSink> sink;
 };
 
 class LoadPlanner {

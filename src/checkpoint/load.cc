@@ -50,7 +50,9 @@
 //        that is not contiguous (columns, a 2-d block) is signed (SignRuns:
 //        the linear CRC of the chunk with the bytes outside the part
 //        zeroed, crc32c.h), from the bytes of its runs only.
-//     e. CommitChunk for every item, in plan order.
+//     e. Commit (load_commit.cc, Committer): CommitChunk for every item
+//        whose bytes this rank checked whole (its chunk, or its object), in
+//        the read that checked them; the parts of chunks wait for step 6.
 //  4. Agree (load_agree.cc; the collectives in this file): the coordinator
 //     gathers every rank's status and the CRC32Cs and signatures of its
 //     parts of chunks (3d), combines the parts of each chunk that they tile
@@ -62,11 +64,17 @@
 //  5. Only when there are such chunks (verify_parts.cc): the ranks that read
 //     parts of them check them (VerifyUncheckedParts: the checksum blocks
 //     around the parts, format version 3, or the whole chunk) and agree.
+//  6. Commit the rest (load_commit.cc): the items that are parts of
+//     chunks, whose checks steps 4 and 5 made, commit; when there were
+//     such parts, the ranks agree on the commits. So a planner never acts
+//     on bytes that then fail a check.
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -319,6 +327,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   // 3. Read.
   LoadPhaseTimes phases;
   std::vector<SharedPieces> shared;
+  // Commits items as their checks pass (steps 3e and 4).
+  std::optional<Committer> committer;
   absl::StatusOr<LoadResult> result = [&]() -> absl::StatusOr<LoadResult> {
     absl::StatusOr<LoadPlan> plan;
     if (kind == kFullPlan) {
@@ -335,10 +345,15 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
       }
     }
     if (plan.ok()) plan = planner.FinishPlan(*std::move(plan));
+    committer.emplace(planner,
+                      plan.ok() ? std::span<const ReadItem>(plan->items)
+                                : std::span<const ReadItem>(),
+                      options.verify_checksums);
     absl::StatusOr<LoadResult> r;
     if (group_comm != nullptr && group_comm->size() > 1) {
       r = StagedLoad(*group_comm, plan, planner, **storage, metadata, options,
-                     options.broadcast_batch_bytes, phases, shared);
+                     options.broadcast_batch_bytes, phases, shared,
+                     *committer);
     } else {
       CAIRN_RETURN_IF_ERROR(plan.status());
       const auto read_start = std::chrono::steady_clock::now();
@@ -356,10 +371,10 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
         std::unique_ptr<Communicator> alone = LocalCommunicator();
         r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
                        options.device_batch_bytes, phases, shared,
-                       std::move(dsts));
+                       *committer, std::move(dsts));
       } else {
         Loader loader(**storage, metadata, options);
-        r = loader.Run(plan->items, dsts, planner);
+        r = loader.Run(plan->items, dsts, *committer);
         shared = loader.TakeSharedPieces();
         phases.read = Since(read_start);
       }
@@ -400,6 +415,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     if (checked.ok()) {
       shared_checked = *checked;
       internal_core::ByteWriter w;
+      // Whether any rank read parts of chunks (so holds items that wait).
+      w.U8(shared_checked > 0 || !unchecked.empty() ? 1 : 0);
       w.U64(unchecked.size());
       for (const auto& [t, c] : unchecked) {
         w.U32(t);
@@ -413,9 +430,11 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
       unchecked_message,
       BroadcastOutcome(*comm, verdict, std::move(unchecked_message)));
   std::vector<std::pair<uint32_t, uint64_t>> unchecked;
+  bool parts = false;
   {
     internal_core::ByteReader in(unchecked_message,
                                  "unchecked chunks from the coordinator");
+    parts = in.U8() != 0;
     const uint64_t n = in.Count(12);
     for (uint64_t i = 0; i < n && !in.failed(); ++i) {
       const uint32_t t = in.U32();
@@ -439,6 +458,16 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     result->bytes_read += extra;
     result->chunks_verified += unchecked.size();
   }
+  // 6. The items that are parts of chunks commit now that the checks of
+  // their bytes passed; where there were parts, the ranks agree on their
+  // commits, so that every rank returns the same verdict.
+  absl::Status committed =
+      committer ? committer->CommitRest() : absl::OkStatus();
+  if (parts) {
+    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(*comm, committed, kOperation,
+                                        "committing the parts of chunks"));
+  }
+  CAIRN_RETURN_IF_ERROR(committed);
   // Every byte returned passed a check unless checks are off.
   (options.verify_checksums ? result->bytes_verified
                             : result->bytes_unverified) = result->bytes_loaded;

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -172,6 +174,10 @@ absl::Status ForEachSlab(const Box& region,
                          uint64_t limit,
                          absl::FunctionRef<absl::Status(const Box&)> fn);
 
+// Where `item`'s stored bytes are: its chunk's location, or its object's;
+// null when the metadata has no such tensor, chunk or object.
+const ByteLocation* LocationOf(const Metadata& metadata, const ReadItem& item);
+
 // A destination and the part of one stored chunk it needs.
 struct Target {
   TensorView dst;  // shape overlap.sizes
@@ -187,10 +193,18 @@ class Loader {
       : storage_(storage), metadata_(metadata), options_(options) {}
 
   // Reads items[i] into dsts[i] (the planner's destinations of the items),
-  // then commits every item with the planner.
+  // then hands every item to `committer`, which commits those whose bytes
+  // this rank checked (the rest wait for the cross-rank check, step 4).
   absl::StatusOr<LoadResult> Run(const std::vector<ReadItem>& items,
                                  const std::vector<Destination>& dsts,
-                                 LoadPlanner& planner);
+                                 class Committer& committer);
+
+  // True when the chunk or object at `loc` passed its CRC32C on this
+  // rank: read whole, in one Read or over several (CheckAcrossReads). A
+  // part of a chunk never does here: the coordinator checks parts (step 4).
+  bool Verified(const ByteLocation* loc) const {
+    return verified_.contains(loc);
+  }
 
   // Reads items[i] into dsts[i], for every i. May be called again (a staged
   // load's batches): the data files an earlier call opened, and checked the
@@ -311,6 +325,8 @@ class Loader {
   std::map<const ByteLocation*, CarriedCheck> carried_;
   // Chunks this rank read parts of, the rest read by other ranks.
   std::map<const ByteLocation*, SharedPieces> shared_;
+  // Chunks and objects whose CRC32C matched (see Verified).
+  absl::flat_hash_set<const ByteLocation*> verified_;
   // SignRuns' tables, by the row stride they shift by (AddSlabTask).
   static constexpr int64_t kMinRunsForShifter = 32;
   std::map<int64_t, std::unique_ptr<internal_format::Crc32cShifter>> shifters_;
@@ -318,6 +334,53 @@ class Loader {
   // batch, and starting the threads for every batch cost 0.34-0.47 ms a
   // batch on the 2-core VM.
   internal_core::WorkerPool pool_;
+};
+
+// ---------------------------------------------------------------------------
+// Steps 3e and 4, commit (load_commit.cc).
+
+// Commits read items with the planner only once every check that covers
+// their bytes has passed: an item whose chunk (or object) this rank
+// checked whole commits in the wave that read it; an item that is a part
+// of a chunk waits for the coordinator's combined check of the parts
+// (step 4) and, for slices, step 5, and commits in CommitRest. Sinks hear
+// Complete(fqn) once the last of this rank's items of the tensor committed.
+class Committer {
+ public:
+  // `items`: this rank's whole plan (for counting each tensor's items).
+  // `verify`: LoadOptions::verify_checksums; without it nothing is checked
+  // and every item commits as soon as it is in.
+  Committer(LoadPlanner& planner, std::span<const ReadItem> items, bool verify);
+
+  // `item`'s bytes are in its destination (`sink`: the item's sink, if it
+  // has one); `checked`: they passed a check that covers them all.
+  void Add(const ReadItem& item, const std::shared_ptr<LoadSink>& sink,
+           bool checked);
+
+  // Commits every item added as checked, and every waiting item whose
+  // location `checked_now` now says is checked (a chunk read in pieces
+  // over several waves completes in a later one).
+  absl::Status CommitChecked(
+      absl::FunctionRef<bool(const ReadItem&)> checked_now);
+
+  // After step 4 (and 5) passed: commits the items that waited for them.
+  absl::Status CommitRest();
+
+  // Items added and not committed yet.
+  size_t waiting() const { return waiting_.size(); }
+
+ private:
+  absl::Status Commit(const ReadItem& item);
+
+  LoadPlanner& planner_;
+  const bool verify_;
+  std::vector<ReadItem> ready_;    // added as checked, to commit
+  std::vector<ReadItem> waiting_;  // parts: wait for step 4
+  // Items of each stored tensor or object this rank has not committed
+  // yet, and the sinks its committed items went to.
+  absl::flat_hash_map<std::string, size_t> left_;
+  absl::flat_hash_map<std::string, std::vector<std::shared_ptr<LoadSink>>>
+      sinks_;
 };
 
 // ---------------------------------------------------------------------------
@@ -343,6 +406,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       uint64_t batch_bytes,
                                       LoadPhaseTimes& phases,
                                       std::vector<SharedPieces>& shared,
+                                      Committer& committer,
                                       std::vector<Destination> resolved = {});
 
 }  // namespace cairn::internal_checkpoint

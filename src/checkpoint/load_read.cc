@@ -98,11 +98,14 @@ absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
 
 absl::StatusOr<LoadResult> Loader::Run(const std::vector<ReadItem>& items,
                                        const std::vector<Destination>& dsts,
-                                       LoadPlanner& planner) {
+                                       Committer& committer) {
   CAIRN_RETURN_IF_ERROR(Read(items, dsts));
-  for (const ReadItem& item : items) {
-    CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
+  for (size_t i = 0; i < items.size(); ++i) {
+    committer.Add(items[i], dsts[i].sink, /*checked=*/false);
   }
+  CAIRN_RETURN_IF_ERROR(committer.CommitChecked([&](const ReadItem& item) {
+    return Verified(LocationOf(metadata_, item));
+  }));
   return TakeResult();
 }
 
@@ -615,6 +618,7 @@ absl::Status Loader::Execute() {
     }
     CAIRN_RETURN_IF_ERROR(
         CheckPieces(checks_[c].what, *checks_[c].location, std::move(p), ""));
+    verified_.insert(checks_[c].location);
     ++result_.chunks_verified;
   }
   return absl::OkStatus();
@@ -633,6 +637,7 @@ absl::Status Loader::CheckCarried(const ByteLocation* loc) {
   CAIRN_RETURN_IF_ERROR(CheckPieces(
       done.what, *loc, done.pieces,
       absl::StrFormat(", read in %d pieces", done.pieces.size())));
+  verified_.insert(loc);
   ++result_.chunks_verified;
   return absl::OkStatus();
 }

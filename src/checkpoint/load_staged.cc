@@ -112,7 +112,7 @@ absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
           ReadItem piece = item;
           piece.overlap = slab;
           out_items.push_back(std::move(piece));
-          out_dsts.push_back(Destination{view, nullptr});
+          out_dsts.push_back(Destination{view, nullptr, nullptr});
           return absl::OkStatus();
         }));
   }
@@ -131,6 +131,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       uint64_t batch_bytes,
                                       LoadPhaseTimes& phases,
                                       std::vector<SharedPieces>& shared,
+                                      Committer& committer,
                                       std::vector<Destination> resolved) {
   // A group of one has nobody to agree with: its own status is the verdict
   // (LoadWithMetadata's final agreement names the rank).
@@ -440,9 +441,24 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   pinned[1].reset();
   pageable = Tensor();
   phases.staging += Since(t0);
-  for (const ReadItem& item : plan->items) {
-    CAIRN_RETURN_IF_ERROR(planner.CommitChunk(item));
+  // Commit what passed its checks. In a group, a member other than an
+  // item's owner read nothing of it: an item that is a whole chunk (or an
+  // object) was checked whole by its owner, and the group agreed on that.
+  const bool alone = members == 1;
+  for (size_t i = 0; i < plan->items.size(); ++i) {
+    const ReadItem& item = plan->items[i];
+    bool whole = item.kind == ItemKind::kObject;
+    if (!whole && !alone) {
+      auto it = metadata.tensors.find(item.fqn);
+      whole = it != metadata.tensors.end() &&
+              item.chunk < it->second.chunks.size() &&
+              it->second.chunks[item.chunk].box == item.overlap;
+    }
+    committer.Add(item, nullptr, /*checked=*/!alone && whole);
   }
+  CAIRN_RETURN_IF_ERROR(committer.CommitChecked([&](const ReadItem& item) {
+    return alone && reader.Verified(LocationOf(metadata, item));
+  }));
   return result;
 }
 

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "cairn/checkpoint.h"
 #include "cairn/dtype.h"
+#include "cairn/planner.h"
 #include "cairn/state_dict.h"
 #include "cairn/tensor.h"
 #include "cairn/storage.h"
@@ -830,6 +831,126 @@ TEST_F(FourRowChunksTest, BlockPartsReadByDifferentRanksAreCheckedTogether) {
   ASSERT_TRUE(alone.statuses[0].ok()) << alone.statuses[0];
   EXPECT_EQ(alone.verified, 1u);
   EXPECT_EQ(alone.read, (60 + 64) * kCols * 4);
+}
+
+// A planner that checks, at each CommitChunk, the bytes of the committed
+// item in its destination against `full`, and counts what it saw.
+class CheckingPlanner : public DefaultLoadPlanner {
+ public:
+  CheckingPlanner(const std::vector<float>& full, int64_t cols, const Box& box,
+                  const std::vector<float>& part)
+      : full_(full), cols_(cols), box_(box), part_(part) {}
+  absl::Status CommitChunk(const ReadItem& item) override {
+    ++commits;
+    const Box& o = item.overlap;
+    for (int64_t i = o.offsets[0]; i < o.offsets[0] + o.sizes[0]; ++i) {
+      for (int64_t j = o.offsets[1]; j < o.offsets[1] + o.sizes[1]; ++j) {
+        const float got = part_[(i - box_.offsets[0]) * box_.sizes[1] +
+                                (j - box_.offsets[1])];
+        if (got != full_[i * cols_ + j]) ++wrong;
+      }
+    }
+    return DefaultLoadPlanner::CommitChunk(item);
+  }
+  absl::Status OnTensorLoaded(const std::string&) override {
+    ++tensors_loaded;
+    return absl::OkStatus();
+  }
+  int commits = 0;
+  int64_t wrong = 0;  // wrong elements in committed items
+  int tensors_loaded = 0;
+
+ private:
+  const std::vector<float>& full_;
+  int64_t cols_;
+  Box box_;
+  const std::vector<float>& part_;
+};
+
+// CommitChunk (and OnTensorLoaded) come only after every check covering an
+// item's bytes passed, including the coordinator's combined check of parts
+// read by several ranks: with one bit changed in a part of a chunk, in
+// column and row reshards, a replica group's broadcast, and a slice that
+// only its reader's later check covers (step 5), the load fails and no
+// planner ever committed a wrong byte; on the good checkpoint every item
+// commits once, and every tensor completes.
+TEST_F(FourRowChunksTest, PlannersSeeOnlyCheckedBytes) {
+  LoadOptions small;
+  small.bounce_buffer_bytes = 16384;
+  struct Case {
+    std::string name;
+    std::vector<Box> boxes;
+    int world;
+  };
+  const std::vector<Case> cases = {
+      {"column halves", {Box{{0, 0}, {kRows, 512}}, Box{{0, 512}, {kRows, 512}}},
+       2},
+      {"column halves on two replicas, broadcast",
+       {Box{{0, 0}, {kRows, 512}}, Box{{0, 512}, {kRows, 512}}},
+       4},
+      {"4 to 3 rows",
+       {Box{{0, 0}, {85, kCols}}, Box{{85, 0}, {85, kCols}},
+        Box{{170, 0}, {86, kCols}}},
+       3},
+      {"a slice", {Box{{60, 0}, {60, kCols}}}, 1},
+  };
+  auto run = [&](const Case& c, std::vector<int>& commits,
+                 std::vector<int64_t>& wrong, std::vector<int>& tensors) {
+    commits.assign(c.world, 0);
+    wrong.assign(c.world, 0);
+    tensors.assign(c.world, 0);
+    return RunInProcess(c.world, [&](Communicator& comm) -> absl::Status {
+      const int r = comm.rank();
+      const Box& box = c.boxes[r % c.boxes.size()];
+      std::vector<float> part(box.num_elements(), -1.0f);
+      StateDict dst;
+      dst["w"] = ShardedTensor(
+          DType::kF32, {kRows, kCols},
+          {{box, TensorView(part.data(), DType::kF32, box.sizes)}});
+      CheckingPlanner planner(full, kCols, box, part);
+      LoadOptions o = small;
+      o.comm = &comm;
+      o.planner = &planner;
+      absl::StatusOr<LoadResult> loaded = Load(dst, tmp.path(), o);
+      commits[r] = planner.commits;
+      wrong[r] = planner.wrong;
+      tensors[r] = planner.tensors_loaded;
+      return loaded.status();
+    });
+  };
+  std::vector<int> commits, tensors;
+  std::vector<int64_t> wrong;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    for (const absl::Status& s : run(c, commits, wrong, tensors)) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    for (int r = 0; r < c.world; ++r) {
+      const Box& box = c.boxes[r % c.boxes.size()];
+      const int64_t first = box.offsets[0] / 64;
+      const int64_t last = (box.offsets[0] + box.sizes[0] - 1) / 64;
+      EXPECT_EQ(commits[r], last - first + 1) << "rank " << r;
+      EXPECT_EQ(wrong[r], 0) << "rank " << r;
+      EXPECT_EQ(tensors[r], 1) << "rank " << r;
+    }
+  }
+  // One bit changed in chunk 1 (rows 64..128) at row 100, column 700: in
+  // the second column half, the second row third, and the slice.
+  const ByteLocation& at = md->tensors.at("w").chunks.at(1).location;
+  const std::string path = tmp.path() + "/" + at.file;
+  const long offset =
+      static_cast<long>(at.offset + ((100 - 64) * kCols + 700) * 4 + 1);
+  ASSERT_TRUE(testing_util::FlipBits(path, offset, 0x40).ok());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<absl::Status> statuses = run(c, commits, wrong, tensors);
+    ExpectChunk1Mismatch(statuses);
+    for (int r = 0; r < c.world; ++r) {
+      EXPECT_EQ(wrong[r], 0) << "rank " << r << " committed a wrong byte";
+      EXPECT_EQ(tensors[r], 0) << "rank " << r;
+    }
+  }
+  ASSERT_TRUE(testing_util::FlipBits(path, offset, 0x40).ok());
 }
 
 // The coordinator's check of strided parts (CheckSharedPieces on boxes and

@@ -29,6 +29,10 @@ std::string DefaultLoadPlanner::StoredName(const std::string& fqn) const {
   return fqn;
 }
 
+absl::Status LoadSink::Complete(const std::string&) {
+  return absl::OkStatus();
+}
+
 absl::Status DefaultLoadPlanner::OnTensorLoaded(const std::string&) {
   return absl::OkStatus();
 }
