@@ -17,7 +17,9 @@
 // a SavePlanCache that saw a first save of the same or of other boxes (the
 // same plans must hit on every rank, others miss), and request leaves the
 // checkpoint does not hold, strictly (every rank fails with kNotFound) or
-// not (they are listed as missing and left as they were).
+// not (they are listed as missing and left as they were). It may load with
+// a memory budget (many waves) and into sinks, which must never get a
+// damaged byte.
 //
 // Checkpoints go to a folder under $TMPDIR (/tmp by default; /dev/shm makes
 // fuzzing faster), removed at exit.
@@ -35,8 +37,11 @@
 #include "cairn/async_save.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
+#include "cairn/planner.h"
 #include "cairn/state_dict.h"
 #include "checkpoint/test_util.h"
+#include "core/status.h"
+#include "core/strided.h"
 #include "fuzz/fuzz_target.h"
 
 namespace cairn::fuzz {
@@ -108,6 +113,71 @@ std::string Describe(DType dtype, const Shape& shape,
                       " broadcast ", o.broadcast_replicas, " batch ",
                       o.broadcast_batch_bytes);
 }
+
+// A sink that copies each piece of one item into `view` (the item's
+// destination as the default planner gives it).
+class CopyingSink : public LoadSink {
+ public:
+  CopyingSink(TensorView view, Shape shape, int* wrong)
+      : view_(std::move(view)), shape_(std::move(shape)), wrong_(wrong) {}
+  absl::Status Write(const ReadItem& item, const Box& box,
+                     std::span<const std::byte> bytes) override {
+    // Every byte a sink gets must be the saved one, damaged checkpoint or
+    // not: it gets only checked bytes.
+    const DType dtype = view_.dtype();
+    const size_t es = DTypeSize(dtype);
+    int64_t k = 0;
+    ForEachIndex(box, [&](const auto&, const auto& global) {
+      const int64_t li = LinearIndex(shape_, global);
+      for (size_t b = 0; b < es; ++b) {
+        if (static_cast<size_t>(k) * es + b < bytes.size() &&
+            bytes[k * es + b] != ByteOf(dtype, li, b)) {
+          ++*wrong_;
+        }
+      }
+      ++k;
+    });
+    Box local = box;
+    for (int d = 0; d < box.rank(); ++d) {
+      local.offsets[d] -= item.overlap.offsets[d];
+    }
+    CAIRN_ASSIGN_OR_RETURN(TensorView dst, view_.Slice(local));
+    if (bytes.size() != static_cast<size_t>(box.num_elements()) *
+                            DTypeSize(view_.dtype())) {
+      return absl::InternalError(absl::StrCat("a piece of ", bytes.size(),
+                                              " bytes for ", box.ToString()));
+    }
+    internal_core::CopyView(
+        TensorView(const_cast<std::byte*>(bytes.data()), view_.dtype(),
+                   box.sizes),
+        dst);
+    return absl::OkStatus();
+  }
+
+ private:
+  TensorView view_;
+  Shape shape_;
+  int* wrong_;
+};
+
+// The default planner, with the items of "t" (of `shape`) going to
+// CopyingSinks; `wrong` counts wrong bytes they were given.
+class SinkPlanner : public DefaultLoadPlanner {
+ public:
+  SinkPlanner(bool strict, Shape shape)
+      : DefaultLoadPlanner(strict), shape_(std::move(shape)) {}
+  absl::StatusOr<Destination> ResolveDestination(const ReadItem& item) override {
+    CAIRN_ASSIGN_OR_RETURN(Destination d,
+                           DefaultLoadPlanner::ResolveDestination(item));
+    if (item.fqn != "t") return d;
+    return Destination{
+        {}, nullptr, std::make_shared<CopyingSink>(d.view, shape_, &wrong)};
+  }
+  int wrong = 0;
+
+ private:
+  Shape shape_;
+};
 
 // The extra leaves' values.
 std::vector<uint8_t> UBytes(int64_t n) {
@@ -275,6 +345,33 @@ std::vector<std::string> Seeds() {
     w.In(0, 0).In(0, mode);
     seeds.push_back(w.out);
   }
+  // Streaming: the column reshard into sinks with a 1 KiB budget (many
+  // waves, chunks in pieces, each part checked before its sink gets it),
+  // then with byte 100 of its first chunk damaged (no sink may get it).
+  for (int damage : {0, 1}) {
+    RecipeWriter w{seeds[0]};
+    w.In(0, 0).In(0, 0);                       // default batch, dense
+    w.In(0, damage).In(0, damage ? 100 : 0).In(0, 0).In(0, damage ? 0x10 : 0);
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);     // no save mode, extras, ...
+    w.In(0, 3).In(6, 10);                      // sinks, 1 KiB budget
+    seeds.push_back(w.out);
+  }
+  {
+    // The replica group (one member reads, broadcast in 256-byte batches)
+    // into sinks with a 4 KiB budget.
+    RecipeWriter w{seeds[3]};
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);     // no damage
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);
+    w.In(0, 3).In(6, 12);
+    seeds.push_back(w.out);
+  }
+  {
+    // The 3-d grid with its extras into sinks, no budget beyond the
+    // default.
+    RecipeWriter w{seeds[6]};
+    w.In(0, 0).In(0, 0).In(0, 2);
+    seeds.push_back(w.out);
+  }
   return seeds;
 }
 
@@ -392,6 +489,17 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
   const uint8_t load_mode = in.Byte();
   const bool absent = (load_mode & 1) != 0;
   options.strict = (load_mode & 2) == 0;
+  // Streaming (the recipe's last bytes, so older inputs keep their
+  // meaning): a memory budget, whose small values cut a group's load into
+  // many waves; and sinks: every item of "t" goes to a sink that copies
+  // each piece into the destination the default planner would have filled
+  // (small budgets then cut items into pieces too). A sink gets only
+  // checked bytes, so a damaged byte must never reach one.
+  const uint8_t stream_mode = in.Byte();
+  if ((stream_mode & 1) != 0) {
+    options.memory_budget_bytes = uint64_t{1} << in.In(6, 20);
+  }
+  const bool sinks = (stream_mode & 2) != 0;
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
                    absent ? " absent leaves requested" : "",
@@ -405,7 +513,12 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
                    cached ? ((cache_mode & 2) != 0
                                  ? " plan cache after a save of the same boxes"
                                  : " plan cache after a save of rotated boxes")
-                          : "");
+                          : "",
+                   (stream_mode & 1) != 0
+                       ? absl::StrCat(" memory budget ",
+                                      options.memory_budget_bytes)
+                       : "",
+                   sinks ? " into sinks" : "");
 
   // Save.
   std::vector<std::vector<Buffer>> src(save_world);
@@ -563,7 +676,15 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     }
     LoadOptions o = options;
     o.comm = &comm;
+    SinkPlanner sink_planner(options.strict, shape);
+    if (sinks) o.planner = &sink_planner;
     absl::StatusOr<LoadResult> result = Load(sd, dir, o);
+    if (sink_planner.wrong > 0) {
+      return absl::InternalError(absl::StrCat(
+          "sinks got ", sink_planner.wrong, " wrong bytes (",
+          result.ok() ? "the load succeeded" : result.status().ToString(),
+          ")"));
+    }
     if (!result.ok()) return result.status();
     std::vector<std::string> missing = result->missing;
     std::sort(missing.begin(), missing.end());
@@ -587,7 +708,7 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
         const std::byte* p = dst[k].At(dtype, loaded[r][k], local);
         const int64_t li = LinearIndex(shape, global);
         for (size_t b = 0; b < es && wrong.ok(); ++b) {
-          if (li == damaged && b == damaged_byte) continue;
+          if (!sinks && li == damaged && b == damaged_byte) continue;
           if (p[b] != ByteOf(dtype, li, b)) {
             wrong = absl::DataLossError(absl::StrCat(
                 "wrong byte ", b, " of element ", li, " in box ",

@@ -36,7 +36,10 @@
 //     each in a fresh child.
 //  5. Phases, in order (see the --help footer for what each measures):
 //     save_sync, async_save, the loads (load_same, load_WtoW/2_rows/_cols,
-//     load_WtoW-1_rows/_cols; each cold, then warm), memcpy.
+//     load_WtoW-1_rows/_cols; each cold, then warm), load_sink (one rank
+//     streams every stored byte into a sink that drops it once checked,
+//     within --memory-budget; its peak RSS must stay within the budget +
+//     128 MiB), memcpy.
 //  6. The parent prints the table or the JSON object and removes the work
 //     folder unless --keep.
 #include <fcntl.h>
@@ -109,7 +112,7 @@ struct BenchOptions {
   std::string model_out;
   // Which phases run: save, async, load (needs save's checkpoint, so it
   // implies save), memcpy.
-  std::vector<std::string> phases = {"save", "async", "load", "memcpy"};
+  std::vector<std::string> phases = {"save", "async", "load", "sink", "memcpy"};
   int repeat = 1;
   int io_threads = SaveOptions{}.io_threads;             // per rank
   std::string buffer = absl::StrCat(SaveOptions{}.write_buffer_bytes);
@@ -118,6 +121,10 @@ struct BenchOptions {
   bool quiet = false;
   // LoadOptions::verify_checksums (--no-verify clears it).
   bool verify_checksums = LoadOptions{}.verify_checksums;
+  // LoadOptions::memory_budget_bytes of every load row; the load_sink row
+  // checks its peak RSS against it.
+  std::string memory_budget = "256MiB";
+  uint64_t memory_budget_bytes = uint64_t{256} << 20;  // parsed
 };
 
 // A load layout: `ranks` ranks, each holding part k of `split_dim`.
@@ -551,6 +558,7 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         options.io_threads = o.io_threads;
         options.bounce_buffer_bytes = o.buffer_bytes;
         options.verify_checksums = o.verify_checksums;
+        options.memory_budget_bytes = o.memory_budget_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
           PerfControl("load", target.name, "enable\n");
@@ -602,6 +610,83 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
               {"chunks_crc_checked", chunks_checked}};
   out.update(span.Cpu());
   return out;
+}
+
+// load_sink's planner: every stored chunk, whole, into one sink; objects
+// and scalars are left out. (A planner of its own: the default one needs
+// destination memory, which this row must not hold.)
+class AllChunksToSink : public LoadPlanner {
+ public:
+  explicit AllChunksToSink(std::shared_ptr<LoadSink> sink)
+      : sink_(std::move(sink)) {}
+  absl::Status SetUp(StateDict&, const Metadata& metadata, bool, int,
+                     int) override {
+    metadata_ = &metadata;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<LoadPlan> CreateLocalPlan() override {
+    LoadPlan plan;
+    for (const auto& [fqn, tm] : metadata_->tensors) {
+      for (size_t c = 0; c < tm.chunks.size(); ++c) {
+        if (tm.chunks[c].box.empty()) continue;
+        plan.items.push_back(
+            ReadItem{fqn, ItemKind::kTensor, -1, c, tm.chunks[c].box});
+      }
+    }
+    return plan;
+  }
+  absl::StatusOr<std::vector<LoadPlan>> CreateGlobalPlan(
+      std::vector<LoadPlan> plans) override {
+    return plans;
+  }
+  absl::StatusOr<LoadPlan> FinishPlan(LoadPlan plan) override { return plan; }
+  absl::StatusOr<Destination> ResolveDestination(const ReadItem&) override {
+    return Destination{{}, nullptr, sink_};
+  }
+  absl::Status CommitChunk(const ReadItem&) override { return absl::OkStatus(); }
+
+ private:
+  const Metadata* metadata_ = nullptr;
+  std::shared_ptr<LoadSink> sink_;
+};
+
+// Takes checked bytes and drops them, keeping one byte of each piece (so
+// that nothing is optimized away) and the bytes it was given.
+class DiscardingSink : public LoadSink {
+ public:
+  absl::Status Write(const ReadItem&, const Box&,
+                     std::span<const std::byte> bytes) override {
+    taken += bytes.size();
+    if (!bytes.empty()) mix ^= static_cast<uint8_t>(bytes[bytes.size() / 2]);
+    return absl::OkStatus();
+  }
+  uint64_t taken = 0;
+  uint8_t mix = 0;
+};
+
+// load_sink: one rank loads every stored byte into a sink that discards it
+// once checked, within --memory-budget: the row's peak RSS is what
+// streaming holds, with no destination memory at all.
+absl::StatusOr<json> LoadSinkSample(bool cold, bool can_drop,
+                                    const fs::path& dir, const BenchOptions& o) {
+  CAIRN_RETURN_IF_ERROR(cold ? DropPageCache() : Prewarm(dir, can_drop));
+  auto sink = std::make_shared<DiscardingSink>();
+  AllChunksToSink planner(sink);
+  StateDict none;
+  LoadOptions options;
+  options.planner = &planner;
+  options.io_threads = o.io_threads;
+  options.bounce_buffer_bytes = o.buffer_bytes;
+  options.verify_checksums = o.verify_checksums;
+  options.memory_budget_bytes = o.memory_budget_bytes;
+  const double t0 = MonotonicSeconds();
+  CAIRN_ASSIGN_OR_RETURN(LoadResult r, Load(none, dir.string(), options));
+  const double seconds = MonotonicSeconds() - t0;
+  return json{{"seconds", seconds},
+              {"sink_bytes", sink->taken},
+              {"storage_bytes_read", r.bytes_read},
+              {"bytes_unverified", r.bytes_unverified},
+              {"chunks_crc_checked", r.chunks_verified}};
 }
 
 // memcpy: host memory bandwidth, the physical limit of a warm load (which
@@ -1078,6 +1163,7 @@ absl::Status Bench::RunLoads() {
   if (can_drop_) caches.push_back("cold");
   caches.push_back("warm");
   for (const LoadTarget& target : LoadTargets(w)) {
+    if (!Wanted("load")) break;
     std::vector<Row> rows;
     for (const std::string& cache : caches) {
       Row row(target.name, "load", cache, target.ranks);
@@ -1139,6 +1225,37 @@ absl::Status Bench::RunLoads() {
       rows_.push_back(std::move(row));
     }
   }
+  // load_sink: streaming's memory bound (one rank, every byte, no
+  // destination memory).
+  if (!Wanted("sink")) return absl::OkStatus();
+  const std::string cache = can_drop_ ? "cold" : "warm";
+  Row row("load_sink", "load", cache, 1);
+  row.dest_bytes = 0;
+  for (int i = 0; i < o_.repeat; ++i) {
+    const std::string what = absl::StrFormat("load_sink (%s), sample %d of %d",
+                                             cache, i + 1, o_.repeat);
+    CAIRN_ASSIGN_OR_RETURN(ChildResult r, Sample(what, [&] {
+                             return LoadSinkSample(can_drop_, can_drop_, dir,
+                                                   o_);
+                           }));
+    const double s = Num(r.value, "seconds");
+    row.samples.push_back(s);
+    row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
+    row.extra["sink_bytes"] = static_cast<uint64_t>(Num(r.value, "sink_bytes"));
+    row.extra["storage_bytes_read"] =
+        static_cast<uint64_t>(Num(r.value, "storage_bytes_read"));
+    row.extra["chunks_crc_checked"] =
+        static_cast<uint64_t>(Num(r.value, "chunks_crc_checked"));
+    if (Num(r.value, "bytes_unverified") != 0) {
+      return absl::InternalError(what + ": bytes reached the sink unchecked");
+    }
+    Log("load_sink %s %d/%d: %.3f s, %.3f GB/s, peak RSS %.1f MiB (budget "
+        "%.1f MiB)",
+        cache, i + 1, o_.repeat, s, GigabytesPerSecond(bytes_, s),
+        MiB(r.peak_rss_bytes), MiB(o_.memory_budget_bytes));
+  }
+  row.extra["memory_budget_bytes"] = o_.memory_budget_bytes;
+  rows_.push_back(std::move(row));
   return absl::OkStatus();
 }
 
@@ -1202,6 +1319,18 @@ absl::Status Bench::RunMemcpy() {
 
 void Bench::CheckRss() {
   for (const Row& row : rows_) {
+    if (row.name == "load_sink") {
+      // Streaming's bound: the budget and 128 MiB (the process itself,
+      // metadata), whatever the state's size.
+      const uint64_t limit = o_.memory_budget_bytes + (uint64_t{128} << 20);
+      if (o_.memory_budget_bytes != 0 && row.peak_rss_bytes > limit) {
+        findings_.push_back(absl::StrFormat(
+            "load_sink: peak RSS %.1f MiB is more than --memory-budget + 128 "
+            "MiB (%.1f MiB)",
+            MiB(row.peak_rss_bytes), MiB(limit)));
+      }
+      continue;
+    }
     if (row.peak_rss_bytes > row.dest_bytes + kRssSlack) {
       findings_.push_back(absl::StrFormat(
           "%s%s: peak RSS %.1f MiB is more than its tensor bytes + 256 MiB "
@@ -1370,9 +1499,11 @@ int Bench::Run() {
         model_.config.hidden, o_.ranks,
         can_drop_ ? "drop_caches" : "unavailable", work_.string());
   }
-  if (status.ok() && (Wanted("save") || Wanted("load"))) status = RunSave();
+  if (status.ok() && (Wanted("save") || Wanted("load") || Wanted("sink"))) {
+    status = RunSave();
+  }
   if (status.ok() && Wanted("async")) status = RunAsync();
-  if (status.ok() && Wanted("load")) status = RunLoads();
+  if (status.ok() && (Wanted("load") || Wanted("sink"))) status = RunLoads();
   if (status.ok() && Wanted("memcpy")) status = RunMemcpy();
   if (!status.ok()) {
     PrintError("bench", status);
@@ -1508,12 +1639,22 @@ void RegisterBench(CLI::App& app) {
       ->type_name("SIZE")
       ->capture_default_str()
       ->check(ByteSizeValidator(4096));
+  cmd->add_option("--memory-budget", o->memory_budget,
+                  "LoadOptions::memory_budget_bytes of every load row (0: no "
+                  "limit); the load_sink row (one rank loading every byte "
+                  "into a sink that drops it once checked) reports its peak "
+                  "RSS against it")
+      ->type_name("SIZE")
+      ->capture_default_str()
+      ->check(ByteSizeValidator(0));
   cmd->add_option("--phases", o->phases,
                   "comma-separated phases to run: save, async, load (also "
-                  "runs save, whose checkpoint it reads), memcpy")
+                  "runs save, whose checkpoint it reads), sink (load_sink: "
+                  "one rank streams every byte into a sink, within "
+                  "--memory-budget; also runs save), memcpy")
       ->delimiter(',')
       ->type_name("LIST")
-      ->check(CLI::IsMember({"save", "async", "load", "memcpy"}));
+      ->check(CLI::IsMember({"save", "async", "load", "sink", "memcpy"}));
   cmd->add_flag("--keep", o->keep,
                 "keep the checkpoints (the sync one, and the last async one) "
                 "in the work folder");
@@ -1562,6 +1703,7 @@ void RegisterBench(CLI::App& app) {
       "      --model model.json --dir /ckpt --out torch.json"));
   cmd->callback([o] {
     o->buffer_bytes = *ParseByteSize(o->buffer);  // checked above
+    o->memory_budget_bytes = *ParseByteSize(o->memory_budget);
     Bench bench(*o);
     if (int rc = bench.Run(); rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -125,10 +125,17 @@ TEST_F(BenchCliTest, JsonHasEveryPhaseAndLoadVariant) {
               ElementsAreArray({"save_sync/-", "async_save/-",
                                 "load_same/warm", "load_4to2_rows/warm",
                                 "load_4to2_cols/warm", "load_4to3_rows/warm",
-                                "load_4to3_cols/warm"}));
+                                "load_4to3_cols/warm", "load_sink/warm"}));
   const int ranks[] = {4, 4, 4, 2, 2, 3, 3};
   const char* kinds[] = {"save", "async", "load", "load",
                          "load", "load",  "load"};
+  // load_sink: one rank streamed every stored tensor byte into a sink,
+  // within the budget (the default, 256 MiB, reported).
+  const nlohmann::json& sink = results.back();
+  EXPECT_EQ(sink["ranks"], 1);
+  EXPECT_EQ(sink["sink_bytes"].get<double>(), bytes);
+  EXPECT_EQ(sink["memory_budget_bytes"].get<double>(), 256.0 * (1 << 20));
+  EXPECT_GT(sink["peak_rss_bytes"].get<double>(), 0);
   for (size_t i = 0; i < results.size() && i < 7; ++i) {
     const nlohmann::json& row = results[i];
     SCOPED_TRACE(row.dump());
@@ -195,7 +202,7 @@ TEST_F(BenchCliTest, TwoRanksHaveOneReshardedLayoutAndKeepKeepsIt) {
   EXPECT_THAT(Names(j["results"]),
               ElementsAreArray({"save_sync/-", "async_save/-",
                                 "load_same/warm", "load_2to1_rows/warm",
-                                "load_2to1_cols/warm"}));
+                                "load_2to1_cols/warm", "load_sink/warm"}));
   for (const auto& row : j["results"]) {
     EXPECT_EQ(row["samples"].size(), 2u) << row;
   }

@@ -143,6 +143,8 @@ struct DemoOptions {
   int replicas = 1;
   bool rank_local = false;
   bool no_broadcast = false;
+  // LoadOptions::memory_budget_bytes (--memory-budget; "" = the default).
+  std::string memory_budget;
   int layers = 0;
   bool json = false;
   bool no_disk_probe = false;
@@ -1020,6 +1022,9 @@ absl::Status Demo::LoadAsRank(Communicator& comm, int threads) {
   options.comm = &comm;
   options.rank_local = mode == LoadMode::kRankLocal;
   options.broadcast_replicas = !o_.no_broadcast;
+  if (!o_.memory_budget.empty()) {
+    options.memory_budget_bytes = *ParseByteSize(o_.memory_budget);  // checked
+  }
   if (absl::Status s = comm.Barrier(); !s.ok()) return s;
   Stopwatch clock;
   absl::StatusOr<LoadResult> loaded = Load(sd, url_, options);
@@ -1769,6 +1774,12 @@ void RegisterDemo(CLI::App& app) {
                 "load without broadcast (LoadOptions::broadcast_replicas = "
                 "false): every replica reads its own copy from storage, to "
                 "compare the storage bytes read with --replicas");
+  cmd->add_option("--memory-budget", o->memory_budget,
+                  "host memory each loading rank may hold for reads, staging "
+                  "and broadcast (LoadOptions::memory_budget_bytes; default "
+                  "1GiB, 0: no limit)")
+      ->type_name("SIZE")
+      ->check(ByteSizeValidator(0));
   CLI::Option* step =
       cmd->add_option(
              "--step", o->step,

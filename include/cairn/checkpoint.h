@@ -209,6 +209,20 @@ struct LoadOptions {
   // broadcast_batch_bytes instead, and an item larger than that gets a
   // buffer of its own size.) Default: 64 MiB.
   uint64_t device_batch_bytes = uint64_t{64} << 20;
+  // Host memory a load may hold at once for its reads, staging and
+  // broadcast together, per rank. The load proceeds in waves: each
+  // resolves its items' destinations, reads, checks, places and commits
+  // them before the next, and reuses the wave's buffers. Destinations in
+  // host memory are read in place and take none of it (a load into host
+  // memory only is one wave); sinks, device destinations and what a
+  // replica group's members receive are staged in it. Of the budget, the
+  // reads' bounce buffers (io_threads x bounce_buffer_bytes) come first;
+  // staging gets half the rest a wave (so two waves' can alternate),
+  // at most broadcast_batch_bytes (a group) or device_batch_bytes, and at
+  // least one item: an item larger than that is read in pieces when the
+  // rank loads alone, or staged whole in a group. 0: no limit beyond
+  // those batch sizes. Default: 1 GiB.
+  uint64_t memory_budget_bytes = uint64_t{1} << 30;
   // Rank-local mode: no collective at all. Each rank reads its own
   // rank-NNNNN/metadata.json when it exists, else the global metadata.json.
   // A destination box that the rank's own folder does not fully hold is an

@@ -14,7 +14,9 @@
 //   CreateLocalPlan()                      -> this rank's LoadPlan
 //   coordinator: CreateGlobalPlan(all)     -> one final plan per rank
 //   FinishPlan(my final plan)
+//   then, a wave at a time (LoadOptions::memory_budget_bytes):
 //   ResolveDestination(item), once per item, before the item's reads
+//     (lazily: the wave's items only)
 //   CommitChunk(item), once per item, after its bytes landed and passed
 //     every check that covers them, the combined checks of parts read by
 //     several ranks included; so a planner never acts on bytes that then
@@ -211,10 +213,9 @@ struct LoadPlan {
 };
 
 // A destination that is not memory: it takes a tensor item's bytes as
-// pieces (a key-value store, a file, a device with little room). NOT YET
-// SUPPORTED by Load (issue 35, in progress): a sink fails with
-// kUnimplemented. The load
-// reads them into host staging, checks them, and only then hands them over, so a sink never sees a byte
+// pieces (a key-value store, a file, a device with little room). The load
+// reads them into host staging within LoadOptions::memory_budget_bytes,
+// checks them, and only then hands them over, so a sink never sees a byte
 // that failed its checksum; the staging is then reused.
 class LoadSink {
  public:

@@ -79,7 +79,8 @@ def load(state_dict, path, *, comm=None, strict=True, allow_pickle=True,
     Every byte returned is checked against its CRC32C (verify_checksums,
     default True). On failure, tensors may be partly written; scalars and
     objects are untouched. Further options (io_threads, rank_local,
-    broadcast_replicas, ...) are LoadOptions'. Returns a cairn.LoadResult.
+    broadcast_replicas, memory_budget_bytes, ...) are LoadOptions'.
+    Returns a cairn.LoadResult.
     """
     prepared = _state.Prepared(state_dict, for_load=True)
     result, values = _cairn.load(prepared.tree, str(path), _comm.resolve(comm),

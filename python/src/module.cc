@@ -187,6 +187,7 @@ LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
     else if (key == "broadcast_replicas") o.broadcast_replicas = py::cast<bool>(v);
     else if (key == "broadcast_batch_bytes") o.broadcast_batch_bytes = py::cast<uint64_t>(v);
     else if (key == "device_batch_bytes") o.device_batch_bytes = py::cast<uint64_t>(v);
+    else if (key == "memory_budget_bytes") o.memory_budget_bytes = py::cast<uint64_t>(v);
     else if (key == "rank_local") o.rank_local = py::cast<bool>(v);
     else throw py::type_error(absl::StrCat("unexpected load option '", key, "'"));
   }

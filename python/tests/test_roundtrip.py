@@ -174,6 +174,17 @@ def test_plain_tensors_skip_the_python_walk(ckpt, monkeypatch):
     assert seen == ["a", "obj", "a", "obj"]
 
 
+def test_memory_budget_is_a_load_option(ckpt):
+    src = {"w": torch.arange(4096.0).reshape(64, 64), "step": 3}
+    cairn.save(src, ckpt)
+    for budget in (0, 1, 1 << 20):
+        dst = {"w": torch.zeros(64, 64), "step": 0}
+        cairn.load(dst, ckpt, memory_budget_bytes=budget)
+        assert torch.equal(dst["w"], src["w"]) and dst["step"] == 3
+    with pytest.raises(TypeError):
+        cairn.load({"w": torch.zeros(64, 64)}, ckpt, memory_budget_bytes="big")
+
+
 def test_values_in_lists_are_put_back(ckpt):
     src = {"groups": [{"lr": 0.1, "params": [0, 1]}, {"lr": 0.2, "params": [2]}],
            "hist": [1, "two", 3.0, None]}

@@ -21,11 +21,14 @@
 //     members check their plans against their leader's exactly; any other
 //     planner sends its whole plan for CreateGlobalPlan and gets its final
 //     plan back. FinishPlan.
-//  3. Read (the Loader: load_slabs.cc, a and c; load_read.cc, b, d and e),
-//     on every rank. A replica group, or a load with device destinations,
-//     reads through StagedLoad (load_staged.cc): in batches through host
-//     staging, each item read by one member of the group and broadcast.
-//     a. ResolveDestination for every item; check each destination.
+//  3. Read, on every rank, in waves (StagedLoad, load_staged.cc): each
+//     wave resolves, reads, checks, places and commits its items before
+//     the next. Host memory destinations are read in place; sinks, device
+//     destinations and what a replica group's members receive by
+//     broadcast go through host staging, at most StagingLimit bytes a wave
+//     (LoadOptions::memory_budget_bytes). The reads themselves are the
+//     Loader's (load_slabs.cc, a and c; load_read.cc, b and d).
+//     a. ResolveDestination for the wave's items; check each destination.
 //     b. Open every data file that holds a needed byte, read and validate
 //        its safetensors header (once per file), and check that each
 //        needed chunk or object is an entry of it of its name, dtype and
@@ -50,9 +53,11 @@
 //        that is not contiguous (columns, a 2-d block) is signed (SignRuns:
 //        the linear CRC of the chunk with the bytes outside the part
 //        zeroed, crc32c.h), from the bytes of its runs only.
-//     e. Commit (load_commit.cc, Committer): CommitChunk for every item
-//        whose bytes this rank checked whole (its chunk, or its object), in
-//        the read that checked them; the parts of chunks wait for step 6.
+//     e. Place what was staged (host copies, device copies, and sinks,
+//        which get only checked bytes), then commit (load_commit.cc,
+//        Committer): CommitChunk for every item whose bytes this rank
+//        checked whole (its chunk, or its object), in the wave that
+//        checked them; the parts of chunks wait for step 6.
 //  4. Agree (load_agree.cc; the collectives in this file): the coordinator
 //     gathers every rank's status and the CRC32Cs and signatures of its
 //     parts of chunks (3d), combines the parts of each chunk that they tile
@@ -356,28 +361,11 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                      *committer);
     } else {
       CAIRN_RETURN_IF_ERROR(plan.status());
-      const auto read_start = std::chrono::steady_clock::now();
-      std::vector<Destination> dsts;
-      dsts.reserve(plan->items.size());
-      bool to_device = false;
-      for (const ReadItem& item : plan->items) {
-        CAIRN_ASSIGN_OR_RETURN(Destination d, planner.ResolveDestination(item));
-        to_device |=
-            item.kind == ItemKind::kTensor && !d.view.device().is_cpu();
-        dsts.push_back(std::move(d));
-      }
-      if (to_device) {
-        // A group of one: no broadcast, only the staging.
-        std::unique_ptr<Communicator> alone = LocalCommunicator();
-        r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
-                       options.device_batch_bytes, phases, shared,
-                       *committer, std::move(dsts));
-      } else {
-        Loader loader(**storage, metadata, options);
-        r = loader.Run(plan->items, dsts, *committer);
-        shared = loader.TakeSharedPieces();
-        phases.read = Since(read_start);
-      }
+      // A group of one: no broadcast, only waves (and staging for sinks
+      // and device destinations).
+      std::unique_ptr<Communicator> alone = LocalCommunicator();
+      r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
+                     options.device_batch_bytes, phases, shared, *committer);
       if (r.ok()) r->replica_group_size = 1;
     }
     if (r.ok() && plan.ok()) {

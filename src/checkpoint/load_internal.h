@@ -192,13 +192,6 @@ class Loader {
   Loader(Storage& storage, const Metadata& metadata, const LoadOptions& options)
       : storage_(storage), metadata_(metadata), options_(options) {}
 
-  // Reads items[i] into dsts[i] (the planner's destinations of the items),
-  // then hands every item to `committer`, which commits those whose bytes
-  // this rank checked (the rest wait for the cross-rank check, step 4).
-  absl::StatusOr<LoadResult> Run(const std::vector<ReadItem>& items,
-                                 const std::vector<Destination>& dsts,
-                                 class Committer& committer);
-
   // True when the chunk or object at `loc` passed its CRC32C on this
   // rank: read whole, in one Read or over several (CheckAcrossReads). A
   // part of a chunk never does here: the coordinator checks parts (step 4).
@@ -233,9 +226,8 @@ class Loader {
   // was not read whole (so not checked).
   absl::Status FinishAcrossReads() const;
 
-  // `dst` when it fits `item` (see CheckItem; a device view is allowed:
-  // StagedLoad reads it through host staging, after looking up its device's
-  // runtime), else the error.
+  // `dst` when it fits `item` (see CheckItem; a device view or a sink is
+  // allowed: StagedLoad reads them through host staging), else the error.
   absl::StatusOr<Destination> CheckDestination(const ReadItem& item,
                                                const Destination& dst);
 
@@ -386,18 +378,22 @@ class Committer {
 // ---------------------------------------------------------------------------
 // Step 3 through host staging (load_staged.cc).
 
-// Staged load: the items are read in batches of about `batch_bytes` through
-// host staging, for two reasons, either or both:
-//  - a replica group (`group` of several members, which all have the same
-//    items in the same order): each item is read by one member (largest
-//    items first, each to the member with the fewest bytes so far), the
-//    group agrees that the batch's reads succeeded, and the owners
-//    broadcast;
-//  - device destinations: bytes are read into pinned host staging, checked,
-//    then copied to the device on the runtime's stream. Two staging buffers
-//    alternate, so one batch's device copies run while the next batch is
-//    read; a batch's copies are waited for before its buffer is reused.
-// A tensor item whose destination is contiguous host memory skips staging.
+// Step 3 in waves (load_staged.cc), for every load but the rank-local
+// one: the plan's items are resolved (ResolveDestination), read, checked,
+// placed and committed a wave at a time. Host memory destinations are read
+// in place and cost no staging; sinks, device destinations and (in a
+// replica group) what members receive go through host staging, and a wave
+// holds at most StagingLimit bytes of it. Alone (`group` of one), waves
+// are cut as items resolve, and a staged item larger than a wave is read
+// in pieces; a load into host memory only is one wave. In a replica group
+// (`group` of several members, which all have the same items in the same
+// order), wave boundaries depend on item sizes only, each item is read by
+// one member (largest items first, each to the member with the fewest
+// bytes so far), the group agrees that the wave's reads succeeded, and the
+// owners broadcast. Device copies of one wave run while the next is read
+// (two pinned staging buffers alternate). A sink gets an item's bytes only
+// once a check covers them: its chunk read whole, or else the checksum
+// blocks around the piece read again (VerifyUncheckedParts).
 absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const absl::StatusOr<LoadPlan>& plan,
                                       LoadPlanner& planner, Storage& storage,
@@ -406,8 +402,13 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       uint64_t batch_bytes,
                                       LoadPhaseTimes& phases,
                                       std::vector<SharedPieces>& shared,
-                                      Committer& committer,
-                                      std::vector<Destination> resolved = {});
+                                      Committer& committer);
+
+// The staged bytes a wave may hold: `batch_bytes`, within half of what
+// LoadOptions::memory_budget_bytes leaves after the reads' bounce buffers
+// (io_threads of bounce_buffer_bytes; two staging buffers alternate when
+// devices are written). At least 64 bytes: one item a wave, however large.
+uint64_t StagingLimit(const LoadOptions& options, uint64_t batch_bytes);
 
 }  // namespace cairn::internal_checkpoint
 

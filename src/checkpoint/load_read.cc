@@ -96,19 +96,6 @@ absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
   return absl::OkStatus();
 }
 
-absl::StatusOr<LoadResult> Loader::Run(const std::vector<ReadItem>& items,
-                                       const std::vector<Destination>& dsts,
-                                       Committer& committer) {
-  CAIRN_RETURN_IF_ERROR(Read(items, dsts));
-  for (size_t i = 0; i < items.size(); ++i) {
-    committer.Add(items[i], dsts[i].sink, /*checked=*/false);
-  }
-  CAIRN_RETURN_IF_ERROR(committer.CommitChecked([&](const ReadItem& item) {
-    return Verified(LocationOf(metadata_, item));
-  }));
-  return TakeResult();
-}
-
 absl::Status Loader::Read(const std::vector<ReadItem>& items,
                           const std::vector<Destination>& dsts) {
   tasks_.clear();

@@ -149,13 +149,6 @@ Loader::CheckItem(const ReadItem& item, const Destination& dst,
         "read item for tensor %s, which the checkpoint does not hold",
         item.fqn));
   }
-  if (dst.sink != nullptr) {
-    // TODO(issue 35): sinks are staged, checked and handed their bytes by
-    // the streaming load, which is not built yet.
-    return absl::UnimplementedError(absl::StrFormat(
-        "%s %s: the planner gave a sink, which loads do not support yet",
-        item.fqn, item.overlap.ToString()));
-  }
   const TensorMetadata& tm = it->second;
   fqn_of_[&tm] = &it->first;
   if (item.chunk >= tm.chunks.size() ||
@@ -164,6 +157,14 @@ Loader::CheckItem(const ReadItem& item, const Destination& dst,
     return absl::InternalError(absl::StrFormat(
         "%s: read item %s is not a non-empty part of chunk %d", item.fqn,
         item.overlap.ToString(), item.chunk));
+  }
+  if (dst.sink != nullptr) {
+    // A sink takes staged bytes (StagedLoad); the reads themselves always
+    // go to memory.
+    if (allow_device) return &tm;
+    return absl::InternalError(absl::StrFormat(
+        "%s %s: a sink destination reached the reads unstaged", item.fqn,
+        item.overlap.ToString()));
   }
   const TensorView& v = dst.view;
   if ((!allow_device && !v.device().is_cpu()) || v.dtype() != tm.dtype ||

@@ -32,6 +32,7 @@
 #include "core/status.h"
 #include "core/strided.h"
 #include "cuda/device_runtime.h"
+#include "format/crc32c.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -50,6 +51,12 @@ class DeviceRuntimes {
                            internal_cuda::RuntimeFor(device));
     runtimes_.emplace_back(device, runtime);
     return runtime;
+  }
+  bool Has(Device device) const {
+    for (const auto& [d, runtime] : runtimes_) {
+      if (d == device) return true;
+    }
+    return false;
   }
   bool empty() const { return runtimes_.empty(); }
   internal_cuda::DeviceRuntime* first() const { return runtimes_[0].second; }
@@ -75,53 +82,220 @@ class DeviceRuntimes {
   std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> runtimes_;
 };
 
-// Splits every tensor item with a device destination larger than `limit`
-// bytes into pieces of at most `limit` bytes (or one element, if larger):
-// ForEachSlab over the item packed as it is staged. The pieces of an item
-// contiguous in its chunk (the whole chunk, or whole rows of it) are
-// contiguous too and follow each other in its file, so
-// Loader::CheckAcrossReads checks them. Items and destinations stay
-// parallel.
-absl::Status SplitForStaging(const Metadata& metadata, uint64_t limit,
-                             std::vector<ReadItem>& items,
-                             std::vector<Destination>& dsts) {
-  std::vector<ReadItem> out_items;
-  std::vector<Destination> out_dsts;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const ReadItem& item = items[i];
-    const TensorMetadata* tm = nullptr;
-    if (item.kind == ItemKind::kTensor) {
-      auto it = metadata.tensors.find(item.fqn);
-      if (it != metadata.tensors.end()) tm = &it->second;
-    }
-    const uint64_t es = tm != nullptr ? DTypeSize(tm->dtype) : 0;
-    if (tm == nullptr || dsts[i].view.device().is_cpu() ||
-        static_cast<uint64_t>(item.overlap.num_elements()) * es <= limit) {
-      out_items.push_back(item);
-      out_dsts.push_back(dsts[i]);
-      continue;
-    }
-    CAIRN_RETURN_IF_ERROR(ForEachSlab(
-        item.overlap, RowMajorByteStrides(item.overlap.sizes, es), es, limit,
-        [&](const Box& slab) -> absl::Status {
+constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kAlignFrom = uint64_t{64} << 10;
+
+// True when `item` is a whole stored chunk: its reader checks it whole.
+bool WholeChunk(const Metadata& metadata, const ReadItem& item) {
+  auto it = metadata.tensors.find(item.fqn);
+  return it != metadata.tensors.end() &&
+         item.chunk < it->second.chunks.size() &&
+         it->second.chunks[item.chunk].box == item.overlap;
+}
+
+// Hands an item whose pieces are all placed to the committer, as checked
+// when a check covering all its bytes passed: a sink's pieces were checked
+// before their Write; in a group, objects and whole chunks were checked
+// whole by their owners (and the group agreed). Alone, the reader knows
+// (CommitChecked asks it).
+void AddPlaced(Committer& committer, const ReadItem& item,
+               const std::shared_ptr<LoadSink>& sink, bool alone,
+               const Metadata& metadata) {
+  const bool checked =
+      sink != nullptr ||
+      (!alone && (item.kind == ItemKind::kObject || WholeChunk(metadata, item)));
+  committer.Add(item, sink, checked);
+}
+
+// One piece of a plan item as a wave handles it: the item itself, or a
+// slab of it (alone, a staged item larger than a wave).
+struct Piece {
+  size_t origin = 0;    // the item's index in the plan
+  ReadItem item;        // the piece (its overlap a slab of the item's)
+  Destination dst;      // its destination (a view sliced to the slab)
+  uint64_t bytes = 0;   // stored bytes
+  bool staged = false;  // read (or received) into staging, then placed
+  uint64_t offset = 0;  // staged: where it lies in the wave's staging
+};
+
+// Staged bytes of a piece: tensors and (in a group, received as strings)
+// objects.
+bool Staged(const Destination& dst, bool alone, ItemKind kind) {
+  if (kind == ItemKind::kObject) return false;
+  if (dst.sink != nullptr) return true;
+  const TensorView& v = dst.view;
+  if (!v.device().is_cpu()) return true;
+  // Alone, the reader fills any host view itself (strided ones through its
+  // bounce buffers); a group member receives into contiguous memory only.
+  return !alone && !v.is_contiguous();
+}
+
+// Appends `item`'s pieces to `out`: the item itself, or, when it is staged
+// and larger than `limit` bytes (alone only), pieces of at most `limit`
+// bytes (or one element, if larger): ForEachSlab over the item packed as it
+// is staged. The pieces of an item that is a whole chunk are contiguous
+// too and follow each other in its file, so Loader::CheckAcrossReads
+// checks the chunk as its last piece lands.
+absl::Status AddPieces(const Metadata& metadata, uint64_t limit, bool alone,
+                       size_t origin, const ReadItem& item, Destination dst,
+                       std::vector<Piece>& out, Loader& reader) {
+  Piece whole{origin, item, std::move(dst), 0, false, 0};
+  whole.staged = Staged(whole.dst, alone, item.kind);
+  if (item.kind == ItemKind::kObject) {
+    auto it = metadata.objects.find(item.fqn);
+    whole.bytes = it == metadata.objects.end() ? 0 : it->second.nbytes;
+    out.push_back(std::move(whole));
+    return absl::OkStatus();
+  }
+  auto it = metadata.tensors.find(item.fqn);
+  const uint64_t es = it == metadata.tensors.end() ? 0 : DTypeSize(it->second.dtype);
+  whole.bytes = static_cast<uint64_t>(item.overlap.num_elements()) * es;
+  if (!alone || !whole.staged || whole.bytes <= limit) {
+    out.push_back(std::move(whole));
+    return absl::OkStatus();
+  }
+  std::vector<ReadItem> slabs;
+  CAIRN_RETURN_IF_ERROR(ForEachSlab(
+      item.overlap, RowMajorByteStrides(item.overlap.sizes, es), es, limit,
+      [&](const Box& slab) -> absl::Status {
+        Piece piece{origin, item, Destination{}, 0, true, 0};
+        piece.item.overlap = slab;
+        piece.bytes = static_cast<uint64_t>(slab.num_elements()) * es;
+        if (whole.dst.sink != nullptr) {
+          piece.dst.sink = whole.dst.sink;
+        } else {
           Box local = slab;  // in the destination view's coordinates
           for (int d = 0; d < slab.rank(); ++d) {
             local.offsets[d] -= item.overlap.offsets[d];
           }
-          CAIRN_ASSIGN_OR_RETURN(TensorView view, dsts[i].view.Slice(local));
-          ReadItem piece = item;
-          piece.overlap = slab;
-          out_items.push_back(std::move(piece));
-          out_dsts.push_back(Destination{view, nullptr, nullptr});
-          return absl::OkStatus();
-        }));
-  }
-  items = std::move(out_items);
-  dsts = std::move(out_dsts);
+          CAIRN_ASSIGN_OR_RETURN(piece.dst.view, whole.dst.view.Slice(local));
+        }
+        slabs.push_back(piece.item);
+        out.push_back(std::move(piece));
+        return absl::OkStatus();
+      }));
+  reader.CheckAcrossReads(slabs);
   return absl::OkStatus();
 }
 
+// Host staging: one buffer, or (once a device destination shows up) two
+// pinned ones used by alternate waves, so one wave's device copies run
+// while the next is read. Grows to the largest wave that uses it.
+class Staging {
+ public:
+  // Buffer `k` with room for `used` bytes, pinned when `devices` is not
+  // empty. A buffer (re)allocated gets room for max(used, room) bytes;
+  // pinned ones come in pairs, both pinned before the first wave that
+  // needs one, so that a failure to pin comes before any copy.
+  absl::StatusOr<std::byte*> Get(int k, uint64_t used, uint64_t room,
+                                 DeviceRuntimes& devices) {
+    const bool pin = !devices.empty();
+    Buffer& b = buffers_[k];
+    if (b.data != nullptr && b.capacity >= used && b.pinned == pin) {
+      return b.data;
+    }
+    // Copies may still read the old buffers.
+    CAIRN_RETURN_IF_ERROR(devices.SynchronizeAll());
+    const uint64_t n = std::max({used, room, uint64_t{64}});
+    for (int j : {k, 1 - k}) {
+      Buffer& x = buffers_[j];
+      if (j != k && (!pin || (x.pinned && x.capacity >= n))) continue;
+      x = Buffer();
+      if (pin) {
+        absl::StatusOr<std::shared_ptr<void>> p =
+            devices.first()->AllocatePinned(n);
+        if (!p.ok()) {
+          return internal_core::Annotate(
+              p.status(), absl::StrFormat("pinned staging of %d bytes", n));
+        }
+        x.pinned_memory = *std::move(p);
+        x.data = static_cast<std::byte*>(x.pinned_memory.get());
+      } else {
+        CAIRN_ASSIGN_OR_RETURN(
+            x.pageable, Tensor::Empty(DType::kU8, {static_cast<int64_t>(n)}));
+        x.data = static_cast<std::byte*>(x.pageable.data());
+      }
+      x.capacity = n;
+      x.pinned = pin;
+    }
+    return b.data;
+  }
+  void Free() {
+    for (Buffer& b : buffers_) b = Buffer();
+  }
+
+ private:
+  struct Buffer {
+    std::shared_ptr<void> pinned_memory;
+    Tensor pageable;
+    std::byte* data = nullptr;
+    uint64_t capacity = 0;
+    bool pinned = false;
+  };
+  Buffer buffers_[2];
+};
+
+// The signature-free check of a staged piece that is not a whole chunk
+// read whole: the checksum blocks around it are read again and checked,
+// and the piece's bytes must be the bytes read again (VerifyUncheckedParts,
+// as for a slice). For sinks, which must never see an unchecked byte.
+absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
+                             const ReadItem& item, const std::byte* bytes,
+                             uint64_t* bytes_read) {
+  auto it = metadata.tensors.find(item.fqn);
+  if (it == metadata.tensors.end() || item.chunk >= it->second.chunks.size()) {
+    return absl::InternalError(absl::StrCat("no chunk ", item.chunk, " of ",
+                                            item.fqn));
+  }
+  const TensorMetadata& tm = it->second;
+  const ChunkMetadata& chunk = tm.chunks[item.chunk];
+  const size_t es = DTypeSize(tm.dtype);
+  const internal_core::RunPattern runs =
+      internal_core::SubBoxRuns(chunk.box, item.overlap, es);
+  SharedPieces part;
+  part.fqn = item.fqn;
+  part.chunk = item.chunk;
+  // Each run (a row of the part) as a contiguous piece, its CRC32C from
+  // the staged bytes, which hold the runs one after another.
+  int64_t at = 0;
+  internal_core::ForEachRun(runs, [&](int64_t offset) {
+    const uint32_t crc =
+        internal_format::Crc32c(bytes + at, static_cast<size_t>(runs.run_bytes));
+    if (!part.pieces.empty() &&
+        part.pieces.back().offset + part.pieces.back().bytes ==
+            static_cast<uint64_t>(offset)) {
+      CrcPiece& last = part.pieces.back();
+      last.crc = internal_format::Crc32cCombine(last.crc, crc, runs.run_bytes);
+      last.bytes += runs.run_bytes;
+    } else {
+      part.pieces.push_back({static_cast<uint64_t>(offset),
+                             static_cast<uint64_t>(runs.run_bytes), crc});
+    }
+    at += runs.run_bytes;
+  });
+  const uint32_t t = static_cast<uint32_t>(
+      std::distance(metadata.tensors.begin(), it));
+  return VerifyUncheckedParts(storage, metadata, {part}, {{t, item.chunk}},
+                              bytes_read);
+}
+
 }  // namespace
+
+uint64_t StagingLimit(const LoadOptions& options, uint64_t batch_bytes) {
+  constexpr uint64_t kMin = 64;
+  uint64_t limit = batch_bytes;
+  if (options.memory_budget_bytes != 0) {
+    // The reads' bounce buffers come first; the rest is two buffers' worth.
+    const uint64_t reads = static_cast<uint64_t>(std::max(options.io_threads, 1)) *
+                           options.bounce_buffer_bytes;
+    const uint64_t left = options.memory_budget_bytes > reads
+                              ? options.memory_budget_bytes - reads
+                              : 0;
+    limit = std::min(limit, left / 2);
+  }
+  return std::max(limit, kMin);
+}
 
 absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const absl::StatusOr<LoadPlan>& plan,
@@ -131,202 +305,24 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       uint64_t batch_bytes,
                                       LoadPhaseTimes& phases,
                                       std::vector<SharedPieces>& shared,
-                                      Committer& committer,
-                                      std::vector<Destination> resolved) {
-  // A group of one has nobody to agree with: its own status is the verdict
-  // (LoadWithMetadata's final agreement names the rank).
-  auto agree = [&group](const absl::Status& local) {
-    return group.size() > 1 ? AgreeOnStatus(group, local, kOperation,
-                                            "reading (replica group)")
-                            : local;
-  };
-  // Each item's destination, resolved here unless the caller passed them
-  // (ResolveDestination is asked once per item).
-  std::vector<Destination> dsts;
-  absl::Status ready = plan.status();
-  // Checks every destination, then reads every batch this member owns (one
-  // loader: the data files stay open from batch to batch).
-  Loader reader(storage, metadata, options);
-  const bool given = ready.ok() && resolved.size() == plan->items.size();
-  if (ready.ok()) {
-    for (size_t i = 0; i < plan->items.size(); ++i) {
-      const ReadItem& item = plan->items[i];
-      absl::StatusOr<Destination> d =
-          given ? std::move(resolved[i]) : planner.ResolveDestination(item);
-      if (d.ok()) {
-        // Owners check their destinations as they read; here every member
-        // checks its own, since it copies into them without reading.
-        d = reader.CheckDestination(item, *d);
-      }
-      if (!d.ok()) {
-        ready = d.status();
-        break;
-      }
-      dsts.push_back(*d);
-    }
-  }
-  // The devices written to, each waited for before its first copy.
-  DeviceRuntimes devices;
-  if (ready.ok()) {
-    for (size_t i = 0; i < dsts.size() && ready.ok(); ++i) {
-      const ReadItem& item = plan->items[i];
-      if (item.kind == ItemKind::kTensor && !dsts[i].view.device().is_cpu()) {
-        ready = internal_core::Annotate(
-            devices.For(dsts[i].view.device()).status(),
-            absl::StrCat(item.fqn, " ", item.overlap.ToString()));
-      }
-    }
-  }
-  if (ready.ok()) ready = devices.WaitForAll();
-  CAIRN_RETURN_IF_ERROR(agree(ready));
-  constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
-  const uint64_t batch_limit = std::max<uint64_t>(batch_bytes, kSlot);
-  // A device load of one rank splits items larger than a batch, so that
-  // its pinned staging stays two batches however large a tensor is. (In a
-  // replica group every member must batch the same items, and members may
-  // differ in which destinations are on a device: no split there.)
-  std::vector<ReadItem> split_items;
-  const bool split = group.size() == 1 && !devices.empty();
-  if (split) {
-    split_items = plan->items;
-    CAIRN_RETURN_IF_ERROR(
-        SplitForStaging(metadata, batch_limit, split_items, dsts));
-  }
-  const std::vector<ReadItem>& items = split ? split_items : plan->items;
-
-  // Bytes of each item, its stored tensor (tensor items), the owner of each.
-  std::vector<uint64_t> bytes(items.size());
-  std::vector<const TensorMetadata*> stored(items.size(), nullptr);
-  for (size_t i = 0; i < items.size(); ++i) {
-    const ReadItem& item = items[i];
-    if (item.kind == ItemKind::kObject) {
-      auto it = metadata.objects.find(item.fqn);
-      bytes[i] = it == metadata.objects.end() ? 0 : it->second.nbytes;
-    } else {
-      auto it = metadata.tensors.find(item.fqn);
-      if (it == metadata.tensors.end()) continue;
-      stored[i] = &it->second;
-      bytes[i] = static_cast<uint64_t>(item.overlap.num_elements()) *
-                 DTypeSize(it->second.dtype);
-    }
-  }
+                                      Committer& committer) {
   const int members = group.size();
   const int me = group.rank();
-  // Largest items first, each to the member with the fewest bytes so far
-  // (as dedup balances writers): in plan order, one large item late in the
-  // plan could land on an already loaded member. Every member computes the
-  // same assignment from the same sizes.
-  std::vector<size_t> by_size(items.size());
-  for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
-  std::stable_sort(by_size.begin(), by_size.end(),
-                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
-  std::vector<int> owner(items.size());
-  std::vector<uint64_t> assigned(members, 0);
-  for (size_t i : by_size) {
-    owner[i] = static_cast<int>(
-        std::min_element(assigned.begin(), assigned.end()) - assigned.begin());
-    assigned[owner[i]] += bytes[i];
-  }
-
-  LoadResult result;
-  result.replica_group_size = members;
-  // A member whose destination of an item is contiguous host memory reads
-  // (as owner) or receives it right there; the others go through staging
-  // and a strided or device copy.
-  std::vector<bool> direct(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const TensorView& v = dsts[i].view;
-    direct[i] = items[i].kind == ItemKind::kTensor && v.device().is_cpu() &&
-                v.is_contiguous();
-  }
-  // Batches: items [begin, end) of at most `batch_limit` bytes (at least one
-  // item, however large). Boundaries depend only on item sizes, which every
-  // member shares, so the members' collectives line up; `used` is this
-  // member's staging.
-  auto slot_of = [&](size_t i) {
-    return internal_core::RoundUp(bytes[i], kSlot);
+  const bool alone = members == 1;
+  // A group of one has nobody to agree with: its own status is the verdict
+  // (LoadWithMetadata's final agreement names the rank).
+  auto agree = [&group, alone](const absl::Status& local) {
+    return alone ? local
+                 : AgreeOnStatus(group, local, kOperation,
+                                 "reading (replica group)");
   };
-  // Where a large tensor item's first byte sits in its staging slot, modulo
-  // a page: the same as in its file, so that a cold read of it can go
-  // O_DIRECT (the file backend reads a page-aligned middle straight from
-  // the device only into an address with the file offset's alignment).
-  // Staging buffers start on a page. Costs under a page per large item.
-  constexpr uint64_t kPage = 4096;
-  constexpr uint64_t kAlignFrom = uint64_t{64} << 10;
-  auto slot_offset = [&](size_t i, uint64_t used) -> uint64_t {
-    used = internal_core::RoundUp(used, kSlot);
-    if (bytes[i] < kAlignFrom) return used;
-    const TensorMetadata& tm = *stored[i];
-    const ChunkMetadata& chunk = tm.chunks[items[i].chunk];
-    const uint64_t want =
-        (chunk.location.offset +
-         internal_core::SubBoxRuns(chunk.box, items[i].overlap,
-                                   DTypeSize(tm.dtype))
-             .first_offset) %
-        kPage;
-    return used + (want + kPage - used % kPage) % kPage;
-  };
-  struct Batch {
-    size_t begin, end;
-    uint64_t used;
-  };
-  std::vector<Batch> batches;
-  std::vector<uint64_t> offset(items.size(), 0);
-  for (size_t begin = 0; begin < items.size();) {
-    size_t end = begin;
-    uint64_t batch = 0;
-    uint64_t used = 0;
-    while (end < items.size()) {
-      if (end > begin && batch + slot_of(end) > batch_limit) break;
-      batch += slot_of(end);
-      if (items[end].kind == ItemKind::kTensor && !direct[end]) {
-        offset[end] = slot_offset(end, used);
-        used = offset[end] + bytes[end];
-      }
-      ++end;
-    }
-    batches.push_back({begin, end, used});
-    begin = end;
-  }
-  // Staging: with device destinations, two pinned buffers used in turn
-  // (each as large as the largest batch that uses it); else one pageable.
-  // (Pinning is slow: 0.03-0.06 s for 2 x 64 MiB on an H200 machine. Pinning
-  // the second buffer on another thread during the first batch's reads
-  // slowed those reads by as much and was dropped: bench/RESULTS.md.)
-  const int buffers = devices.empty() ? 1 : 2;
-  uint64_t need[2] = {0, 0};
-  for (size_t b = 0; b < batches.size(); ++b) {
-    need[b % buffers] = std::max(need[b % buffers], batches[b].used);
-  }
-  std::shared_ptr<void> pinned[2];
-  Tensor pageable;
-  std::byte* staging[2] = {nullptr, nullptr};
-  auto allocate = [&](int k) -> absl::Status {
-    if (devices.empty()) {
-      absl::StatusOr<Tensor> t =
-          Tensor::Empty(DType::kU8, {static_cast<int64_t>(need[k])});
-      if (!t.ok()) return t.status();
-      pageable = *std::move(t);
-      staging[k] = static_cast<std::byte*>(pageable.data());
-      return absl::OkStatus();
-    }
-    absl::StatusOr<std::shared_ptr<void>> p =
-        devices.first()->AllocatePinned(need[k]);
-    if (!p.ok()) {
-      return internal_core::Annotate(
-          p.status(), absl::StrFormat("pinned staging of %d bytes", need[k]));
-    }
-    pinned[k] = *std::move(p);
-    staging[k] = static_cast<std::byte*>(pinned[k].get());
-    return absl::OkStatus();
-  };
-  auto t_staging = std::chrono::steady_clock::now();
-  absl::Status allocated;
-  for (int k = 0; k < buffers && allocated.ok(); ++k) {
-    if (need[k] > 0) allocated = allocate(k);
-  }
-  phases.staging += Since(t_staging);
-  CAIRN_RETURN_IF_ERROR(agree(allocated));
+  CAIRN_RETURN_IF_ERROR(agree(plan.status()));
+  const std::vector<ReadItem>& items = plan->items;
+  const uint64_t limit = StagingLimit(options, batch_bytes);
+  // One loader: the data files and IO threads stay from wave to wave.
+  Loader reader(storage, metadata, options);
+  DeviceRuntimes devices;
+  Staging staging;
   // Declared after the staging it reads from, so on every way out the
   // device copies have finished before the staging is freed.
   struct SyncOnExit {
@@ -334,43 +330,186 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     ~SyncOnExit() { devices.SynchronizeAll().IgnoreError(); }
   } sync_on_exit{devices};
 
-  // A chunk this member reads in pieces over several batches (a split
-  // tensor) is checked by the reader as its last piece lands.
-  {
+  // A group: items in the same waves on every member (the boundaries
+  // depend only on item sizes), each read by one member (largest items
+  // first, each to the member with the fewest bytes so far, as dedup
+  // balances writers; every member computes the same from the same sizes).
+  std::vector<int> owner(items.size(), 0);
+  std::vector<size_t> bounds;  // waves [bounds[w], bounds[w + 1])
+  std::vector<uint64_t> bytes(items.size(), 0);
+  uint64_t unplaced_bytes = 0;  // of the items not placed yet
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::vector<Piece> one;
+    CAIRN_RETURN_IF_ERROR(AddPieces(metadata, limit, false, i, items[i],
+                                    Destination{}, one, reader));
+    bytes[i] = one[0].bytes;
+    unplaced_bytes += bytes[i];
+  }
+  if (alone) {
+    // Items of this rank that tile a chunk in contiguous pieces (and any
+    // item split into pieces, declared as it is split) are checked as the
+    // chunk's last piece lands, whichever waves they fall in.
+    reader.CheckAcrossReads(items);
+  } else {
+    std::vector<size_t> by_size(items.size());
+    for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+    std::vector<uint64_t> assigned(members, 0);
+    for (size_t i : by_size) {
+      owner[i] = static_cast<int>(
+          std::min_element(assigned.begin(), assigned.end()) -
+          assigned.begin());
+      assigned[owner[i]] += bytes[i];
+    }
+    bounds.push_back(0);
+    uint64_t wave = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const uint64_t slot = internal_core::RoundUp(bytes[i], kSlot);
+      if (i > bounds.back() && wave + slot > limit) {
+        bounds.push_back(i);
+        wave = 0;
+      }
+      wave += slot;
+    }
+    bounds.push_back(items.size());
+    // A chunk this member reads in pieces over several waves is checked
+    // by the reader as its last piece lands.
     std::vector<ReadItem> mine;
     for (size_t i = 0; i < items.size(); ++i) {
       if (owner[i] == me) mine.push_back(items[i]);
     }
     reader.CheckAcrossReads(mine);
   }
-  // A device copy's error is kept (later copies skipped) and agreed on with
-  // the next batch's reads, so every member stays in the collectives.
-  absl::Status placed;
-  for (size_t b = 0; b < batches.size(); ++b) {
-    const size_t begin = batches[b].begin;
-    const size_t end = batches[b].end;
-    std::byte* base = staging[b % buffers];
-    auto buffer = [&](size_t i) {
-      return direct[i] ? static_cast<std::byte*>(dsts[i].view.data())
-                       : base + offset[i];
-    };
-    std::vector<std::string> objects(end - begin);
 
-    // Read what this member owns.
+  LoadResult result;
+  result.replica_group_size = members;
+  // Pieces of each item not yet placed; items whose device copies are
+  // queued, committed once those are waited for.
+  std::vector<uint32_t> unplaced(items.size(), 0);
+  std::vector<size_t> after_sync;
+  // A placement error (a device copy, a sink) is kept, later placements
+  // skipped, and agreed on with the next wave's reads, so every member
+  // stays in the collectives.
+  absl::Status placed;
+  // Alone: resolved pieces that did not fit the last wave (from `taken`).
+  std::vector<Piece> carry;
+  size_t taken = 0;
+  size_t next = 0;  // the next item to resolve
+  for (int wave = 0;; ++wave) {
+    // 1. The wave's pieces, their destinations resolved now.
     auto t0 = std::chrono::steady_clock::now();
+    std::vector<Piece> pieces;
+    absl::Status ready;
+    auto resolve = [&](size_t i, std::vector<Piece>& out) -> absl::Status {
+      CAIRN_ASSIGN_OR_RETURN(Destination d,
+                             planner.ResolveDestination(items[i]));
+      CAIRN_ASSIGN_OR_RETURN(d, reader.CheckDestination(items[i], d));
+      if (items[i].kind == ItemKind::kTensor && d.sink == nullptr &&
+          !d.view.device().is_cpu()) {
+        const bool known = devices.Has(d.view.device());
+        absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
+            devices.For(d.view.device());
+        CAIRN_RETURN_IF_ERROR(internal_core::Annotate(
+            runtime.status(),
+            absl::StrCat(items[i].fqn, " ", items[i].overlap.ToString())));
+        // The application's queued work that may still read the
+        // destination is done before the first copy into the device.
+        if (!known) {
+          CAIRN_RETURN_IF_ERROR((*runtime)->WaitForDevice(d.view.device()));
+        }
+      }
+      const size_t before = out.size();
+      CAIRN_RETURN_IF_ERROR(AddPieces(metadata, limit, alone, i, items[i],
+                                      std::move(d), out, reader));
+      unplaced[i] = static_cast<uint32_t>(out.size() - before);
+      return absl::OkStatus();
+    };
+    if (alone) {
+      uint64_t used = 0;
+      while (ready.ok()) {
+        if (taken == carry.size()) {
+          carry.clear();
+          taken = 0;
+          if (next == items.size()) break;
+          ready = resolve(next++, carry);
+          continue;
+        }
+        Piece& p = carry[taken];
+        const uint64_t slot = p.staged ? internal_core::RoundUp(p.bytes, kSlot) : 0;
+        if (!pieces.empty() && used + slot > limit) break;
+        used += slot;
+        pieces.push_back(std::move(p));
+        ++taken;
+      }
+    } else {
+      if (wave + 1 >= static_cast<int>(bounds.size())) break;
+      for (size_t i = bounds[wave]; i < bounds[wave + 1] && ready.ok(); ++i) {
+        ready = resolve(i, pieces);
+      }
+    }
+    phases.read += Since(t0);
+    CAIRN_RETURN_IF_ERROR(agree(ready));
+    if (pieces.empty()) break;
+
+    // 2. Staging: each staged piece's slot. A large tensor piece's first
+    // byte sits in its slot, modulo a page, where it does in its file, so
+    // that a cold read of it can go O_DIRECT (the file backend reads a
+    // page-aligned middle straight from the device only into an address
+    // with the file offset's alignment). Costs under a page per large item.
+    uint64_t used = 0;
+    for (Piece& p : pieces) {
+      if (!p.staged) continue;
+      used = internal_core::RoundUp(used, kSlot);
+      if (p.bytes >= kAlignFrom) {
+        const TensorMetadata& tm = metadata.tensors.at(p.item.fqn);
+        const ChunkMetadata& chunk = tm.chunks[p.item.chunk];
+        const uint64_t want =
+            (chunk.location.offset +
+             internal_core::SubBoxRuns(chunk.box, p.item.overlap,
+                                       DTypeSize(tm.dtype))
+                 .first_offset) %
+            kPage;
+        used += (want + kPage - used % kPage) % kPage;
+      }
+      p.offset = used;
+      used += p.bytes;
+    }
+    const int k = devices.empty() ? 0 : wave % 2;
+    std::byte* base = nullptr;
+    if (used > 0) {
+      t0 = std::chrono::steady_clock::now();
+      // Room for a whole wave, unless what is left to load is less.
+      absl::StatusOr<std::byte*> got =
+          staging.Get(k, used, std::min(limit, unplaced_bytes), devices);
+      phases.staging += Since(t0);
+      CAIRN_RETURN_IF_ERROR(agree(got.status()));
+      base = *got;
+    }
+    auto buffer = [&](const Piece& p) {
+      return p.staged ? base + p.offset
+                      : static_cast<std::byte*>(p.dst.view.data());
+    };
+
+    // 3. Read what this member owns.
+    t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> objects(pieces.size());
     std::vector<ReadItem> mine;
     std::vector<Destination> mine_dsts;
-    for (size_t i = begin; i < end; ++i) {
-      if (owner[i] != me) continue;
-      mine.push_back(items[i]);
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      const Piece& p = pieces[j];
+      if (owner[p.origin] != me) continue;
+      mine.push_back(p.item);
       Destination d;
-      if (items[i].kind == ItemKind::kObject) {
-        d.object = &objects[i - begin];
+      if (p.item.kind == ItemKind::kObject) {
+        d.object = alone ? p.dst.object : &objects[j];
+      } else if (p.staged) {
+        const TensorMetadata& tm = metadata.tensors.at(p.item.fqn);
+        d.view = TensorView(base + p.offset, tm.dtype, p.item.overlap.sizes);
       } else {
-        d.view = TensorView(buffer(i), dsts[i].view.dtype(),
-                            items[i].overlap.sizes);
+        d.view = p.dst.view;
       }
-      mine_dsts.push_back(d);
+      mine_dsts.push_back(std::move(d));
     }
     absl::Status read = absl::OkStatus();
     if (!mine.empty()) {
@@ -383,82 +522,118 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     phases.read += Since(t0);
     CAIRN_RETURN_IF_ERROR(agree(read.ok() ? placed : read));
 
-    // Share, then place what went through staging.
-    t0 = std::chrono::steady_clock::now();
-    if (members > 1) {
-      for (size_t i = begin; i < end; ++i) {
+    // 4. Share (a group): each owner broadcasts what it read.
+    if (!alone) {
+      t0 = std::chrono::steady_clock::now();
+      for (size_t j = 0; j < pieces.size(); ++j) {
+        const Piece& p = pieces[j];
         absl::Status s =
-            items[i].kind == ItemKind::kObject
-                ? group.Broadcast(objects[i - begin], owner[i])
-                : group.BroadcastBytes(
-                      std::span<std::byte>(buffer(i), bytes[i]), owner[i]);
+            p.item.kind == ItemKind::kObject
+                ? group.Broadcast(objects[j], owner[p.origin])
+                : group.BroadcastBytes(std::span<std::byte>(buffer(p), p.bytes),
+                                       owner[p.origin]);
         CAIRN_RETURN_IF_ERROR(
             Annotate(s, "communicator failed in broadcast load"));
       }
+      phases.broadcast += Since(t0);
     }
-    phases.broadcast += Since(t0);
+
+    // 5. Place what went through staging: host copies, device copies
+    // (queued; the previous wave's, which ran during this wave's reads, are
+    // waited for first: the buffer they read from is the next wave's), and
+    // sinks, which get only checked bytes.
     t0 = std::chrono::steady_clock::now();
-    // The previous batch's device copies (which ran during this batch's
-    // reads) are done before this batch's are queued; the buffer they read
-    // from is the next batch's.
     if (!devices.empty() && placed.ok()) placed = devices.SynchronizeAll();
-    for (size_t i = begin; i < end; ++i) {
-      result.bytes_loaded += bytes[i];
-      if (items[i].kind == ItemKind::kObject) {
-        *dsts[i].object = std::move(objects[i - begin]);
-        continue;
+    if (placed.ok()) {
+      for (size_t i : after_sync) {
+        AddPlaced(committer, items[i], nullptr, alone, metadata);
       }
-      if (direct[i]) continue;
-      const TensorView& dst = dsts[i].view;
-      if (dst.device().is_cpu()) {
-        internal_core::CopyView(
-            TensorView(base + offset[i], dst.dtype(), dst.shape()), dst);
-        continue;
+      after_sync.clear();
+    }
+    // Items whose last piece is placed, with their sinks.
+    std::vector<std::pair<size_t, std::shared_ptr<LoadSink>>> done;
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      Piece& p = pieces[j];
+      result.bytes_loaded += p.bytes;
+      unplaced_bytes -= std::min(unplaced_bytes, p.bytes);
+      if (p.item.kind == ItemKind::kObject) {
+        if (!alone) *p.dst.object = std::move(objects[j]);
+      } else if (p.dst.sink != nullptr) {
+        if (!placed.ok()) continue;
+        const bool checked =
+            !options.verify_checksums ||
+            (alone ? reader.Verified(LocationOf(metadata, p.item))
+                   : WholeChunk(metadata, p.item));
+        if (!checked) {
+          uint64_t extra = 0;
+          placed = CheckStagedPart(storage, metadata, p.item, base + p.offset,
+                                   &extra);
+          result.bytes_read += extra;
+          if (!placed.ok()) continue;
+        }
+        placed = items[p.origin].kind == ItemKind::kTensor
+                     ? p.dst.sink->Write(items[p.origin], p.item.overlap,
+                                         std::span<const std::byte>(
+                                             base + p.offset, p.bytes))
+                     : absl::OkStatus();
+        if (!placed.ok()) {
+          placed = Annotate(placed, absl::StrCat("sink of ", p.item.fqn, " ",
+                                                 p.item.overlap.ToString()));
+          continue;
+        }
+      } else if (p.staged) {
+        const TensorView& dst = p.dst.view;
+        if (dst.device().is_cpu()) {
+          internal_core::CopyView(
+              TensorView(base + p.offset, dst.dtype(), dst.shape()), dst);
+        } else if (placed.ok()) {
+          absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
+              devices.For(dst.device());
+          placed = runtime.status();
+          if (placed.ok()) {
+            placed = internal_cuda::QueueCopyToDeviceView(
+                **runtime,
+                absl::StrCat(p.item.fqn, " ", p.item.overlap.ToString()),
+                base + p.offset, dst);
+          }
+          if (placed.ok()) result.device_bytes += p.bytes;
+          if (placed.ok() && --unplaced[p.origin] == 0) {
+            after_sync.push_back(p.origin);
+          }
+          continue;
+        }
       }
-      if (!placed.ok()) continue;
-      absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
-          devices.For(dst.device());
-      placed = runtime.status();
-      if (placed.ok()) {
-        placed = internal_cuda::QueueCopyToDeviceView(
-            **runtime,
-            absl::StrCat(items[i].fqn, " ", items[i].overlap.ToString()),
-            base + offset[i], dst);
+      if (--unplaced[p.origin] == 0) done.emplace_back(p.origin, p.dst.sink);
+    }
+    // 6. Commit the items this wave completed whose checks passed.
+    if (placed.ok()) {
+      for (const auto& [i, sink] : done) {
+        AddPlaced(committer, items[i], sink, alone, metadata);
       }
-      if (placed.ok()) result.device_bytes += bytes[i];
+      placed = committer.CommitChecked([&](const ReadItem& item) {
+        return alone && reader.Verified(LocationOf(metadata, item));
+      });
     }
     phases.copy += Since(t0);
   }
   auto t0 = std::chrono::steady_clock::now();
   if (placed.ok()) placed = devices.SynchronizeAll();
+  if (placed.ok()) {
+    for (size_t i : after_sync) {
+      AddPlaced(committer, items[i], nullptr, alone, metadata);
+    }
+    placed = committer.CommitChecked([&](const ReadItem& item) {
+      return alone && reader.Verified(LocationOf(metadata, item));
+    });
+  }
   if (placed.ok()) placed = reader.FinishAcrossReads();
   shared = reader.TakeSharedPieces();
   phases.copy += Since(t0);
   CAIRN_RETURN_IF_ERROR(agree(placed));
   // Every copy out of the staging has finished.
   t0 = std::chrono::steady_clock::now();
-  pinned[0].reset();
-  pinned[1].reset();
-  pageable = Tensor();
+  staging.Free();
   phases.staging += Since(t0);
-  // Commit what passed its checks. In a group, a member other than an
-  // item's owner read nothing of it: an item that is a whole chunk (or an
-  // object) was checked whole by its owner, and the group agreed on that.
-  const bool alone = members == 1;
-  for (size_t i = 0; i < plan->items.size(); ++i) {
-    const ReadItem& item = plan->items[i];
-    bool whole = item.kind == ItemKind::kObject;
-    if (!whole && !alone) {
-      auto it = metadata.tensors.find(item.fqn);
-      whole = it != metadata.tensors.end() &&
-              item.chunk < it->second.chunks.size() &&
-              it->second.chunks[item.chunk].box == item.overlap;
-    }
-    committer.Add(item, nullptr, /*checked=*/!alone && whole);
-  }
-  CAIRN_RETURN_IF_ERROR(committer.CommitChecked([&](const ReadItem& item) {
-    return alone && reader.Verified(LocationOf(metadata, item));
-  }));
   return result;
 }
 
