@@ -30,6 +30,7 @@ import sys
 
 MIB = 1 << 20
 RSS_ALLOWANCE = 256 * MIB  # per process, on top of the destination bytes
+SINK_RSS_ALLOWANCE = 128 * MIB  # load_sink: on top of its memory budget
 
 # Thresholds of issue 6.
 SAVE_VS_WRITE = 0.9
@@ -308,7 +309,9 @@ def size_rows(cairn, torch, limits, py=None):
         wname or "no fio write", dcp_async, None)
     loads = []
     for (name, _), row in c.items():
-        if row.get("kind") == "load" and name not in loads:
+        # load_sink streams into a sink, not destinations: its own target.
+        if (row.get("kind") == "load" and name not in loads
+                and name != "load_sink"):
             loads.append(name)
     for name in loads:
         for cache in ("cold", "warm"):
@@ -501,6 +504,24 @@ def targets_for_size(label, cairn, torch, torch_err, limits, rows,
               "allowed dest + 256 MiB x ranks",
               value=worst["cairn_peak_rss_bytes"],
               threshold=worst["cairn_rss_allowance_bytes"], unit="bytes")
+
+    # Issue 35: a streaming load holds its budget, not the state.
+    target = "streaming load peak RSS <= budget + 128 MiB (load_sink)"
+    sink = next((r for r in (cairn or {}).get("results", [])
+                 if r.get("name") == "load_sink"), None)
+    if (sink is None or not sink.get("memory_budget_bytes")
+            or sink.get("peak_rss_bytes") is None):
+        entry(target, NOT_MEASURED, "-", "-",
+              "no load_sink row with a budget (cairn bench --phases sink)")
+    else:
+        limit = sink["memory_budget_bytes"] + SINK_RSS_ALLOWANCE
+        entry(target, MET if sink["peak_rss_bytes"] <= limit else MISSED,
+              f"{fmt_mib(sink['peak_rss_bytes'])} MiB",
+              f"<= {fmt_mib(limit)} MiB",
+              f"one rank streams {fmt_mib(sink.get('sink_bytes'))} MiB into "
+              f"a sink that drops it, budget "
+              f"{fmt_mib(sink['memory_budget_bytes'])} MiB",
+              value=sink["peak_rss_bytes"], threshold=limit, unit="bytes")
     return out
 
 

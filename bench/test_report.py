@@ -98,7 +98,11 @@ CAIRN = {
          "ranks": 4, "samples": [1.1], "seconds": 1.1,
          "staging_allocations": 564},
     ] + [load_row(n, c, s, r, STATE + 100 * MIB)
-         for n, r in LOADS for c, s in (("cold", 0.5), ("warm", 0.25))],
+         for n, r in LOADS for c, s in (("cold", 0.5), ("warm", 0.25))] + [
+        {"cache": "cold", "dest_bytes": 0, "gb_per_s": STATE / 0.6 / GB,
+         "kind": "load", "name": "load_sink", "peak_rss_bytes": 300 * MIB,
+         "ranks": 1, "samples": [0.6], "seconds": 0.6, "sink_bytes": STATE,
+         "memory_budget_bytes": 256 * MIB}],
 }
 
 
@@ -272,7 +276,7 @@ class ReportTest(unittest.TestCase):
         self.full_run()
         data, md = self.run_report()
         results = {t["target"]: t["result"] for t in data["targets"]}
-        self.assertEqual(len(results), 8)
+        self.assertEqual(len(results), 9)
         # No cairn_py-2GB.json: the Python targets are not measured.
         for name in ("cairn Python API >= 0.9 x CLI speed on every row",
                      "cairn Python API faster than DCP 1.13.0a0 on every "
@@ -362,6 +366,8 @@ class ReportTest(unittest.TestCase):
                 r["seconds"] = 0.625  # DCP took 0.5 s
             if r["name"] == "load_4to3_rows" and r["cache"] == "cold":
                 r["peak_rss_bytes"] = STATE + 3 * 256 * MIB + 1
+            if r["name"] == "load_sink":
+                r["peak_rss_bytes"] = 384 * MIB + 1  # the budget + 128 MiB
         self.full_run(cairn=cairn)
         data, md = self.run_report()
         save = self.target(data, "save")
@@ -378,6 +384,9 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(rss["result"], "missed")
         self.assertIn("load_4to3_rows cold", rss["detail"])
         self.assertEqual(self.target(data, "cold load")["result"], "met")
+        sink = self.target(data, "streaming load")
+        self.assertEqual(sink["result"], "missed")
+        self.assertEqual(sink["required"], "<= 384 MiB")
         self.assertIn("- save >= 0.9 x fastest fio write: **missed**", md)
 
     def test_single_memcpy_when_no_parallel_figure(self):

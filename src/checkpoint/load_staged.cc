@@ -131,6 +131,19 @@ bool Staged(const Destination& dst, bool alone, ItemKind kind) {
   return !alone && !v.is_contiguous();
 }
 
+// The stored bytes `item` reads (0 for one the metadata lacks: the reader
+// reports it).
+uint64_t ItemBytes(const Metadata& metadata, const ReadItem& item) {
+  if (item.kind == ItemKind::kObject) {
+    auto it = metadata.objects.find(item.fqn);
+    return it == metadata.objects.end() ? 0 : it->second.nbytes;
+  }
+  auto it = metadata.tensors.find(item.fqn);
+  if (it == metadata.tensors.end()) return 0;
+  return static_cast<uint64_t>(item.overlap.num_elements()) *
+         DTypeSize(it->second.dtype);
+}
+
 // Appends `item`'s pieces to `out`: the item itself, or, when it is staged
 // and larger than `limit` bytes (alone only), pieces of at most `limit`
 // bytes (or one element, if larger): ForEachSlab over the item packed as it
@@ -140,21 +153,15 @@ bool Staged(const Destination& dst, bool alone, ItemKind kind) {
 absl::Status AddPieces(const Metadata& metadata, uint64_t limit, bool alone,
                        size_t origin, const ReadItem& item, Destination dst,
                        std::vector<Piece>& out, Loader& reader) {
-  Piece whole{origin, item, std::move(dst), 0, false, 0};
+  Piece whole{origin, item, std::move(dst), ItemBytes(metadata, item), false,
+              0};
   whole.staged = Staged(whole.dst, alone, item.kind);
-  if (item.kind == ItemKind::kObject) {
-    auto it = metadata.objects.find(item.fqn);
-    whole.bytes = it == metadata.objects.end() ? 0 : it->second.nbytes;
+  if (item.kind == ItemKind::kObject || !alone || !whole.staged ||
+      whole.bytes <= limit) {
     out.push_back(std::move(whole));
     return absl::OkStatus();
   }
-  auto it = metadata.tensors.find(item.fqn);
-  const uint64_t es = it == metadata.tensors.end() ? 0 : DTypeSize(it->second.dtype);
-  whole.bytes = static_cast<uint64_t>(item.overlap.num_elements()) * es;
-  if (!alone || !whole.staged || whole.bytes <= limit) {
-    out.push_back(std::move(whole));
-    return absl::OkStatus();
-  }
+  const uint64_t es = DTypeSize(metadata.tensors.at(item.fqn).dtype);
   std::vector<ReadItem> slabs;
   CAIRN_RETURN_IF_ERROR(ForEachSlab(
       item.overlap, RowMajorByteStrides(item.overlap.sizes, es), es, limit,
@@ -339,10 +346,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   std::vector<uint64_t> bytes(items.size(), 0);
   uint64_t unplaced_bytes = 0;  // of the items not placed yet
   for (size_t i = 0; i < items.size(); ++i) {
-    std::vector<Piece> one;
-    CAIRN_RETURN_IF_ERROR(AddPieces(metadata, limit, false, i, items[i],
-                                    Destination{}, one, reader));
-    bytes[i] = one[0].bytes;
+    bytes[i] = ItemBytes(metadata, items[i]);
     unplaced_bytes += bytes[i];
   }
   if (alone) {
@@ -404,7 +408,13 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     auto resolve = [&](size_t i, std::vector<Piece>& out) -> absl::Status {
       CAIRN_ASSIGN_OR_RETURN(Destination d,
                              planner.ResolveDestination(items[i]));
-      CAIRN_ASSIGN_OR_RETURN(d, reader.CheckDestination(items[i], d));
+      // Host memory a rank reads itself is checked by its read; the rest
+      // here (a group member places what others read; sinks and devices
+      // are read into staging).
+      if (!alone || d.sink != nullptr || d.object != nullptr ||
+          !d.view.device().is_cpu()) {
+        CAIRN_ASSIGN_OR_RETURN(d, reader.CheckDestination(items[i], d));
+      }
       if (items[i].kind == ItemKind::kTensor && d.sink == nullptr &&
           !d.view.device().is_cpu()) {
         const bool known = devices.Has(d.view.device());
