@@ -487,15 +487,19 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     }
     const int k = devices.empty() ? 0 : wave % 2;
     std::byte* base = nullptr;
+    absl::Status allocated;
     if (used > 0) {
       t0 = std::chrono::steady_clock::now();
       // Room for a whole wave, unless what is left to load is less.
       absl::StatusOr<std::byte*> got =
           staging.Get(k, used, std::min(limit, unplaced_bytes), devices);
       phases.staging += Since(t0);
-      CAIRN_RETURN_IF_ERROR(agree(got.status()));
-      base = *got;
+      allocated = got.status();
+      if (got.ok()) base = *got;
     }
+    // Every member agrees, staged bytes or not (members differ in which
+    // destinations need staging).
+    CAIRN_RETURN_IF_ERROR(agree(allocated));
     auto buffer = [&](const Piece& p) {
       return p.staged ? base + p.offset
                       : static_cast<std::byte*>(p.dst.view.data());

@@ -316,3 +316,56 @@ TEST_F(StreamLoadTest, BudgetsDoNotChangeWhatMemoryDestinationsGet) {
 
 }  // namespace
 }  // namespace cairn
+
+namespace cairn {
+namespace {
+
+// Two replicas of the same box form a broadcast group; one loads into
+// contiguous memory (read or received in place, no staging), the other
+// into a strided view (staged, then copied): the members' waves differ in
+// staging but not in their collectives, and both load bit-exact.
+TEST_F(StreamLoadTest, ReplicasWithAndWithoutStagingLoadTogether) {
+  for (uint64_t budget : {uint64_t{0}, uint64_t{1}}) {
+    SCOPED_TRACE(budget);
+    std::vector<std::vector<float>> padded(2);
+    std::vector<absl::Status> st = RunInProcess(2, [&](Communicator& comm) {
+      const int r = comm.rank();
+      StateDict dst;
+      std::vector<float>& mem = padded[r];
+      const int64_t stride = r == 0 ? kCols : kCols + 3;
+      mem.assign(kTensors * kRows * stride, -1.0f);
+      for (int t = 0; t < kTensors; ++t) {
+        TensorView view(mem.data() + t * kRows * stride, DType::kF32,
+                        {kRows, kCols}, {stride, 1});
+        dst[Name(t)] = ShardedTensor(DType::kF32, {kRows, kCols},
+                                     {{Box{{0, 0}, {kRows, kCols}}, view}});
+      }
+      dst["step"] = int64_t{0};
+      LoadOptions o;
+      o.comm = &comm;
+      o.memory_budget_bytes = budget;
+      absl::StatusOr<LoadResult> loaded = Load(dst, tmp_.path(), o);
+      if (loaded.ok() && loaded->replica_group_size != 2) {
+        return absl::InternalError("no replica group");
+      }
+      return loaded.status();
+    });
+    for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t stride = r == 0 ? kCols : kCols + 3;
+      for (int t = 0; t < kTensors; ++t) {
+        const std::vector<float>& want = src_.at(Name(t));
+        for (int64_t i = 0; i < kRows; ++i) {
+          for (int64_t j = 0; j < kCols; ++j) {
+            ASSERT_EQ(padded[r][t * kRows * stride + i * stride + j],
+                      want[i * kCols + j])
+                << "rank " << r << " " << Name(t) << " " << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cairn
