@@ -61,7 +61,10 @@ check(not os.path.exists(os.path.join(out, "fio-read-pagecache-psync.2.json")),
       "read-pagecache-psync: run once")
 cairn = json.load(open(os.path.join(out, "cairn-4MiB.json")))
 check(len(cairn["memcpy"]["samples"]) == 2, "cairn: two memcpy samples")
-check(len(report["targets"]) == 8, "eight targets for the one size")
+check(len(report["targets"]) == 9, "nine targets for the one size")
+sink = [t for t in report["targets"] if t["target"].startswith("streaming")]
+check(len(sink) == 1 and sink[0]["result"] == "met",
+      "load_sink within its budget: " + str(sink))
 # --skip-torch leaves out cairn's Python API too (it runs on
 # torch.distributed), with the reason in the report.
 check(open(os.path.join(out, "cairn_py.skipped")).read().startswith(
