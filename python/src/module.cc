@@ -143,20 +143,33 @@ py::dict MetadataToDict(const Metadata& m) {
 
 // The keyword options of save, AsyncSaver.save and the manager, over
 // SaveOptions' own defaults (comm, planner and plan_cache are set apart).
+// An option's value as T, or a TypeError naming the option and the type
+// it got (pybind11's own cast error names neither).
+template <typename T>
+T OptionAs(const std::string& key, py::handle v) {
+  try {
+    return py::cast<T>(v);
+  } catch (const py::cast_error&) {
+    throw py::type_error(absl::StrCat(
+        "option '", key, "' does not take a ",
+        std::string(py::str(py::type::of(v).attr("__name__")))));
+  }
+}
+
 SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
   SaveOptions o;
   for (auto [k, v] : kw) {
     const std::string key = py::cast<std::string>(k);
-    if (key == "overwrite") o.overwrite = py::cast<bool>(v);
-    else if (key == "save_id") o.save_id = v.is_none() ? "" : py::cast<std::string>(v);
-    else if (key == "io_threads") o.io_threads = py::cast<int>(v);
-    else if (key == "direct_io") o.direct_io = py::cast<bool>(v);
-    else if (key == "write_buffer_bytes") o.write_buffer_bytes = py::cast<size_t>(v);
-    else if (key == "crc32c_block_bytes") o.crc32c_block_bytes = py::cast<uint64_t>(v);
-    else if (key == "user_metadata") o.user_metadata = py::cast<std::string>(v);
-    else if (key == "rank_local") o.rank_local = py::cast<bool>(v);
+    if (key == "overwrite") o.overwrite = OptionAs<bool>(key, v);
+    else if (key == "save_id") o.save_id = v.is_none() ? "" : OptionAs<std::string>(key, v);
+    else if (key == "io_threads") o.io_threads = OptionAs<int>(key, v);
+    else if (key == "direct_io") o.direct_io = OptionAs<bool>(key, v);
+    else if (key == "write_buffer_bytes") o.write_buffer_bytes = OptionAs<size_t>(key, v);
+    else if (key == "crc32c_block_bytes") o.crc32c_block_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "user_metadata") o.user_metadata = OptionAs<std::string>(key, v);
+    else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
     else if (key == "dedup") {
-      const std::string dedup = py::cast<std::string>(v);
+      const std::string dedup = OptionAs<std::string>(key, v);
       if (dedup == "balance_bytes") {
         o.dedup = DedupPolicy::kBalanceBytes;
       } else if (dedup == "lowest_rank") {
@@ -179,16 +192,16 @@ LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
   LoadOptions o;
   for (auto [k, v] : kw) {
     const std::string key = py::cast<std::string>(k);
-    if (key == "strict") o.strict = py::cast<bool>(v);
-    else if (key == "io_threads") o.io_threads = py::cast<int>(v);
-    else if (key == "verify_checksums") o.verify_checksums = py::cast<bool>(v);
-    else if (key == "coalesce_gap_bytes") o.coalesce_gap_bytes = py::cast<uint64_t>(v);
-    else if (key == "bounce_buffer_bytes") o.bounce_buffer_bytes = py::cast<uint64_t>(v);
-    else if (key == "broadcast_replicas") o.broadcast_replicas = py::cast<bool>(v);
-    else if (key == "broadcast_batch_bytes") o.broadcast_batch_bytes = py::cast<uint64_t>(v);
-    else if (key == "device_batch_bytes") o.device_batch_bytes = py::cast<uint64_t>(v);
-    else if (key == "memory_budget_bytes") o.memory_budget_bytes = py::cast<uint64_t>(v);
-    else if (key == "rank_local") o.rank_local = py::cast<bool>(v);
+    if (key == "strict") o.strict = OptionAs<bool>(key, v);
+    else if (key == "io_threads") o.io_threads = OptionAs<int>(key, v);
+    else if (key == "verify_checksums") o.verify_checksums = OptionAs<bool>(key, v);
+    else if (key == "coalesce_gap_bytes") o.coalesce_gap_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "bounce_buffer_bytes") o.bounce_buffer_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "broadcast_replicas") o.broadcast_replicas = OptionAs<bool>(key, v);
+    else if (key == "broadcast_batch_bytes") o.broadcast_batch_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "device_batch_bytes") o.device_batch_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "memory_budget_bytes") o.memory_budget_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
     else throw py::type_error(absl::StrCat("unexpected load option '", key, "'"));
   }
   return o;

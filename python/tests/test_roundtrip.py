@@ -181,7 +181,7 @@ def test_memory_budget_is_a_load_option(ckpt):
         dst = {"w": torch.zeros(64, 64), "step": 0}
         cairn.load(dst, ckpt, memory_budget_bytes=budget)
         assert torch.equal(dst["w"], src["w"]) and dst["step"] == 3
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="'memory_budget_bytes' does not take a str"):
         cairn.load({"w": torch.zeros(64, 64)}, ckpt, memory_budget_bytes="big")
 
 
