@@ -530,6 +530,17 @@ absl::StatusOr<json> AsyncSample(const std::vector<SyntheticTensor>& tensors,
               {"staging_allocations", allocs}};
 }
 
+// The load rows' LoadOptions from the command line (comm and planner
+// left to the row).
+LoadOptions BenchLoadOptions(const BenchOptions& o) {
+  LoadOptions options;
+  options.io_threads = o.io_threads;
+  options.bounce_buffer_bytes = o.buffer_bytes;
+  options.verify_checksums = o.verify_checksums;
+  options.memory_budget_bytes = o.memory_budget_bytes;
+  return options;
+}
+
 // load_*: the target's ranks allocate their destinations (NaN), rank 0
 // drops the page cache (cold) or prepares it (warm: Prewarm, dropping it
 // first when `can_drop`), then one timed Load; then every element is
@@ -553,12 +564,8 @@ absl::StatusOr<json> LoadSample(const std::vector<SyntheticTensor>& tensors,
         CAIRN_RETURN_IF_ERROR(AgreeOnStatus(comm, s));
         if (rank == 0) s = cold ? DropPageCache() : Prewarm(dir, can_drop);
         CAIRN_RETURN_IF_ERROR(AgreeOnStatus(comm, s));
-        LoadOptions options;
+        LoadOptions options = BenchLoadOptions(o);
         options.comm = &comm;
-        options.io_threads = o.io_threads;
-        options.bounce_buffer_bytes = o.buffer_bytes;
-        options.verify_checksums = o.verify_checksums;
-        options.memory_budget_bytes = o.memory_budget_bytes;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
           PerfControl("load", target.name, "enable\n");
@@ -673,12 +680,8 @@ absl::StatusOr<json> LoadSinkSample(bool cold, bool can_drop,
   auto sink = std::make_shared<DiscardingSink>();
   AllChunksToSink planner(sink);
   StateDict none;
-  LoadOptions options;
+  LoadOptions options = BenchLoadOptions(o);
   options.planner = &planner;
-  options.io_threads = o.io_threads;
-  options.bounce_buffer_bytes = o.buffer_bytes;
-  options.verify_checksums = o.verify_checksums;
-  options.memory_budget_bytes = o.memory_budget_bytes;
   const double t0 = MonotonicSeconds();
   CAIRN_ASSIGN_OR_RETURN(LoadResult r, Load(none, dir.string(), options));
   const double seconds = MonotonicSeconds() - t0;

@@ -119,8 +119,8 @@ struct Piece {
   uint64_t offset = 0;  // staged: where it lies in the wave's staging
 };
 
-// Staged bytes of a piece: tensors and (in a group, received as strings)
-// objects.
+// Whether a tensor piece goes through staging (objects never do: alone
+// they are read into their strings, in a group received as strings).
 bool Staged(const Destination& dst, bool alone, ItemKind kind) {
   if (kind == ItemKind::kObject) return false;
   if (dst.sink != nullptr) return true;
@@ -243,8 +243,7 @@ class Staging {
   Buffer buffers_[2];
 };
 
-// The signature-free check of a staged piece that is not a whole chunk
-// read whole: the checksum blocks around it are read again and checked,
+// The check of a staged piece that is not a whole chunk read whole: the checksum blocks around it are read again and checked,
 // and the piece's bytes must be the bytes read again (VerifyUncheckedParts,
 // as for a slice). For sinks, which must never see an unchecked byte.
 absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
@@ -386,6 +385,11 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     reader.CheckAcrossReads(mine);
   }
 
+  // Alone, an item its reader checked (its chunk read whole, in one wave
+  // or across waves) commits; in a group, AddPlaced decides.
+  auto checked_by_reader = [&](const ReadItem& item) {
+    return alone && reader.Verified(LocationOf(metadata, item));
+  };
   LoadResult result;
   result.replica_group_size = members;
   // Pieces of each item not yet placed; items whose device copies are
@@ -624,9 +628,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       for (const auto& [i, sink] : done) {
         AddPlaced(committer, items[i], sink, alone, metadata);
       }
-      placed = committer.CommitChecked([&](const ReadItem& item) {
-        return alone && reader.Verified(LocationOf(metadata, item));
-      });
+      placed = committer.CommitChecked(checked_by_reader);
     }
     phases.copy += Since(t0);
   }
@@ -636,9 +638,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     for (size_t i : after_sync) {
       AddPlaced(committer, items[i], nullptr, alone, metadata);
     }
-    placed = committer.CommitChecked([&](const ReadItem& item) {
-      return alone && reader.Verified(LocationOf(metadata, item));
-    });
+    placed = committer.CommitChecked(checked_by_reader);
   }
   if (placed.ok()) placed = reader.FinishAcrossReads();
   shared = reader.TakeSharedPieces();
