@@ -372,6 +372,28 @@ std::vector<std::string> Seeds() {
     w.In(0, 0).In(0, 0).In(0, 2);
     seeds.push_back(w.out);
   }
+  // Node reads: the column reshard with each chunk read once by one rank
+  // (checked whole) and the other's columns handed to it, clean and with
+  // byte 100 of its first chunk damaged; and into sinks, damaged: no sink
+  // may get it.
+  for (int damage : {0, 1}) {
+    RecipeWriter w{seeds[0]};
+    w.In(0, 0).In(0, 0);                       // default batch, dense
+    w.In(0, damage).In(0, damage ? 100 : 0).In(0, 0).In(0, damage ? 0x10 : 0);
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);     // no save mode, extras, ...
+    w.In(0, 0);                                // no streaming
+    w.In(0, 1);                                // node reads
+    seeds.push_back(w.out);
+  }
+  {
+    RecipeWriter w{seeds[0]};
+    w.In(0, 0).In(0, 0);
+    w.In(0, 1).In(0, 100).In(0, 0).In(0, 0x10);
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);
+    w.In(0, 2);                                // sinks, default budget
+    w.In(0, 1);                                // node reads
+    seeds.push_back(w.out);
+  }
   return seeds;
 }
 
@@ -500,6 +522,10 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
     options.memory_budget_bytes = uint64_t{1} << in.In(6, 20);
   }
   const bool sinks = (stream_mode & 2) != 0;
+  // Node reads (a later byte, so older inputs keep their meaning: 0 has
+  // every rank read its own parts, the default; 1 reads each chunk that
+  // several ranks need strided parts of once and hands the parts out).
+  options.share_node_reads = (in.Byte() & 1) != 0;
   const std::string what =
       absl::StrCat(Describe(dtype, shape, saved, loaded, options),
                    absent ? " absent leaves requested" : "",
@@ -518,7 +544,8 @@ CAIRN_FUZZ_TARGET(reshard, &Seeds) {
                        ? absl::StrCat(" memory budget ",
                                       options.memory_budget_bytes)
                        : "",
-                   sinks ? " into sinks" : "");
+                   sinks ? " into sinks" : "",
+                   options.share_node_reads ? " with node reads" : "");
 
   // Save.
   std::vector<std::vector<Buffer>> src(save_world);

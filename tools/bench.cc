@@ -121,6 +121,8 @@ struct BenchOptions {
   bool quiet = false;
   // LoadOptions::verify_checksums (--no-verify clears it).
   bool verify_checksums = LoadOptions{}.verify_checksums;
+  // LoadOptions::share_node_reads (--node-reads sets it).
+  bool node_reads = LoadOptions{}.share_node_reads;
   // LoadOptions::memory_budget_bytes of every load row; the load_sink row
   // checks its peak RSS against it.
   std::string memory_budget = "256MiB";
@@ -537,6 +539,7 @@ LoadOptions BenchLoadOptions(const BenchOptions& o) {
   options.io_threads = o.io_threads;
   options.bounce_buffer_bytes = o.buffer_bytes;
   options.verify_checksums = o.verify_checksums;
+  options.share_node_reads = o.node_reads;
   options.memory_budget_bytes = o.memory_budget_bytes;
   return options;
 }
@@ -1401,6 +1404,7 @@ json Bench::ToJson() const {
   j["work_dir"] = work_.string();
   j["kept"] = o_.keep;
   j["verify_checksums"] = o_.verify_checksums;
+  j["share_node_reads"] = o_.node_reads;
   j["cold_method"] = can_drop_ ? "drop_caches" : "unavailable";
   j["cpus"] = DefaultThreads();
   j["model"] = {{"layers", model_.config.layers},
@@ -1661,6 +1665,11 @@ void RegisterBench(CLI::App& app) {
   cmd->add_flag("--keep", o->keep,
                 "keep the checkpoints (the sync one, and the last async one) "
                 "in the work folder");
+  cmd->add_flag("--node-reads", o->node_reads,
+                "ranks of one host that need columns of the same chunk read it "
+                "once and hand each other the parts (LoadOptions::"
+                "share_node_reads); off by default: on page-cached local files "
+                "it costs as many copies as it saves");
   cmd->add_flag("--no-verify{false}", o->verify_checksums,
                 "loads skip the CRC32C check of the chunks they read "
                 "(LoadOptions::verify_checksums = false), to see what the "

@@ -143,6 +143,8 @@ struct DemoOptions {
   int replicas = 1;
   bool rank_local = false;
   bool no_broadcast = false;
+  // LoadOptions::share_node_reads (--node-reads sets it).
+  bool node_reads = false;
   // LoadOptions::memory_budget_bytes (--memory-budget; "" = the default).
   std::string memory_budget;
   int layers = 0;
@@ -1022,6 +1024,7 @@ absl::Status Demo::LoadAsRank(Communicator& comm, int threads) {
   options.comm = &comm;
   options.rank_local = mode == LoadMode::kRankLocal;
   options.broadcast_replicas = !o_.no_broadcast;
+  options.share_node_reads = o_.node_reads;
   if (!o_.memory_budget.empty()) {
     options.memory_budget_bytes = *ParseByteSize(o_.memory_budget);  // checked
   }
@@ -1774,6 +1777,11 @@ void RegisterDemo(CLI::App& app) {
                 "load without broadcast (LoadOptions::broadcast_replicas = "
                 "false): every replica reads its own copy from storage, to "
                 "compare the storage bytes read with --replicas");
+  cmd->add_flag("--node-reads", o->node_reads,
+                "ranks of one host that need columns of the same chunk read it "
+                "once and hand each other the parts (LoadOptions::"
+                "share_node_reads); off by default: on page-cached local files "
+                "it costs as many copies as it saves");
   cmd->add_option("--memory-budget", o->memory_budget,
                   "host memory each loading rank may hold for reads, staging "
                   "and broadcast (LoadOptions::memory_budget_bytes; default "

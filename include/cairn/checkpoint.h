@@ -198,6 +198,19 @@ struct LoadOptions {
   // (cold reads, network filesystems); on page-cached local files a read is
   // about as cheap as the broadcast that replaces it. Default: true.
   bool broadcast_replicas = true;
+  // Read once per node: when ranks on one host (outside replica groups)
+  // need strided parts of the same stored chunk, such as its columns in a
+  // column reshard, each of them reads nearly the whole chunk's span.
+  // With this set, one of them reads the chunk whole, checks its CRC32C,
+  // and hands every other its parts through the communicator (only the
+  // bytes each needs travel). It pays where the ranks of a node do not
+  // share a cache of what they read (storage read past the page cache,
+  // object stores); on local page-cached files the kernel already reads
+  // each byte from the device once, and the hand-out costs as many copies
+  // as it saves (bench/RESULTS.md, 2026-11-27 fifth). Chunks larger than a
+  // wave of staging (see memory_budget_bytes) are read by each rank as
+  // before. Default: false.
+  bool share_node_reads = false;
   // Staging memory per rank for broadcast load (an item larger than this
   // gets a buffer of its own size). Default: 64 MiB.
   uint64_t broadcast_batch_bytes = uint64_t{64} << 20;

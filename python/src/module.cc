@@ -198,6 +198,7 @@ LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
     else if (key == "coalesce_gap_bytes") o.coalesce_gap_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "bounce_buffer_bytes") o.bounce_buffer_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "broadcast_replicas") o.broadcast_replicas = OptionAs<bool>(key, v);
+    else if (key == "share_node_reads") o.share_node_reads = OptionAs<bool>(key, v);
     else if (key == "broadcast_batch_bytes") o.broadcast_batch_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "device_batch_bytes") o.device_batch_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "memory_budget_bytes") o.memory_budget_bytes = OptionAs<uint64_t>(key, v);

@@ -41,17 +41,20 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
 // or, for a DefaultLoadPlanner or subclass (whose final CreateGlobalPlan
 // returns the local plans unchanged, so each rank keeps its own), a summary: how many
 // items it reads, a hash of them (for replica groups), and its unexpected
-// leaves as one bit per stored leaf.
+// leaves as one bit per stored leaf. Either way it ends with a flag: the
+// rank asks for node reads (LoadOptions::share_node_reads).
 absl::StatusOr<std::string> EncodeLocalLoadPlan(const LoadPlanner& planner,
                                                 const LoadPlan& plan,
-                                                const Metadata& metadata);
+                                                const Metadata& metadata,
+                                                bool node_reads = false);
 
 // The coordinator's step of load planning: `gathered[r]` is rank r's
 // EncodeLocalLoadPlan. Narrows `unexpected` to the stored leaves no rank
 // asked for, calls planner.CreateGlobalPlan (whole plans only), finds the
 // replica groups (when `broadcast_replicas`; from summaries by hash, which
 // the ranks then check exactly), and returns the scatter's payloads: rank
-// r's group and its final plan, or for summaries the unexpected leaves.
+// r's group, whether any rank asked for node reads, and its final plan, or
+// for summaries the unexpected leaves.
 absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
     LoadPlanner& planner, const Metadata& metadata,
     const std::vector<std::string>& gathered, bool broadcast_replicas);

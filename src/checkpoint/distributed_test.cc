@@ -915,12 +915,28 @@ TEST(DistributedTest, MalformedPlanSummariesAreErrorsNamingTheRank) {
       internal_checkpoint::PlanLoadGlobally(planner, *md, {*good, *good}, true);
   ASSERT_TRUE(fine.ok()) << fine.status();
   EXPECT_EQ(fine->size(), 2u);
+  // One rank asking for node reads: every rank is told (the answer's
+  // third byte, after its kind and the replica-group flag).
+  absl::StatusOr<std::string> asks =
+      internal_checkpoint::EncodeLocalLoadPlan(planner, plan, *md, true);
+  ASSERT_TRUE(asks.ok()) << asks.status();
+  for (const auto& messages : {std::vector<std::string>{*good, *good},
+                               std::vector<std::string>{*good, *asks}}) {
+    absl::StatusOr<std::vector<std::string>> answers =
+        internal_checkpoint::PlanLoadGlobally(planner, *md, messages, true);
+    ASSERT_TRUE(answers.ok()) << answers.status();
+    for (const std::string& a : *answers) {
+      ASSERT_GT(a.size(), 2u);
+      EXPECT_EQ(a[2], messages[1] == *asks ? 1 : 0);
+    }
+  }
 
   internal_core::ByteWriter wide;
   wide.U8(2);  // a summary
   wide.U64(0);
   wide.U64(0);
   wide.Str("too many bytes of leaves");
+  wide.U8(0);  // no node reads
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"", "load plan of rank 1"},
       {good->substr(0, 9), "load plan of rank 1"},

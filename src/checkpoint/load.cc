@@ -21,7 +21,11 @@
 //     members check their plans against their leader's exactly; any other
 //     planner sends its whole plan for CreateGlobalPlan and gets its final
 //     plan back. FinishPlan.
-//  3. Read, on every rank, in waves (StagedLoad, load_staged.cc): each
+//  3. Read. First, with LoadOptions::share_node_reads, the chunks that
+//     several ranks of a node need strided parts of (a column reshard) are
+//     read once on the node, checked whole, and their parts handed out
+//     (ReadOncePerNode, load_node.cc); then, on every rank, the rest of
+//     its plan in waves (StagedLoad, load_staged.cc): each
 //     wave resolves, reads, checks, places and commits its items before
 //     the next. Host memory destinations are read in place; sinks, device
 //     destinations and what a replica group's members receive by
@@ -73,6 +77,7 @@
 //     chunks, whose checks steps 4 and 5 made, commit; when there were
 //     such parts, the ranks agree on the commits. So a planner never acts
 //     on bytes that then fail a check.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -289,7 +294,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   std::string message;
   if (local.ok()) {
     absl::StatusOr<std::string> m =
-        EncodeLocalLoadPlan(planner, local_plan, metadata);
+        EncodeLocalLoadPlan(planner, local_plan, metadata,
+                            options.share_node_reads);
     local = m.status();
     if (m.ok()) message = *std::move(m);
   }
@@ -310,6 +316,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   internal_core::ByteReader header(mine, "load plan from the coordinator");
   const uint8_t kind = header.U8();
   const bool any_group = header.U8() != 0;
+  const bool node_reads = header.U8() != 0;
   const int64_t group = header.I64();
   const std::string body = header.Str();
   CAIRN_RETURN_IF_ERROR(header.status());
@@ -354,19 +361,41 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                       plan.ok() ? std::span<const ReadItem>(plan->items)
                                 : std::span<const ReadItem>(),
                       options.verify_checksums);
+    // One loader: the data files and IO threads stay from wave to wave.
+    Loader reader(**storage, metadata, options);
+    const bool grouped = group_comm != nullptr && group_comm->size() > 1;
+    // 3, first: when any rank asked for node reads, chunks that ranks of a
+    // node need strided parts of are read once on the node (load_node.cc;
+    // every rank takes part); the rest of the plan goes on.
+    LoadResult node_result;
+    if (node_reads) {
+      absl::StatusOr<std::vector<ReadItem>> rest = ReadOncePerNode(
+          *comm, plan.ok() ? *plan : LoadPlan{}, grouped, planner, reader,
+          metadata, options, phases, *committer, node_result);
+      CAIRN_RETURN_IF_ERROR(rest.status());
+      if (plan.ok()) plan->items = *std::move(rest);
+    }
     absl::StatusOr<LoadResult> r;
-    if (group_comm != nullptr && group_comm->size() > 1) {
-      r = StagedLoad(*group_comm, plan, planner, **storage, metadata, options,
-                     options.broadcast_batch_bytes, phases, shared,
+    if (grouped) {
+      r = StagedLoad(*group_comm, plan, planner, reader, **storage, metadata,
+                     options, options.broadcast_batch_bytes, phases, shared,
                      *committer);
     } else {
       CAIRN_RETURN_IF_ERROR(plan.status());
       // A group of one: no broadcast, only waves (and staging for sinks
       // and device destinations).
       std::unique_ptr<Communicator> alone = LocalCommunicator();
-      r = StagedLoad(*alone, plan, planner, **storage, metadata, options,
-                     options.device_batch_bytes, phases, shared, *committer);
+      r = StagedLoad(*alone, plan, planner, reader, **storage, metadata,
+                     options, options.device_batch_bytes, phases, shared,
+                     *committer);
       if (r.ok()) r->replica_group_size = 1;
+    }
+    if (r.ok()) {
+      r->bytes_read += node_result.bytes_read;
+      r->bytes_loaded += node_result.bytes_loaded;
+      r->chunks_verified += node_result.chunks_verified;
+      r->device_bytes += node_result.device_bytes;
+      r->io_threads = std::max(r->io_threads, node_result.io_threads);
     }
     if (r.ok() && plan.ok()) {
       r->missing = plan->missing;

@@ -222,6 +222,13 @@ class Loader {
   // and checked there, as always.)
   void CheckAcrossReads(std::span<const ReadItem> items);
 
+  // Opens the data files that hold `items`' bytes and checks each needed
+  // location against its file's header (as a Read does, without reading),
+  // so that a mismatch anywhere in a plan read over several Reads is found
+  // before the first byte lands. Items the metadata lacks are left to the
+  // Read that gets them.
+  absl::Status CheckEntries(std::span<const ReadItem> items);
+
   // After the last Read: an error if a chunk declared to CheckAcrossReads
   // was not read whole (so not checked).
   absl::Status FinishAcrossReads() const;
@@ -396,7 +403,8 @@ class Committer {
 // blocks around the piece read again (VerifyUncheckedParts).
 absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const absl::StatusOr<LoadPlan>& plan,
-                                      LoadPlanner& planner, Storage& storage,
+                                      LoadPlanner& planner, Loader& reader,
+                                      Storage& storage,
                                       const Metadata& metadata,
                                       const LoadOptions& options,
                                       uint64_t batch_bytes,
@@ -404,11 +412,42 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       std::vector<SharedPieces>& shared,
                                       Committer& committer);
 
+// Where a staged piece of `bytes` goes in staging that has `used` bytes
+// taken: aligned for copies, and a large piece's first byte sits, modulo a
+// page, where it does in its file (`file_offset`), so that a cold read of
+// it can go O_DIRECT (the file backend reads a page-aligned middle straight
+// from the device only into an address with the file offset's alignment).
+// Costs under a page per large piece.
+uint64_t StagingSlot(uint64_t used, uint64_t bytes, uint64_t file_offset);
+
 // The staged bytes a wave may hold: `batch_bytes`, within half of what
 // LoadOptions::memory_budget_bytes leaves after the reads' bounce buffers
 // (io_threads of bounce_buffer_bytes; two staging buffers alternate when
 // devices are written). At least 64 bytes: one item a wave, however large.
 uint64_t StagingLimit(const LoadOptions& options, uint64_t batch_bytes);
+
+// ---------------------------------------------------------------------------
+// Step 3, first part: chunks read once per node (load_node.cc).
+
+// Collective over `comm`, called by every rank when any rank asked for
+// node reads (the planning step tells them all), with its final plan;
+// `grouped`: the rank reads in a replica group of several members and
+// takes no part beyond the Split.
+// When ranks of one node (same host name) need strided parts of the same
+// stored chunks (a column reshard), each such chunk that fits a wave is
+// read whole once on the node, by one of them, checked whole, and every
+// member is handed its parts (Scatter), places them and commits them.
+// Returns the items of `plan` left for StagedLoad; a rank that failed
+// returns its own error (the others theirs, or OK: step 4 agrees).
+absl::StatusOr<std::vector<ReadItem>> ReadOncePerNode(
+    Communicator& comm, const LoadPlan& plan, bool grouped,
+    LoadPlanner& planner, Loader& reader, const Metadata& metadata,
+    const LoadOptions& options, LoadPhaseTimes& phases, Committer& committer,
+    LoadResult& result);
+
+// Tests: the node each rank runs on is name(rank) instead of the host name
+// (nullptr restores it), so that one host can play several nodes.
+void SetNodeNameForTesting(std::string (*name)(int rank));
 
 }  // namespace cairn::internal_checkpoint
 

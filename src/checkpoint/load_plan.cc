@@ -178,11 +178,13 @@ void SetReplicaHashForTesting(uint64_t (*hash)(std::string_view)) {
 
 absl::StatusOr<std::string> EncodeLocalLoadPlan(const LoadPlanner& planner,
                                                 const LoadPlan& plan,
-                                                const Metadata& metadata) {
+                                                const Metadata& metadata,
+                                                bool node_reads) {
   internal_core::ByteWriter w;
   if (!KeepsLocalPlans(planner)) {
     w.U8(kFullPlan);
     w.Str(internal_plan::EncodeLoadPlan(plan));
+    w.U8(node_reads ? 1 : 0);
     return w.Take();
   }
   CAIRN_ASSIGN_OR_RETURN(std::string bits, LeafBits(metadata, plan.unexpected));
@@ -190,6 +192,7 @@ absl::StatusOr<std::string> EncodeLocalLoadPlan(const LoadPlanner& planner,
   w.U64(plan.items.size());
   w.U64(plan.items.empty() ? 0 : replica_hash.load()(ReplicaKey(plan)));
   w.Str(bits);
+  w.U8(node_reads ? 1 : 0);
   return w.Take();
 }
 
@@ -218,6 +221,7 @@ absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
   // its plan reads (the number of items, and a hash of them, or the whole
   // plan), for the replica groups.
   std::string unexpected_bits;
+  bool node_reads = false;  // any rank asked for them
   std::vector<int> groups;
   std::vector<LoadPlan> plans;
   if (kind == kPlanSummary) {
@@ -231,6 +235,7 @@ absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
       const uint64_t items = reader.U64();
       const uint64_t hash = reader.U64();
       const std::string_view bits = reader.StrView();
+      node_reads |= reader.U8() != 0;
       CAIRN_RETURN_IF_ERROR(reader.status());
       if (bits.size() != bytes) {
         return absl::DataLossError(absl::StrFormat(
@@ -251,6 +256,7 @@ absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
     locals.reserve(world);
     for (size_t r = 0; r < world; ++r) {
       const std::string_view bytes = readers[r].StrView();
+      node_reads |= readers[r].U8() != 0;
       CAIRN_RETURN_IF_ERROR(readers[r].status());
       CAIRN_ASSIGN_OR_RETURN(
           LoadPlan p, internal_plan::DecodeLoadPlan(
@@ -286,6 +292,7 @@ absl::StatusOr<std::vector<std::string>> PlanLoadGlobally(
     internal_core::ByteWriter w;
     w.U8(kind);
     w.U8(any_group ? 1 : 0);
+    w.U8(node_reads ? 1 : 0);
     w.I64(any_group ? groups[r] : static_cast<int64_t>(r));
     w.Str(kind == kPlanSummary ? unexpected_bits
                                : internal_plan::EncodeLoadPlan(plans[r]));

@@ -41,6 +41,7 @@
 #include "core/status.h"
 #include "core/strided.h"
 #include "format/crc32c.h"
+#include "format/names.h"
 #include "format/safetensors.h"
 
 namespace cairn::internal_checkpoint {
@@ -94,6 +95,31 @@ absl::Status CheckPieces(std::string_view what, const ByteLocation& loc,
   }
   if (crc != loc.crc32c) return CrcMismatch(what, loc, note, crc);
   return absl::OkStatus();
+}
+
+absl::Status Loader::CheckEntries(std::span<const ReadItem> items) {
+  needed_.clear();
+  for (const ReadItem& item : items) {
+    if (item.kind == ItemKind::kObject) {
+      auto it = metadata_.objects.find(item.fqn);
+      if (it == metadata_.objects.end()) continue;
+      needed_.push_back({FileIndex(it->second.file), &it->second, item.fqn,
+                         DType::kU8, nullptr});
+      continue;
+    }
+    auto it = metadata_.tensors.find(item.fqn);
+    if (it == metadata_.tensors.end()) continue;
+    const TensorMetadata& tm = it->second;
+    if (item.chunk >= tm.chunks.size()) continue;
+    const ChunkMetadata& chunk = tm.chunks[item.chunk];
+    needed_.push_back({FileIndex(chunk.location.file), &chunk.location,
+                       internal_format::EntryName(
+                           item.fqn, chunk.box, chunk.box == Box::Full(tm.shape)),
+                       tm.dtype, &chunk.box.sizes});
+  }
+  absl::Status s = CheckLocations();
+  needed_.clear();
+  return s;
 }
 
 absl::Status Loader::Read(const std::vector<ReadItem>& items,

@@ -288,6 +288,14 @@ absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
 
 }  // namespace
 
+uint64_t StagingSlot(uint64_t used, uint64_t bytes, uint64_t file_offset) {
+  used = internal_core::RoundUp(used, kSlot);
+  if (bytes >= kAlignFrom) {
+    used += (file_offset % kPage + kPage - used % kPage) % kPage;
+  }
+  return used;
+}
+
 uint64_t StagingLimit(const LoadOptions& options, uint64_t batch_bytes) {
   constexpr uint64_t kMin = 64;
   uint64_t limit = batch_bytes;
@@ -305,7 +313,8 @@ uint64_t StagingLimit(const LoadOptions& options, uint64_t batch_bytes) {
 
 absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const absl::StatusOr<LoadPlan>& plan,
-                                      LoadPlanner& planner, Storage& storage,
+                                      LoadPlanner& planner, Loader& reader,
+                                      Storage& storage,
                                       const Metadata& metadata,
                                       const LoadOptions& options,
                                       uint64_t batch_bytes,
@@ -325,8 +334,6 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   CAIRN_RETURN_IF_ERROR(agree(plan.status()));
   const std::vector<ReadItem>& items = plan->items;
   const uint64_t limit = StagingLimit(options, batch_bytes);
-  // One loader: the data files and IO threads stay from wave to wave.
-  Loader reader(storage, metadata, options);
   DeviceRuntimes devices;
   Staging staging;
   // Declared after the staging it reads from, so on every way out the
@@ -466,27 +473,18 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     CAIRN_RETURN_IF_ERROR(agree(ready));
     if (pieces.empty()) break;
 
-    // 2. Staging: each staged piece's slot. A large tensor piece's first
-    // byte sits in its slot, modulo a page, where it does in its file, so
-    // that a cold read of it can go O_DIRECT (the file backend reads a
-    // page-aligned middle straight from the device only into an address
-    // with the file offset's alignment). Costs under a page per large item.
+    // 2. Staging: each staged piece's slot (StagingSlot).
     uint64_t used = 0;
     for (Piece& p : pieces) {
       if (!p.staged) continue;
-      used = internal_core::RoundUp(used, kSlot);
-      if (p.bytes >= kAlignFrom) {
-        const TensorMetadata& tm = metadata.tensors.at(p.item.fqn);
-        const ChunkMetadata& chunk = tm.chunks[p.item.chunk];
-        const uint64_t want =
-            (chunk.location.offset +
-             internal_core::SubBoxRuns(chunk.box, p.item.overlap,
-                                       DTypeSize(tm.dtype))
-                 .first_offset) %
-            kPage;
-        used += (want + kPage - used % kPage) % kPage;
-      }
-      p.offset = used;
+      const TensorMetadata& tm = metadata.tensors.at(p.item.fqn);
+      const ChunkMetadata& chunk = tm.chunks[p.item.chunk];
+      used = p.offset = StagingSlot(
+          used, p.bytes,
+          chunk.location.offset +
+              internal_core::SubBoxRuns(chunk.box, p.item.overlap,
+                                        DTypeSize(tm.dtype))
+                  .first_offset);
       used += p.bytes;
     }
     const int k = devices.empty() ? 0 : wave % 2;

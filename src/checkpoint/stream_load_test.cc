@@ -229,6 +229,10 @@ TEST_F(StreamLoadTest, SinksNeverSeeDamagedBytes) {
   const std::vector<std::vector<Box>> layouts = {
       {Box{{0, 0}, {kRows, kCols / 2}}, Box{{0, kCols / 2}, {kRows, kCols / 2}}},
       {Box{{100, 0}, {40, kCols}}}};
+  // Column halves are read once and handed out (node reads: checked whole
+  // by their reader), or each rank reads its own columns (checked by the
+  // blocks around them): both ways.
+  bool node_reads = true;
   auto run = [&](const std::vector<Box>& boxes,
                  std::vector<std::shared_ptr<CollectingSink>>& sinks) {
     const int world = static_cast<int>(boxes.size());
@@ -246,13 +250,17 @@ TEST_F(StreamLoadTest, SinksNeverSeeDamagedBytes) {
       LoadOptions o;
       o.comm = &comm;
       o.planner = &planner;
+      o.share_node_reads = node_reads;
       return Load(dst, tmp_.path(), o).status();
     });
   };
   std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (const auto& boxes : layouts) {
-    for (const absl::Status& s : run(boxes, sinks)) ASSERT_TRUE(s.ok()) << s;
-    for (size_t r = 0; r < boxes.size(); ++r) ExpectBox(*sinks[r], boxes[r]);
+  for (bool node : {true, false}) {
+    node_reads = node;
+    for (const auto& boxes : layouts) {
+      for (const absl::Status& s : run(boxes, sinks)) ASSERT_TRUE(s.ok()) << s;
+      for (size_t r = 0; r < boxes.size(); ++r) ExpectBox(*sinks[r], boxes[r]);
+    }
   }
   // One bit of t3 at row 120, column 40: in the second column half, and in
   // the slice.
@@ -261,13 +269,16 @@ TEST_F(StreamLoadTest, SinksNeverSeeDamagedBytes) {
   const std::string path = tmp_.path() + "/" + chunk.location.file;
   const uint64_t at = chunk.location.offset + (120 * kCols + 40) * 4 + 2;
   ASSERT_TRUE(testing_util::FlipBits(path, at, 0x10).ok());
-  for (const auto& boxes : layouts) {
-    for (const absl::Status& s : run(boxes, sinks)) {
-      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-      EXPECT_THAT(std::string(s.message()), HasSubstr("t3")) << s;
-    }
-    for (const auto& sink : sinks) {
-      EXPECT_EQ(sink->wrong, 0) << "a sink got a damaged row";
+  for (bool node : {true, false}) {
+    node_reads = node;
+    for (const auto& boxes : layouts) {
+      for (const absl::Status& s : run(boxes, sinks)) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr("t3")) << s;
+      }
+      for (const auto& sink : sinks) {
+        EXPECT_EQ(sink->wrong, 0) << "a sink got a damaged row";
+      }
     }
   }
   ASSERT_TRUE(testing_util::FlipBits(path, at, 0x10).ok());
