@@ -78,6 +78,7 @@ def test_in_process_ranks_as_threads(tmp_path):
     comms = cairn.in_process(world)
     full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
     errors = []
+    read = [0] * world
 
     def rank(r):
         try:
@@ -89,6 +90,14 @@ def test_in_process_ranks_as_threads(tmp_path):
             result = cairn.load(sd, tmp_path / "c", comm=comms[r])
             assert result.world_size == world and sd["step"] == 9
             assert torch.equal(dst, full[:, r:r + 1])
+            # Node reads: each row chunk read once, whole, by one rank, and
+            # the columns handed out.
+            dst = torch.zeros(8, 6)[:, r:r + 1]
+            sd = {"w": cairn.ShardedTensor([8, 6], [((0, r), dst)]), "step": 0}
+            result = cairn.load(sd, tmp_path / "c", comm=comms[r],
+                                share_node_reads=True)
+            assert torch.equal(dst, full[:, r:r + 1])
+            read[r] = result.bytes_read
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -98,6 +107,7 @@ def test_in_process_ranks_as_threads(tmp_path):
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors
+    assert sum(read) == full.numel() * 4  # every chunk once
     assert cairn.read_metadata(tmp_path / "c")["world_size"] == world
     try:
         cairn.in_process(0)

@@ -470,12 +470,11 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       }
     }
     phases.read += Since(t0);
-    CAIRN_RETURN_IF_ERROR(agree(ready));
-    if (pieces.empty()) break;
 
     // 2. Staging: each staged piece's slot (StagingSlot).
     uint64_t used = 0;
     for (Piece& p : pieces) {
+      if (!ready.ok()) break;
       if (!p.staged) continue;
       const TensorMetadata& tm = metadata.tensors.at(p.item.fqn);
       const ChunkMetadata& chunk = tm.chunks[p.item.chunk];
@@ -490,7 +489,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     const int k = devices.empty() ? 0 : wave % 2;
     std::byte* base = nullptr;
     absl::Status allocated;
-    if (used > 0) {
+    if (ready.ok() && used > 0) {
       t0 = std::chrono::steady_clock::now();
       // Room for a whole wave, unless what is left to load is less.
       absl::StatusOr<std::byte*> got =
@@ -499,9 +498,11 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       allocated = got.status();
       if (got.ok()) base = *got;
     }
-    // Every member agrees, staged bytes or not (members differ in which
-    // destinations need staging).
-    CAIRN_RETURN_IF_ERROR(agree(allocated));
+    // Every member agrees on its destinations and its staging at once,
+    // staged bytes or not (members differ in which destinations need
+    // staging): one agreement before the reads.
+    CAIRN_RETURN_IF_ERROR(agree(ready.ok() ? allocated : ready));
+    if (pieces.empty()) break;
     auto buffer = [&](const Piece& p) {
       return p.staged ? base + p.offset
                       : static_cast<std::byte*>(p.dst.view.data());
