@@ -36,6 +36,7 @@ constexpr int kWorld = kShards * kReplicas;
 
 struct RankOutcome {
   uint64_t storage_bytes = 0;  // counted by the storage wrapper
+  int64_t read_calls = 0;      // ReadAt calls, likewise
   LoadResult result;
 };
 
@@ -44,21 +45,27 @@ struct RankOutcome {
 std::vector<absl::Status> LoadReplicas(const std::string& dir, Pattern p,
                                        const LoadOptions& base,
                                        std::vector<RankOutcome>& out,
-                                       int failing_rank = -1) {
+                                       int failing_rank = -1,
+                                       int failing_read = 0) {
   out.assign(kWorld, {});
   return RunInProcess(kWorld, [&](Communicator& comm) -> absl::Status {
     const int r = comm.rank();
     const int shard = r % kShards;
     RankState s = MakeRankState(p, kShards, shard, 8, true, shard);
     FaultInjectionStorage faulty(*Storage::Open(dir));
-    if (r == failing_rank) {
+    if (r == failing_rank && failing_read > 0) {
+      faulty.FailNthCall(StorageOp::kReadAt, failing_read,
+                         absl::UnavailableError("disk on fire"));
+    } else if (r == failing_rank) {
       faulty.FailAlways(StorageOp::kReadAt, absl::UnavailableError("disk on fire"));
     }
     DataByteCounter counting(faulty);
     LoadOptions o = base;
     o.comm = &comm;
-    CAIRN_ASSIGN_OR_RETURN(out[r].result,
-                           internal_checkpoint::LoadFromStorage(s.sd, &counting, o));
+    absl::StatusOr<LoadResult> loaded =
+        internal_checkpoint::LoadFromStorage(s.sd, &counting, o);
+    out[r].read_calls = faulty.calls(StorageOp::kReadAt);
+    CAIRN_ASSIGN_OR_RETURN(out[r].result, std::move(loaded));
     out[r].storage_bytes = counting.data_bytes();
     if (std::string bad = CheckRankState(s, 8); !bad.empty()) {
       return absl::InternalError(absl::StrCat("rank ", r, ": ", bad));
@@ -194,6 +201,39 @@ TEST(BroadcastLoadTest, AReadFailureInAGroupReachesEveryRank) {
     EXPECT_EQ(st[r], st[0]) << r;
   }
   EXPECT_THAT(std::string(st[0].message()), HasSubstr("disk on fire"));
+}
+
+// With small batches a group loads in many waves, each wave's reads
+// running while the wave before is broadcast and placed: a read that fails
+// in a later wave fails the load on every rank with the same error (no
+// rank hangs in a collective, nothing is left running).
+TEST(BroadcastLoadTest, AReadFailureInALaterWaveReachesEveryRank) {
+  TempDir tmp;
+  ASSERT_TRUE(SaveShards(tmp.path()).ok());
+  LoadOptions o;
+  o.broadcast_batch_bytes = 256;
+  o.io_threads = 1;
+  // Rank 1's reads in a clean load (the first reads the data file's
+  // header; small reads of one wave are grouped): fail its second and its
+  // last, in its first and its last wave.
+  std::vector<RankOutcome> clean;
+  for (const absl::Status& s : LoadReplicas(tmp.path(), Pattern::kRows, o, clean)) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const int64_t reads = clean[1].read_calls;
+  ASSERT_GE(reads, 3) << "too few reads to fail a later wave's";
+  for (int64_t nth : {int64_t{2}, reads}) {
+    SCOPED_TRACE(absl::StrCat("read ", nth, " of ", reads));
+    std::vector<RankOutcome> out;
+    std::vector<absl::Status> st =
+        LoadReplicas(tmp.path(), Pattern::kRows, o, out, /*failing_rank=*/1,
+                     static_cast<int>(nth));
+    for (size_t r = 0; r < st.size(); ++r) {
+      EXPECT_FALSE(st[r].ok()) << r;
+      EXPECT_EQ(st[r], st[0]) << r;
+    }
+    EXPECT_THAT(std::string(st[0].message()), HasSubstr("disk on fire"));
+  }
 }
 
 }  // namespace

@@ -27,10 +27,11 @@
 //     (ReadOncePerNode, load_node.cc); then, on every rank, the rest of
 //     its plan in waves (StagedLoad, load_staged.cc): each
 //     wave resolves, reads, checks, places and commits its items before
-//     the next. Host memory destinations are read in place; sinks, device
-//     destinations and what a replica group's members receive by
-//     broadcast go through host staging, at most StagingLimit bytes a wave
-//     (LoadOptions::memory_budget_bytes). The reads themselves are the
+//     the next (a replica group reads the next wave while it broadcasts
+//     and places this one). Host memory destinations are read in place;
+//     sinks, device destinations and what a replica group's members
+//     receive by broadcast go through host staging, at most StagingLimit
+//     bytes a wave (LoadOptions::memory_budget_bytes). The reads themselves are the
 //     Loader's (load_slabs.cc, a and c; load_read.cc, b and d).
 //     a. ResolveDestination for the wave's items; check each destination.
 //     b. Open every data file that holds a needed byte, read and validate

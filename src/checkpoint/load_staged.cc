@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <span>
 #include <string>
@@ -186,17 +187,21 @@ absl::Status AddPieces(const Metadata& metadata, uint64_t limit, bool alone,
   return absl::OkStatus();
 }
 
-// Host staging: one buffer, or (once a device destination shows up) two
-// pinned ones used by alternate waves, so one wave's device copies run
-// while the next is read. Grows to the largest wave that uses it.
+// Host staging: two buffers used by alternate waves (alone, one until a
+// device destination shows up, then two pinned ones), so that one wave's
+// device copies, or a group's broadcast of it, run while the next is
+// read. Each grows to the largest wave that uses it.
 class Staging {
  public:
   // Buffer `k` with room for `used` bytes, pinned when `devices` is not
   // empty. A buffer (re)allocated gets room for max(used, room) bytes;
-  // pinned ones come in pairs, both pinned before the first wave that
-  // needs one, so that a failure to pin comes before any copy.
+  // pinned ones come in pairs, both pinned before the first wave that needs
+  // one, so that a failure to pin comes before any copy, unless
+  // `other_busy`: a replica group's next wave is read into buffer k while
+  // the wave before is still broadcast from the other, which then stays as
+  // it is (and is pinned when its own turn comes).
   absl::StatusOr<std::byte*> Get(int k, uint64_t used, uint64_t room,
-                                 DeviceRuntimes& devices) {
+                                 DeviceRuntimes& devices, bool other_busy) {
     const bool pin = !devices.empty();
     Buffer& b = buffers_[k];
     if (b.data != nullptr && b.capacity >= used && b.pinned == pin) {
@@ -207,7 +212,10 @@ class Staging {
     const uint64_t n = std::max({used, room, uint64_t{64}});
     for (int j : {k, 1 - k}) {
       Buffer& x = buffers_[j];
-      if (j != k && (!pin || (x.pinned && x.capacity >= n))) continue;
+      if (j != k &&
+          (other_busy || !pin || (x.pinned && x.capacity >= n))) {
+        continue;
+      }
       x = Buffer();
       if (pin) {
         absl::StatusOr<std::shared_ptr<void>> p =
@@ -411,10 +419,40 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   std::vector<Piece> carry;
   size_t taken = 0;
   size_t next = 0;  // the next item to resolve
-  for (int wave = 0;; ++wave) {
+  // A wave from its destinations to its placement: resolved, staged and
+  // read by `prepare`, then (after the reads are agreed on) broadcast,
+  // placed and committed by the loop below.
+  struct Wave {
+    int number = 0;
+    std::vector<Piece> pieces;
+    std::vector<std::string> objects;  // a group's objects, as received
+    std::byte* base = nullptr;         // its staging
+    std::vector<ReadItem> mine;        // what this member reads
+    std::vector<Destination> mine_dsts;
+    absl::Status read;                       // alone: the reads' outcome
+    std::future<absl::Status> reading;       // a group: the reads running
+  };
+  // Waits for the queued device copies; then the items they complete can
+  // commit. Always waits (an earlier failure keeps its error).
+  auto sync_devices = [&]() {
+    if (devices.empty()) return;
+    absl::Status s = devices.SynchronizeAll();
+    if (!placed.ok()) return;
+    placed = s;
+    if (!placed.ok()) return;
+    for (size_t i : after_sync) {
+      AddPlaced(committer, items[i], nullptr, alone, metadata);
+    }
+    after_sync.clear();
+  };
+  // Steps 1-3 for wave `wave`: `out` stays null when there is none. Alone
+  // the reads run here; in a group they are started on their own thread.
+  auto prepare = [&](int wave, std::unique_ptr<Wave>& out) -> absl::Status {
+    auto w = std::make_unique<Wave>();
+    w->number = wave;
     // 1. The wave's pieces, their destinations resolved now.
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<Piece> pieces;
+    std::vector<Piece>& pieces = w->pieces;
     absl::Status ready;
     auto resolve = [&](size_t i, std::vector<Piece>& out) -> absl::Status {
       CAIRN_ASSIGN_OR_RETURN(Destination d,
@@ -464,7 +502,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         ++taken;
       }
     } else {
-      if (wave + 1 >= static_cast<int>(bounds.size())) break;
+      if (wave + 1 >= static_cast<int>(bounds.size())) return absl::OkStatus();
       for (size_t i = bounds[wave]; i < bounds[wave + 1] && ready.ok(); ++i) {
         ready = resolve(i, pieces);
       }
@@ -486,14 +524,22 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                   .first_offset);
       used += p.bytes;
     }
-    const int k = devices.empty() ? 0 : wave % 2;
-    std::byte* base = nullptr;
+    // A group alternates always (the next wave is read while this one is
+    // broadcast); alone, once devices are written.
+    const int k = devices.empty() && alone ? 0 : wave % 2;
+    std::byte*& base = w->base;
     absl::Status allocated;
+    if (!alone) {
+      // The copies out of buffer k (two waves back) are done before it is
+      // read into again.
+      sync_devices();
+    }
     if (ready.ok() && used > 0) {
       t0 = std::chrono::steady_clock::now();
       // Room for a whole wave, unless what is left to load is less.
       absl::StatusOr<std::byte*> got =
-          staging.Get(k, used, std::min(limit, unplaced_bytes), devices);
+          staging.Get(k, used, std::min(limit, unplaced_bytes), devices,
+                      /*other_busy=*/!alone && wave > 0);
       phases.staging += Since(t0);
       allocated = got.status();
       if (got.ok()) base = *got;
@@ -502,17 +548,13 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     // staged bytes or not (members differ in which destinations need
     // staging): one agreement before the reads.
     CAIRN_RETURN_IF_ERROR(agree(ready.ok() ? allocated : ready));
-    if (pieces.empty()) break;
-    auto buffer = [&](const Piece& p) {
-      return p.staged ? base + p.offset
-                      : static_cast<std::byte*>(p.dst.view.data());
-    };
+    if (pieces.empty()) return absl::OkStatus();
 
     // 3. Read what this member owns.
-    t0 = std::chrono::steady_clock::now();
-    std::vector<std::string> objects(pieces.size());
-    std::vector<ReadItem> mine;
-    std::vector<Destination> mine_dsts;
+    std::vector<std::string>& objects = w->objects;
+    objects.resize(pieces.size());
+    std::vector<ReadItem>& mine = w->mine;
+    std::vector<Destination>& mine_dsts = w->mine_dsts;
     for (size_t j = 0; j < pieces.size(); ++j) {
       const Piece& p = pieces[j];
       if (owner[p.origin] != me) continue;
@@ -528,9 +570,39 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       }
       mine_dsts.push_back(std::move(d));
     }
-    absl::Status read = absl::OkStatus();
     if (!mine.empty()) {
-      read = reader.Read(mine, mine_dsts);
+      Wave* self = w.get();
+      if (alone) {
+        t0 = std::chrono::steady_clock::now();
+        self->read = reader.Read(mine, mine_dsts);
+        phases.read += Since(t0);
+      } else {
+        // On a thread of its own, while the caller broadcasts and places
+        // the wave before (the group's collectives stay on this thread).
+        self->reading = std::async(std::launch::async, [&reader, self] {
+          return reader.Read(self->mine, self->mine_dsts);
+        });
+      }
+    }
+    out = std::move(w);
+    return absl::OkStatus();
+  };
+
+  std::unique_ptr<Wave> cur;
+  CAIRN_RETURN_IF_ERROR(prepare(0, cur));
+  while (cur != nullptr) {
+    std::vector<Piece>& pieces = cur->pieces;
+    std::vector<std::string>& objects = cur->objects;
+    std::byte* const base = cur->base;
+    auto buffer = [&](const Piece& p) {
+      return p.staged ? base + p.offset
+                      : static_cast<std::byte*>(p.dst.view.data());
+    };
+    // 3, the end: the reads' outcome, agreed on (with the last wave's
+    // placements) before anything is broadcast.
+    auto t0 = std::chrono::steady_clock::now();
+    absl::Status read = cur->reading.valid() ? cur->reading.get() : cur->read;
+    if (!cur->mine.empty()) {
       const LoadResult part = reader.TakeResult();
       result.bytes_read += part.bytes_read;
       result.chunks_verified += part.chunks_verified;
@@ -538,6 +610,10 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     }
     phases.read += Since(t0);
     CAIRN_RETURN_IF_ERROR(agree(read.ok() ? placed : read));
+    // A group starts the next wave's reads now, to run while this one is
+    // broadcast and placed.
+    std::unique_ptr<Wave> following;
+    if (!alone) CAIRN_RETURN_IF_ERROR(prepare(cur->number + 1, following));
 
     // 4. Share (a group): each owner broadcasts what it read.
     if (!alone) {
@@ -560,13 +636,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     // waited for first: the buffer they read from is the next wave's), and
     // sinks, which get only checked bytes.
     t0 = std::chrono::steady_clock::now();
-    if (!devices.empty() && placed.ok()) placed = devices.SynchronizeAll();
-    if (placed.ok()) {
-      for (size_t i : after_sync) {
-        AddPlaced(committer, items[i], nullptr, alone, metadata);
-      }
-      after_sync.clear();
-    }
+    if (alone) sync_devices();
     // Items whose last piece is placed, with their sinks.
     std::vector<std::pair<size_t, std::shared_ptr<LoadSink>>> done;
     for (size_t j = 0; j < pieces.size(); ++j) {
@@ -630,15 +700,12 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
       placed = committer.CommitChecked(checked_by_reader);
     }
     phases.copy += Since(t0);
+    if (alone) CAIRN_RETURN_IF_ERROR(prepare(cur->number + 1, following));
+    cur = std::move(following);
   }
   auto t0 = std::chrono::steady_clock::now();
-  if (placed.ok()) placed = devices.SynchronizeAll();
-  if (placed.ok()) {
-    for (size_t i : after_sync) {
-      AddPlaced(committer, items[i], nullptr, alone, metadata);
-    }
-    placed = committer.CommitChecked(checked_by_reader);
-  }
+  sync_devices();
+  if (placed.ok()) placed = committer.CommitChecked(checked_by_reader);
   if (placed.ok()) placed = reader.FinishAcrossReads();
   shared = reader.TakeSharedPieces();
   phases.copy += Since(t0);
