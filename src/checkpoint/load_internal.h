@@ -398,10 +398,12 @@ class Committer {
 // one member (largest items first, each to the member with the fewest
 // bytes so far), the group agrees that the wave's reads succeeded, and the
 // owners broadcast; the next wave's reads run (on a thread of their own)
-// while a wave is broadcast and placed. Device copies of one wave run while the next is read
-// (two pinned staging buffers alternate). A sink gets an item's bytes only
-// once a check covers them: its chunk read whole, or else the checksum
-// blocks around the piece read again (VerifyUncheckedParts).
+// while a wave is broadcast and placed. Device copies of one wave run
+// while the next is read (two pinned staging buffers alternate). A sink
+// gets an item's bytes only
+// once a check covers them: its chunk read whole, or its whole blocks
+// checked from the staged bytes, or else the checksum blocks around the
+// piece read again (VerifyUncheckedParts).
 absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const absl::StatusOr<LoadPlan>& plan,
                                       LoadPlanner& planner, Loader& reader,

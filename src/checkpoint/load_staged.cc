@@ -34,6 +34,7 @@
 #include "core/strided.h"
 #include "cuda/device_runtime.h"
 #include "format/crc32c.h"
+#include "format/names.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -251,9 +252,14 @@ class Staging {
   Buffer buffers_[2];
 };
 
-// The check of a staged piece that is not a whole chunk read whole: the checksum blocks around it are read again and checked,
-// and the piece's bytes must be the bytes read again (VerifyUncheckedParts,
-// as for a slice). For sinks, which must never see an unchecked byte.
+// The check of a staged piece that is not a whole chunk read whole, for
+// sinks, which must never see an unchecked byte. A piece that is one
+// contiguous range of a chunk with block checksums (format version 3) is
+// checked from its staged bytes where it covers whole blocks; only the
+// blocks its two ends cut into are read again. Any other piece: the
+// checksum blocks around it (or its whole chunk) are read again and
+// checked, and the piece's bytes must be the bytes read again
+// (VerifyUncheckedParts, as for a slice).
 absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
                              const ReadItem& item, const std::byte* bytes,
                              uint64_t* bytes_read) {
@@ -267,6 +273,57 @@ absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
   const size_t es = DTypeSize(tm.dtype);
   const internal_core::RunPattern runs =
       internal_core::SubBoxRuns(chunk.box, item.overlap, es);
+  const ByteLocation& loc = chunk.location;
+  const uint64_t block = metadata.crc32c_block_bytes;
+  // The bytes left to check by reading again: [begin, end) of the chunk
+  // (those of a contiguous piece not in whole blocks), or all of them.
+  std::vector<std::pair<uint64_t, uint64_t>> edges;
+  if (runs.num_runs() == 1 && !loc.block_crc32c.empty() && block > 0) {
+    const uint64_t begin = static_cast<uint64_t>(runs.first_offset);
+    const uint64_t end = begin + static_cast<uint64_t>(runs.run_bytes);
+    // Whole blocks: from the first block boundary at or after `begin` to
+    // the last one at or before `end` (the chunk's end closes its last,
+    // shorter block).
+    const uint64_t first = internal_core::RoundUp(begin, block);
+    const uint64_t last =
+        end == loc.nbytes ? end : end / block * block;
+    for (uint64_t at = first; at < last;) {
+      const uint64_t k = at / block;
+      const uint64_t n = std::min(block, loc.nbytes - at);
+      if (k >= loc.block_crc32c.size() || at + n > last) break;
+      const uint32_t crc = internal_format::Crc32c(bytes + (at - begin), n);
+      if (crc != loc.block_crc32c[k]) {
+        return absl::DataLossError(absl::StrFormat(
+            "crc32c mismatch in %s (%s, offset %d), block %d (bytes [%d, %d) "
+            "of it), checked as the piece holding it arrived: stored %s, "
+            "computed %s",
+            internal_format::EntryName(item.fqn, chunk.box,
+                                       chunk.box == Box::Full(tm.shape)),
+            loc.file, loc.offset, k, at, at + n,
+            internal_format::Crc32cToHex(loc.block_crc32c[k]),
+            internal_format::Crc32cToHex(crc)));
+      }
+      at += n;
+    }
+    if (first >= last) {
+      edges.emplace_back(begin, end);
+    } else {
+      if (begin < first) edges.emplace_back(begin, first);
+      if (last < end) edges.emplace_back(last, end);
+    }
+    if (edges.empty()) return absl::OkStatus();
+    SharedPieces part;
+    part.fqn = item.fqn;
+    part.chunk = item.chunk;
+    for (const auto& [lo, hi] : edges) {
+      part.pieces.push_back(
+          {lo, hi - lo, internal_format::Crc32c(bytes + (lo - begin), hi - lo)});
+    }
+    const uint32_t t = static_cast<uint32_t>(
+        std::distance(metadata.tensors.begin(), it));
+    return VerifyUncheckedParts(storage, metadata, {part}, {{t, item.chunk}},
+                                bytes_read);
+  }
   SharedPieces part;
   part.fqn = item.fqn;
   part.chunk = item.chunk;

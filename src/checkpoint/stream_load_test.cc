@@ -284,6 +284,73 @@ TEST_F(StreamLoadTest, SinksNeverSeeDamagedBytes) {
   ASSERT_TRUE(testing_util::FlipBits(path, at, 0x10).ok());
 }
 
+// A chunk larger than a wave streams into a sink in pieces, each checked
+// before the sink gets it. With block checksums (4 KiB blocks here) a piece
+// is checked from its own bytes where it covers whole blocks, and only the
+// blocks its ends cut into are read again: pieces of 16 KiB read nothing
+// twice, pieces of 10 KiB one block per cut. A changed byte fails the load
+// naming its block, and the sink never gets it.
+TEST(StreamLoadBlocksTest, PiecesAreCheckedFromTheirOwnBlocks) {
+  TempDir tmp;
+  constexpr int64_t kRows = 256, kCols = 64;  // 64 KiB a tensor
+  std::map<std::string, std::vector<float>> src;
+  StateDict sd;
+  float next = 0;
+  for (const char* name : {"a", "b"}) {
+    std::vector<float>& v = src[name];
+    v.resize(kRows * kCols);
+    for (float& x : v) x = next++;
+    sd[name] = TensorView(v.data(), DType::kF32, {kRows, kCols});
+  }
+  SaveOptions so;
+  so.crc32c_block_bytes = 4096;
+  ASSERT_TRUE(Save(sd, tmp.path(), so).ok());
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  ASSERT_EQ(md->tensors.at("a").chunks.at(0).location.block_crc32c.size(), 16u);
+  constexpr uint64_t kState = 2 * kRows * kCols * 4;
+  std::vector<std::string> log;
+  std::shared_ptr<CollectingSink> sink;
+  auto load = [&](uint64_t wave) {
+    log.clear();
+    sink = std::make_shared<CollectingSink>(log, *md);
+    sink->expect = &src;
+    SinkPlanner planner(log, sink);
+    std::vector<float> ma(kRows * kCols), mb(kRows * kCols);
+    StateDict dst;
+    dst["a"] = TensorView(ma.data(), DType::kF32, {kRows, kCols});
+    dst["b"] = TensorView(mb.data(), DType::kF32, {kRows, kCols});
+    LoadOptions o;
+    o.planner = &planner;
+    o.io_threads = 1;
+    o.bounce_buffer_bytes = 16 << 10;
+    o.memory_budget_bytes = (16 << 10) + 2 * wave;
+    return Load(dst, tmp.path(), o);
+  };
+  absl::StatusOr<LoadResult> aligned = load(16 << 10);
+  ASSERT_TRUE(aligned.ok()) << aligned.status();
+  EXPECT_EQ(sink->wrong, 0);
+  EXPECT_LE(sink->largest, uint64_t{16} << 10);
+  EXPECT_EQ(aligned->bytes_read, kState) << "a block was read twice";
+  absl::StatusOr<LoadResult> cut = load(10 << 10);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(sink->wrong, 0);
+  // Per tensor, 7 pieces (6 of 40 rows, 10 KiB, and one of 16): of the 6
+  // cuts, 3 fall inside a block, which each piece beside it reads again.
+  EXPECT_EQ(cut->bytes_read, kState + 2 * 6 * 4096);
+
+  // One bit of b in block 5 (bytes [20480, 24576) of its chunk).
+  const ByteLocation& loc = md->tensors.at("b").chunks.at(0).location;
+  const std::string path = tmp.path() + "/" + loc.file;
+  ASSERT_TRUE(testing_util::FlipBits(path, loc.offset + 21000, 0x08).ok());
+  for (uint64_t wave : {uint64_t{16} << 10, uint64_t{10} << 10}) {
+    absl::StatusOr<LoadResult> bad = load(wave);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("block 5"));
+    EXPECT_EQ(sink->wrong, 0) << "the sink got a damaged row";
+  }
+}
+
 // A sink that fails: the load fails naming the sink's tensor and box and
 // keeping the sink's message; nothing of that tensor is committed.
 TEST_F(StreamLoadTest, ASinkErrorFailsTheLoadNamingTheTensor) {
