@@ -345,14 +345,22 @@ std::vector<std::string> Seeds() {
     w.In(0, 0).In(0, mode);
     seeds.push_back(w.out);
   }
+  // The column reshard with the recipe's middle bytes at their defaults
+  // (default batch, dense layout, no save mode, extras, cache or load
+  // mode), byte 100 of its first chunk damaged when `damaged`; the later
+  // bytes are the caller's.
+  auto column_reshard = [&](bool damaged) {
+    RecipeWriter w{seeds[0]};
+    w.In(0, 0).In(0, 0);
+    w.In(0, damaged).In(0, damaged ? 100 : 0).In(0, 0).In(0, damaged ? 0x10 : 0);
+    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);
+    return w;
+  };
   // Streaming: the column reshard into sinks with a 1 KiB budget (many
   // waves, chunks in pieces, each part checked before its sink gets it),
   // then with byte 100 of its first chunk damaged (no sink may get it).
-  for (int damage : {0, 1}) {
-    RecipeWriter w{seeds[0]};
-    w.In(0, 0).In(0, 0);                       // default batch, dense
-    w.In(0, damage).In(0, damage ? 100 : 0).In(0, 0).In(0, damage ? 0x10 : 0);
-    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);     // no save mode, extras, ...
+  for (bool damaged : {false, true}) {
+    RecipeWriter w = column_reshard(damaged);
     w.In(0, 3).In(6, 10);                      // sinks, 1 KiB budget
     seeds.push_back(w.out);
   }
@@ -376,20 +384,14 @@ std::vector<std::string> Seeds() {
   // (checked whole) and the other's columns handed to it, clean and with
   // byte 100 of its first chunk damaged; and into sinks, damaged: no sink
   // may get it.
-  for (int damage : {0, 1}) {
-    RecipeWriter w{seeds[0]};
-    w.In(0, 0).In(0, 0);                       // default batch, dense
-    w.In(0, damage).In(0, damage ? 100 : 0).In(0, 0).In(0, damage ? 0x10 : 0);
-    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);     // no save mode, extras, ...
+  for (bool damaged : {false, true}) {
+    RecipeWriter w = column_reshard(damaged);
     w.In(0, 0);                                // no streaming
     w.In(0, 1);                                // node reads
     seeds.push_back(w.out);
   }
   {
-    RecipeWriter w{seeds[0]};
-    w.In(0, 0).In(0, 0);
-    w.In(0, 1).In(0, 100).In(0, 0).In(0, 0x10);
-    w.In(0, 0).In(0, 0).In(0, 0).In(0, 0);
+    RecipeWriter w = column_reshard(true);
     w.In(0, 2);                                // sinks, default budget
     w.In(0, 1);                                // node reads
     seeds.push_back(w.out);

@@ -5,6 +5,8 @@
 #define CAIRN_CHECKPOINT_CHECKPOINT_IMPL_H_
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -169,6 +171,19 @@ absl::Status VerifyUncheckedParts(
     const std::vector<SharedPieces>& shared,
     const std::vector<std::pair<uint32_t, uint64_t>>& unchecked,
     uint64_t* bytes_read);
+
+// Data files opened by name, kept across checks.
+using OpenFiles = std::map<std::string, std::unique_ptr<ReadableFile>>;
+
+// VerifyUncheckedParts's check of one chunk (`fqn`'s `chunk`, of `tm`) for
+// the parts `mine` holds, `block_bytes` its block size
+// (Metadata::crc32c_block_bytes). Files it opens stay in `files`, so a
+// caller checking many pieces opens each file once.
+absl::Status VerifyChunkParts(Storage& storage, const std::string& fqn,
+                              const TensorMetadata& tm,
+                              const ChunkMetadata& chunk, uint64_t block_bytes,
+                              const SharedPieces& mine, OpenFiles& files,
+                              uint64_t* bytes_read);
 
 // Merge against an opened storage.
 absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,

@@ -7,6 +7,7 @@
 #ifndef CAIRN_CHECKPOINT_LOAD_INTERNAL_H_
 #define CAIRN_CHECKPOINT_LOAD_INTERNAL_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -34,7 +35,9 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "core/buffer_pool.h"
 #include "core/parallel.h"
+#include "core/status.h"
 #include "core/strided.h"
+#include "cuda/device_runtime.h"
 #include "format/crc32c.h"
 #include "format/safetensors.h"
 
@@ -207,6 +210,16 @@ class Loader {
 
   // What the reads so far did; the next Read counts afresh.
   LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
+
+  // Adds what the reads so far did to `into` (bytes read, chunks checked,
+  // IO threads; not bytes_loaded, which callers that stage count
+  // themselves) and starts counting afresh.
+  void TakeReadsInto(LoadResult& into) {
+    const LoadResult r = TakeResult();
+    into.bytes_read += r.bytes_read;
+    into.chunks_verified += r.chunks_verified;
+    into.io_threads = std::max(into.io_threads, r.io_threads);
+  }
 
   // The pieces of chunks this rank read only parts of, over all its Reads
   // (adjacent pieces merged), for CheckSharedPieces; the next Read
@@ -385,6 +398,49 @@ class Committer {
 // ---------------------------------------------------------------------------
 // Step 3 through host staging (load_staged.cc).
 
+// A device destination's runtime, looked up once per device.
+class DeviceRuntimes {
+ public:
+  absl::StatusOr<internal_cuda::DeviceRuntime*> For(Device device) {
+    for (const auto& [d, runtime] : runtimes_) {
+      if (d == device) return runtime;
+    }
+    CAIRN_ASSIGN_OR_RETURN(internal_cuda::DeviceRuntime * runtime,
+                           internal_cuda::RuntimeFor(device));
+    runtimes_.emplace_back(device, runtime);
+    return runtime;
+  }
+  bool Has(Device device) const {
+    for (const auto& [d, runtime] : runtimes_) {
+      if (d == device) return true;
+    }
+    return false;
+  }
+  bool empty() const { return runtimes_.empty(); }
+  internal_cuda::DeviceRuntime* first() const { return runtimes_[0].second; }
+
+  // Waits for every copy queued so far on every device; the first error.
+  absl::Status SynchronizeAll() {
+    absl::Status status;
+    for (const auto& [device, runtime] : runtimes_) {
+      status.Update(runtime->Synchronize(device));
+    }
+    return status;
+  }
+  // Waits for the application's queued work on every device (kernels that
+  // may still read the destinations about to be overwritten).
+  absl::Status WaitForAll() {
+    for (const auto& [device, runtime] : runtimes_) {
+      CAIRN_RETURN_IF_ERROR(runtime->WaitForDevice(device));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> runtimes_;
+};
+
+
 // Step 3 in waves (load_staged.cc), for every load but the rank-local
 // one: the plan's items are resolved (ResolveDestination), read, checked,
 // placed and committed a wave at a time. Host memory destinations are read
@@ -400,10 +456,9 @@ class Committer {
 // owners broadcast; the next wave's reads run (on a thread of their own)
 // while a wave is broadcast and placed. Device copies of one wave run
 // while the next is read (two pinned staging buffers alternate). A sink
-// gets an item's bytes only
-// once a check covers them: its chunk read whole, or its whole blocks
-// checked from the staged bytes, or else the checksum blocks around the
-// piece read again (VerifyUncheckedParts).
+// gets an item's bytes only once a check covers them: its chunk read
+// whole, or its whole blocks checked from the staged bytes, or else the
+// checksum blocks around the piece read again (VerifyChunkParts).
 absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
                                       const absl::StatusOr<LoadPlan>& plan,
                                       LoadPlanner& planner, Loader& reader,

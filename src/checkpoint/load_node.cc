@@ -366,7 +366,7 @@ absl::StatusOr<std::vector<ReadItem>> ReadOncePerNode(
   // naming it). Every member takes part in every Scatter regardless.
   Tensor staging;
   uint64_t capacity = 0;
-  std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> devices;
+  DeviceRuntimes devices;
   // This member's first error; later work is skipped.
   absl::Status local;
   // Every location of this rank's whole plan is checked against its file's
@@ -394,20 +394,15 @@ absl::StatusOr<std::vector<ReadItem>> ReadOncePerNode(
         if (!local.ok()) break;
         if (d->sink == nullptr && !d->view.device().is_cpu()) {
           const Device device = d->view.device();
-          bool known = false;
-          for (const auto& [dev, runtime] : devices) known |= dev == device;
-          if (!known) {
-            absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
-                internal_cuda::RuntimeFor(device);
-            local = Annotate(runtime.status(), absl::StrCat(
-                                                   item.fqn, " ",
-                                                   item.overlap.ToString()));
-            // The application's queued work that may still read the
-            // destination is done before the first copy into the device.
-            if (local.ok()) local = (*runtime)->WaitForDevice(device);
-            if (!local.ok()) break;
-            devices.emplace_back(device, *runtime);
-          }
+          const bool known = devices.Has(device);
+          absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
+              devices.For(device);
+          local = Annotate(runtime.status(),
+                           absl::StrCat(item.fqn, " ", item.overlap.ToString()));
+          // The application's queued work that may still read the
+          // destination is done before the first copy into the device.
+          if (local.ok() && !known) local = (*runtime)->WaitForDevice(device);
+          if (!local.ok()) break;
         }
         dsts.emplace(i, *std::move(d));
       }
@@ -450,10 +445,7 @@ absl::StatusOr<std::vector<ReadItem>> ReadOncePerNode(
         views.push_back(std::move(d));
       }
       local = reader.Read(reads, views);
-      const LoadResult r = reader.TakeResult();
-      result.bytes_read += r.bytes_read;
-      result.chunks_verified += r.chunks_verified;
-      result.io_threads = std::max(result.io_threads, r.io_threads);
+      reader.TakeReadsInto(result);
     }
     phases.read += Since(t0);
 
@@ -537,13 +529,15 @@ absl::StatusOr<std::vector<ReadItem>> ReadOncePerNode(
                             std::span<const std::byte>(packed, n));
           if (!s.ok()) s = Annotate(s, absl::StrCat("sink of ", where));
         } else if (!d.view.device().is_cpu()) {
-          for (const auto& [device, runtime] : devices) {
-            if (device != d.view.device()) continue;
-            s = internal_cuda::QueueCopyToDeviceView(*runtime, where, packed,
+          absl::StatusOr<internal_cuda::DeviceRuntime*> runtime =
+              devices.For(d.view.device());
+          s = runtime.status();
+          if (s.ok()) {
+            s = internal_cuda::QueueCopyToDeviceView(**runtime, where, packed,
                                                      d.view);
-            // The packed bytes may be reused by the next part: wait now.
-            if (s.ok()) s = runtime->Synchronize(device);
           }
+          // The packed bytes may be reused by the next part: wait now.
+          if (s.ok()) s = (*runtime)->Synchronize(d.view.device());
           if (s.ok()) result.device_bytes += n;
         } else if (packed != nullptr) {
           internal_core::CopyView(

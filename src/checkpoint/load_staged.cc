@@ -42,48 +42,6 @@ namespace {
 using internal_comm::AgreeOnStatus;
 using internal_core::Annotate;
 
-// A device destination's runtime, looked up once per device.
-class DeviceRuntimes {
- public:
-  absl::StatusOr<internal_cuda::DeviceRuntime*> For(Device device) {
-    for (const auto& [d, runtime] : runtimes_) {
-      if (d == device) return runtime;
-    }
-    CAIRN_ASSIGN_OR_RETURN(internal_cuda::DeviceRuntime * runtime,
-                           internal_cuda::RuntimeFor(device));
-    runtimes_.emplace_back(device, runtime);
-    return runtime;
-  }
-  bool Has(Device device) const {
-    for (const auto& [d, runtime] : runtimes_) {
-      if (d == device) return true;
-    }
-    return false;
-  }
-  bool empty() const { return runtimes_.empty(); }
-  internal_cuda::DeviceRuntime* first() const { return runtimes_[0].second; }
-
-  // Waits for every copy queued so far on every device; the first error.
-  absl::Status SynchronizeAll() {
-    absl::Status status;
-    for (const auto& [device, runtime] : runtimes_) {
-      status.Update(runtime->Synchronize(device));
-    }
-    return status;
-  }
-  // Waits for the application's queued work on every device (kernels that
-  // may still read the destinations about to be overwritten).
-  absl::Status WaitForAll() {
-    for (const auto& [device, runtime] : runtimes_) {
-      CAIRN_RETURN_IF_ERROR(runtime->WaitForDevice(device));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<std::pair<Device, internal_cuda::DeviceRuntime*>> runtimes_;
-};
-
 constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlignFrom = uint64_t{64} << 10;
@@ -259,10 +217,11 @@ class Staging {
 // blocks its two ends cut into are read again. Any other piece: the
 // checksum blocks around it (or its whole chunk) are read again and
 // checked, and the piece's bytes must be the bytes read again
-// (VerifyUncheckedParts, as for a slice).
+// (VerifyChunkParts, as for a slice). `files` keeps the files opened for
+// these checks from piece to piece.
 absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
                              const ReadItem& item, const std::byte* bytes,
-                             uint64_t* bytes_read) {
+                             OpenFiles& files, uint64_t* bytes_read) {
   auto it = metadata.tensors.find(item.fqn);
   if (it == metadata.tensors.end() || item.chunk >= it->second.chunks.size()) {
     return absl::InternalError(absl::StrCat("no chunk ", item.chunk, " of ",
@@ -275,18 +234,17 @@ absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
       internal_core::SubBoxRuns(chunk.box, item.overlap, es);
   const ByteLocation& loc = chunk.location;
   const uint64_t block = metadata.crc32c_block_bytes;
-  // The bytes left to check by reading again: [begin, end) of the chunk
-  // (those of a contiguous piece not in whole blocks), or all of them.
-  std::vector<std::pair<uint64_t, uint64_t>> edges;
+  SharedPieces part;
+  part.fqn = item.fqn;
+  part.chunk = item.chunk;
   if (runs.num_runs() == 1 && !loc.block_crc32c.empty() && block > 0) {
     const uint64_t begin = static_cast<uint64_t>(runs.first_offset);
     const uint64_t end = begin + static_cast<uint64_t>(runs.run_bytes);
     // Whole blocks: from the first block boundary at or after `begin` to
     // the last one at or before `end` (the chunk's end closes its last,
-    // shorter block).
+    // shorter block), checked here.
     const uint64_t first = internal_core::RoundUp(begin, block);
-    const uint64_t last =
-        end == loc.nbytes ? end : end / block * block;
+    const uint64_t last = end == loc.nbytes ? end : end / block * block;
     for (uint64_t at = first; at < last;) {
       const uint64_t k = at / block;
       const uint64_t n = std::min(block, loc.nbytes - at);
@@ -305,50 +263,40 @@ absl::Status CheckStagedPart(Storage& storage, const Metadata& metadata,
       }
       at += n;
     }
-    if (first >= last) {
-      edges.emplace_back(begin, end);
-    } else {
-      if (begin < first) edges.emplace_back(begin, first);
-      if (last < end) edges.emplace_back(last, end);
-    }
-    if (edges.empty()) return absl::OkStatus();
-    SharedPieces part;
-    part.fqn = item.fqn;
-    part.chunk = item.chunk;
-    for (const auto& [lo, hi] : edges) {
+    // The ends not in whole blocks (or all of the piece) are read again.
+    auto piece = [&](uint64_t lo, uint64_t hi) {
       part.pieces.push_back(
           {lo, hi - lo, internal_format::Crc32c(bytes + (lo - begin), hi - lo)});
-    }
-    const uint32_t t = static_cast<uint32_t>(
-        std::distance(metadata.tensors.begin(), it));
-    return VerifyUncheckedParts(storage, metadata, {part}, {{t, item.chunk}},
-                                bytes_read);
-  }
-  SharedPieces part;
-  part.fqn = item.fqn;
-  part.chunk = item.chunk;
-  // Each run (a row of the part) as a contiguous piece, its CRC32C from
-  // the staged bytes, which hold the runs one after another.
-  int64_t at = 0;
-  internal_core::ForEachRun(runs, [&](int64_t offset) {
-    const uint32_t crc =
-        internal_format::Crc32c(bytes + at, static_cast<size_t>(runs.run_bytes));
-    if (!part.pieces.empty() &&
-        part.pieces.back().offset + part.pieces.back().bytes ==
-            static_cast<uint64_t>(offset)) {
-      CrcPiece& last = part.pieces.back();
-      last.crc = internal_format::Crc32cCombine(last.crc, crc, runs.run_bytes);
-      last.bytes += runs.run_bytes;
+    };
+    if (first >= last) {
+      piece(begin, end);
     } else {
-      part.pieces.push_back({static_cast<uint64_t>(offset),
-                             static_cast<uint64_t>(runs.run_bytes), crc});
+      if (begin < first) piece(begin, first);
+      if (last < end) piece(last, end);
     }
-    at += runs.run_bytes;
-  });
-  const uint32_t t = static_cast<uint32_t>(
-      std::distance(metadata.tensors.begin(), it));
-  return VerifyUncheckedParts(storage, metadata, {part}, {{t, item.chunk}},
-                              bytes_read);
+    if (part.pieces.empty()) return absl::OkStatus();
+  } else {
+    // Each run (a row of the part) as a contiguous piece, its CRC32C from
+    // the staged bytes, which hold the runs one after another.
+    int64_t at = 0;
+    internal_core::ForEachRun(runs, [&](int64_t offset) {
+      const uint32_t crc = internal_format::Crc32c(
+          bytes + at, static_cast<size_t>(runs.run_bytes));
+      if (!part.pieces.empty() &&
+          part.pieces.back().offset + part.pieces.back().bytes ==
+              static_cast<uint64_t>(offset)) {
+        CrcPiece& prev = part.pieces.back();
+        prev.crc = internal_format::Crc32cCombine(prev.crc, crc, runs.run_bytes);
+        prev.bytes += runs.run_bytes;
+      } else {
+        part.pieces.push_back({static_cast<uint64_t>(offset),
+                               static_cast<uint64_t>(runs.run_bytes), crc});
+      }
+      at += runs.run_bytes;
+    });
+  }
+  return VerifyChunkParts(storage, item.fqn, tm, chunk, block, part, files,
+                          bytes_read);
 }
 
 }  // namespace
@@ -401,6 +349,9 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
   const uint64_t limit = StagingLimit(options, batch_bytes);
   DeviceRuntimes devices;
   Staging staging;
+  // Data files a sink's pieces are checked against (CheckStagedPart),
+  // opened once.
+  OpenFiles check_files;
   // Declared after the staging it reads from, so on every way out the
   // device copies have finished before the staging is freed.
   struct SyncOnExit {
@@ -659,12 +610,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
     // placements) before anything is broadcast.
     auto t0 = std::chrono::steady_clock::now();
     absl::Status read = cur->reading.valid() ? cur->reading.get() : cur->read;
-    if (!cur->mine.empty()) {
-      const LoadResult part = reader.TakeResult();
-      result.bytes_read += part.bytes_read;
-      result.chunks_verified += part.chunks_verified;
-      result.io_threads = std::max(result.io_threads, part.io_threads);
-    }
+    if (!cur->mine.empty()) reader.TakeReadsInto(result);
     phases.read += Since(t0);
     CAIRN_RETURN_IF_ERROR(agree(read.ok() ? placed : read));
     // A group starts the next wave's reads now, to run while this one is
@@ -711,7 +657,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         if (!checked) {
           uint64_t extra = 0;
           placed = CheckStagedPart(storage, metadata, p.item, base + p.offset,
-                                   &extra);
+                                   check_files, &extra);
           result.bytes_read += extra;
           if (!placed.ok()) continue;
         }

@@ -48,12 +48,13 @@ absl::StatusOr<uint32_t> ReadAndChecksum(const ReadableFile& file,
   return crc;
 }
 
-// The check of one chunk's parts read by this rank.
-absl::Status VerifyChunk(Storage& storage, const std::string& fqn,
-                         const TensorMetadata& tm, const ChunkMetadata& chunk,
-                         uint64_t block_bytes, const SharedPieces& mine,
-                         std::map<std::string, std::unique_ptr<ReadableFile>>& files,
-                         uint64_t* bytes_read) {
+}  // namespace
+
+absl::Status VerifyChunkParts(Storage& storage, const std::string& fqn,
+                              const TensorMetadata& tm,
+                              const ChunkMetadata& chunk, uint64_t block_bytes,
+                              const SharedPieces& mine, OpenFiles& files,
+                              uint64_t* bytes_read) {
   const ByteLocation& loc = chunk.location;
   if (loc.nbytes == 0) return absl::OkStatus();
   const std::string what = internal_format::EntryName(
@@ -147,8 +148,6 @@ absl::Status VerifyChunk(Storage& storage, const std::string& fqn,
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status VerifyUncheckedParts(
     Storage& storage, const Metadata& metadata,
     const std::vector<SharedPieces>& shared,
@@ -164,7 +163,7 @@ absl::Status VerifyUncheckedParts(
       if (t < names.size()) todo.emplace(*names[t], c);
     }
   }
-  std::map<std::string, std::unique_ptr<ReadableFile>> files;
+  OpenFiles files;
   for (const SharedPieces& mine : shared) {
     if (!todo.contains({mine.fqn, mine.chunk})) continue;
     auto it = metadata.tensors.find(mine.fqn);
@@ -173,7 +172,7 @@ absl::Status VerifyUncheckedParts(
           "parts of chunk ", mine.chunk, " of ", mine.fqn,
           ", which the checkpoint does not hold"));
     }
-    CAIRN_RETURN_IF_ERROR(VerifyChunk(
+    CAIRN_RETURN_IF_ERROR(VerifyChunkParts(
         storage, mine.fqn, it->second, it->second.chunks[mine.chunk],
         metadata.crc32c_block_bytes, mine, files, bytes_read));
   }
