@@ -11,6 +11,7 @@
 
 #include "cairn/box.h"
 #include "cairn/dtype.h"
+#include "cairn/kv_table.h"
 #include "cairn/state_dict.h"
 
 namespace cairn {
@@ -58,6 +59,35 @@ struct TensorMetadata {
       default;
 };
 
+// Key-value tables (format version 4, docs/format.md 4.7). A table's rows
+// are stored in (bucket, id) order; row r is the r-th row of the buckets
+// the metadata holds, counted from the first of them.
+//
+// Rows [rows.begin, rows.end): their ids (an I64 [n] entry) and each
+// column (a [n, width] entry of its dtype), n = rows.size(), side by side
+// in one data file.
+struct KvChunkMetadata {
+  KvRowRange rows;
+  ByteLocation ids;
+  std::vector<ByteLocation> columns;  // one per spec column, in order
+  friend bool operator==(const KvChunkMetadata&, const KvChunkMetadata&) =
+      default;
+};
+
+struct KvTableMetadata {
+  KvTableSpec spec;
+  // The buckets whose rows this metadata holds: all of [0, B) in a global
+  // checkpoint, the rank's own in a rank-local one.
+  KvBucketRange buckets;
+  // The row count of each held bucket, in bucket order (buckets.size()).
+  std::vector<uint64_t> rows_per_bucket;
+  std::vector<KvChunkMetadata> chunks;  // in row order, tiling the rows
+  uint64_t rows() const;    // sum of rows_per_bucket
+  uint64_t nbytes() const;  // bytes of every chunk's ids and columns
+  friend bool operator==(const KvTableMetadata&, const KvTableMetadata&) =
+      default;
+};
+
 struct Metadata {
   // The format version of the file it came from; what an encoder writes
   // (version 1 has no checksum of its own). Default: kFormatVersion.
@@ -79,13 +109,15 @@ struct Metadata {
   std::map<std::string, TensorMetadata> tensors;  // by FQN
   std::map<std::string, ByteLocation> objects;    // by FQN
   std::map<std::string, Scalar> scalars;          // by FQN
+  // Key-value tables (version 4), by FQN: an FQN names one leaf or table.
+  std::map<std::string, KvTableMetadata> kv_tables;
   // JSON text of the nesting (see docs/format.md), enough to rebuild the
   // state dict's maps and lists.
   std::string structure = "{}";
   // JSON text of a user-supplied object, stored as given. Default "{}".
   std::string user = "{}";
 
-  // Bytes of all tensors and objects.
+  // Bytes of all tensors, objects and key-value tables.
   uint64_t total_bytes() const;
   friend bool operator==(const Metadata&, const Metadata&) = default;
 };

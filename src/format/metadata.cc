@@ -30,7 +30,8 @@ uint64_t TensorMetadata::nbytes() const {
   return bytes;
 }
 
-// The bytes stored in the checkpoint: every tensor chunk and every object.
+// The bytes stored in the checkpoint: every tensor chunk, every object and
+// every key-value table's ids and columns.
 // For a tensor whose chunks cover it exactly once (a global checkpoint that
 // passed ValidateCoverage) its stored bytes equal nbytes(); in rank-local
 // metadata, which lists only that rank's chunks, they are what that rank
@@ -44,6 +45,26 @@ uint64_t Metadata::total_bytes() const {
   }
   for (const auto& [fqn, object] : objects) {
     total = SaturatingAdd(total, object.nbytes);
+  }
+  for (const auto& [fqn, table] : kv_tables) {
+    total = SaturatingAdd(total, table.nbytes());
+  }
+  return total;
+}
+
+uint64_t KvTableMetadata::rows() const {
+  uint64_t total = 0;
+  for (uint64_t n : rows_per_bucket) total = SaturatingAdd(total, n);
+  return total;
+}
+
+uint64_t KvTableMetadata::nbytes() const {
+  uint64_t total = 0;
+  for (const KvChunkMetadata& chunk : chunks) {
+    total = SaturatingAdd(total, chunk.ids.nbytes);
+    for (const ByteLocation& c : chunk.columns) {
+      total = SaturatingAdd(total, c.nbytes);
+    }
   }
   return total;
 }

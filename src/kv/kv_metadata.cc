@@ -26,9 +26,17 @@ absl::Status ValidateKvTableMetadata(std::string_view table,
     return absl::DataLossError(
         absl::StrFormat("key-value table %s: %s", table, why));
   };
-  if (md.rows_per_bucket.size() != static_cast<uint64_t>(md.spec.num_buckets)) {
-    return bad(absl::StrFormat("%d row counts for %d buckets",
-                               md.rows_per_bucket.size(), md.spec.num_buckets));
+  if (md.buckets.begin < 0 || md.buckets.end < md.buckets.begin ||
+      md.buckets.end > md.spec.num_buckets) {
+    return bad(absl::StrFormat("holds buckets [%d, %d), not a range of the "
+                               "%d buckets",
+                               md.buckets.begin, md.buckets.end,
+                               md.spec.num_buckets));
+  }
+  if (md.rows_per_bucket.size() != static_cast<uint64_t>(md.buckets.size())) {
+    return bad(absl::StrFormat("%d row counts for the %d buckets [%d, %d)",
+                               md.rows_per_bucket.size(), md.buckets.size(),
+                               md.buckets.begin, md.buckets.end));
   }
   uint64_t rows = 0;
   for (size_t b = 0; b < md.rows_per_bucket.size(); ++b) {
@@ -89,8 +97,18 @@ absl::Status ValidateKvTableMetadata(std::string_view table,
 
 absl::StatusOr<KvChunkSpan> KvChunksOfBuckets(const KvTableMetadata& md,
                                               KvBucketRange range) {
-  CAIRN_ASSIGN_OR_RETURN(KvRowRange rows,
-                         KvRowsOfBuckets(md.rows_per_bucket, range));
+  if (range.size() > 0 && !(range.begin >= md.buckets.begin &&
+                            range.end <= md.buckets.end)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "buckets [%d, %d) are not inside the held buckets [%d, %d)",
+        range.begin, range.end, md.buckets.begin, md.buckets.end));
+  }
+  if (range.size() <= 0) return KvChunkSpan{};
+  CAIRN_ASSIGN_OR_RETURN(
+      KvRowRange rows,
+      KvRowsOfBuckets(md.rows_per_bucket,
+                      {range.begin - md.buckets.begin,
+                       range.end - md.buckets.begin}));
   KvChunkSpan span;
   span.rows = rows;
   if (rows.size() == 0) return span;

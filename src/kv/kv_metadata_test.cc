@@ -23,6 +23,7 @@ KvTableMetadata Table() {
   md.spec.num_buckets = 4;
   md.spec.bucketing = KvBucketing::kInterleaved;
   md.spec.columns = {{"weight", DType::kF32, 2}, {"count", DType::kI64, 1}};
+  md.buckets = {0, 4};
   md.rows_per_bucket = {3, 0, 5, 2};
   uint64_t offset = 0;
   for (auto [begin, end] : {std::pair<uint64_t, uint64_t>{0, 4}, {4, 8}, {8, 10}}) {
@@ -61,7 +62,7 @@ TEST(KvMetadataTest, InconsistentTablesAreDataLoss) {
   cases.push_back({"no columns", md});
   md = Table();
   md.rows_per_bucket.pop_back();
-  cases.push_back({"3 row counts for 4 buckets", md});
+  cases.push_back({"3 row counts for the 4 buckets [0, 4)", md});
   md = Table();
   md.rows_per_bucket[0] = ~uint64_t{0};
   cases.push_back({"overflow at bucket", md});
@@ -140,6 +141,29 @@ TEST(KvMetadataTest, ChunksOfBuckets) {
   }
   EXPECT_EQ(KvChunksOfBuckets(md, {2, 5}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Rank-local metadata holds some buckets only: rows count from the first
+// held one, and other buckets are not there.
+TEST(KvMetadataTest, ChunksOfHeldBuckets) {
+  KvTableMetadata md = Table();
+  md.spec.num_buckets = 10;
+  md.buckets = {3, 7};  // the same counts, for buckets 3..6
+  ASSERT_TRUE(ValidateKvTableMetadata("emb", md).ok());
+  absl::StatusOr<KvChunkSpan> s = KvChunksOfBuckets(md, {5, 7});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->rows, (KvRowRange{3, 10}));
+  EXPECT_EQ(s->first, 0u);
+  EXPECT_EQ(s->last, 3u);
+  EXPECT_EQ(KvChunksOfBuckets(md, {2, 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(KvChunksOfBuckets(md, {0, 0}).ok());
+  md.buckets = {8, 12};
+  EXPECT_THAT(ValidateKvTableMetadata("emb", md).message(),
+              HasSubstr("holds buckets [8, 12)"));
+  md.buckets = {3, 6};
+  EXPECT_THAT(ValidateKvTableMetadata("emb", md).message(),
+              HasSubstr("4 row counts for the 3 buckets"));
 }
 
 }  // namespace
