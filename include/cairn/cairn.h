@@ -12,6 +12,7 @@
 #include "cairn/manager.h"      // IWYU pragma: export
 #include "cairn/metadata.h"     // IWYU pragma: export
 #include "cairn/planner.h"      // IWYU pragma: export
+#include "cairn/rocksdb_kv_table.h"  // IWYU pragma: export
 #include "cairn/stager.h"       // IWYU pragma: export
 #include "cairn/state_dict.h"   // IWYU pragma: export
 #include "cairn/state_dict_utils.h"  // IWYU pragma: export

@@ -15,8 +15,10 @@
 //     (load: batches in any order).
 //
 // This header is the model, the bucketing arithmetic, the source and sink
-// interfaces, and an in-memory table that is both. Saving and loading
-// tables through cairn::Save and cairn::Load is not built yet.
+// interfaces, and an in-memory table that is both. The backends:
+// InMemoryKvTable (here) and RocksDbKvTable (cairn/rocksdb_kv_table.h, a
+// RocksDB database on local disk). Saving and loading tables through
+// cairn::Save and cairn::Load is not built yet.
 #ifndef CAIRN_KV_TABLE_H_
 #define CAIRN_KV_TABLE_H_
 
