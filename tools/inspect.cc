@@ -50,6 +50,13 @@ const char* ScalarType(const Scalar& s) {
   return kNames[s.index()];
 }
 
+// "interleaved", or "chunked by 1000" (ids per bucket).
+std::string KvBucketingText(const KvTableSpec& spec) {
+  return spec.bucketing == KvBucketing::kInterleaved
+             ? std::string("interleaved")
+             : absl::StrFormat("chunked by %d", spec.bucket_size);
+}
+
 std::string ShapeText(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -70,6 +77,12 @@ int RunInspect(const InspectOptions& o) {
   for (const auto& [fqn, loc] : md->objects) {
     object_bytes += loc.nbytes;
     files.insert(loc.file);
+  }
+  uint64_t table_bytes = 0, table_rows = 0;
+  for (const auto& [fqn, t] : md->kv_tables) {
+    table_bytes += t.nbytes();
+    table_rows += t.rows();
+    for (const KvChunkMetadata& c : t.chunks) files.insert(c.ids.file);
   }
 
   if (o.json) {
@@ -113,11 +126,32 @@ int RunInspect(const InspectOptions& o) {
     nlohmann::json scalars = nlohmann::json::object();
     for (const auto& [fqn, s] : md->scalars) scalars[fqn] = ScalarJson(s);
     j["scalars"] = std::move(scalars);
+    nlohmann::json tables = nlohmann::json::array();
+    for (const auto& [fqn, t] : md->kv_tables) {
+      nlohmann::json columns = nlohmann::json::array();
+      for (const KvColumn& c : t.spec.columns) {
+        columns.push_back({{"name", c.name},
+                           {"dtype", std::string(DTypeName(c.dtype))},
+                           {"width", c.width}});
+      }
+      tables.push_back(
+          {{"fqn", fqn},
+           {"buckets", t.spec.num_buckets},
+           {"bucketing", KvBucketingText(t.spec)},
+           {"columns", std::move(columns)},
+           {"rows", t.rows()},
+           {"chunks", t.chunks.size()},
+           {"bytes", t.nbytes()}});
+    }
+    j["kv_tables"] = std::move(tables);
     j["totals"] = {
         {"tensors", md->tensors.size()},        {"chunks", num_chunks},
         {"objects", md->objects.size()},        {"scalars", md->scalars.size()},
         {"tensor_bytes", tensor_bytes},         {"object_bytes", object_bytes},
-        {"bytes", tensor_bytes + object_bytes}, {"files", files.size()}};
+        {"kv_tables", md->kv_tables.size()},   {"kv_rows", table_rows},
+        {"kv_bytes", table_bytes},
+        {"bytes", tensor_bytes + object_bytes + table_bytes},
+        {"files", files.size()}};
     std::cout << j.dump() << std::endl;
     return 0;
   }
@@ -171,12 +205,45 @@ int RunInspect(const InspectOptions& o) {
                                    ScalarType(s), ScalarText(s));
     }
   }
+  if (!md->kv_tables.empty()) {
+    size_t w = 14;
+    for (const auto& [fqn, t] : md->kv_tables) w = std::max(w, fqn.size());
+    std::cout << absl::StrFormat("\n%-*s  %-22s  %12s  %6s  %12s  %s\n",
+                                 static_cast<int>(w), "KEY-VALUE TABLE",
+                                 "BUCKETS", "ROWS", "CHUNKS", "BYTES",
+                                 "COLUMNS");
+    for (const auto& [fqn, t] : md->kv_tables) {
+      std::vector<std::string> cols;
+      for (const KvColumn& c : t.spec.columns) {
+        cols.push_back(absl::StrFormat("%s %s[%d]", c.name, DTypeName(c.dtype),
+                                       c.width));
+      }
+      std::cout << absl::StrFormat(
+          "%-*s  %-22s  %12d  %6d  %12s  %s\n", static_cast<int>(w), fqn,
+          absl::StrFormat("%d %s", t.spec.num_buckets, KvBucketingText(t.spec)),
+          t.rows(), t.chunks.size(), HumanBytes(t.nbytes()),
+          absl::StrJoin(cols, ", "));
+      if (o.chunks) {
+        for (const KvChunkMetadata& c : t.chunks) {
+          std::cout << absl::StrFormat(
+              "    rows [%d, %d)  %s @ %d, ids crc32c %08x\n", c.rows.begin,
+              c.rows.end, c.ids.file, c.ids.offset, c.ids.crc32c);
+        }
+      }
+    }
+  }
+  std::string tables;
+  if (!md->kv_tables.empty()) {
+    tables = absl::StrFormat(", %s (%d rows)",
+                             Plural(md->kv_tables.size(), "key-value table"),
+                             table_rows);
+  }
+  const uint64_t total = tensor_bytes + object_bytes + table_bytes;
   std::cout << absl::StrFormat(
-      "\ntotal: %s in %s, %s, %s; %s (%d bytes) in %s\n",
+      "\ntotal: %s in %s, %s, %s%s; %s (%d bytes) in %s\n",
       Plural(md->tensors.size(), "tensor"), Plural(num_chunks, "chunk"),
       Plural(md->objects.size(), "object"),
-      Plural(md->scalars.size(), "scalar"),
-      HumanBytes(tensor_bytes + object_bytes), tensor_bytes + object_bytes,
+      Plural(md->scalars.size(), "scalar"), tables, HumanBytes(total), total,
       Plural(files.size(), "data file"));
   return 0;
 }
@@ -187,15 +254,18 @@ void RegisterInspect(CLI::App& app) {
   auto o = std::make_shared<InspectOptions>();
   CLI::App* cmd = app.add_subcommand(
       "inspect",
-      "List a checkpoint's tensors, objects and scalars, with totals");
+      "List a checkpoint's tensors, objects, scalars and key-value tables, "
+      "with totals");
   cmd->add_option("CKPT", o->url, "checkpoint directory or URL (file:///...)")
       ->required();
   cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
   cmd->add_flag("--chunks", o->chunks,
-                "also list every chunk: box, file, offset, bytes, crc32c");
+                "also list every chunk: box (or a table's rows), file, "
+                "offset, bytes, crc32c");
   cmd->footer(
-      "Lists every tensor (dtype, shape, chunk count, bytes), object and\n"
-      "scalar, and the totals. Reads metadata.json only, no data file.\n\n"
+      "Lists every tensor (dtype, shape, chunk count, bytes), object,\n"
+      "scalar and key-value table (buckets, rows, chunks, bytes, columns),\n"
+      "and the totals. Reads metadata.json only, no data file.\n\n"
       "Examples:\n"
       "  cairn inspect /ckpt/step-100\n"
       "  cairn inspect --json file:///ckpt/step-100 | jq .totals");

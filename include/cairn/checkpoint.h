@@ -41,6 +41,7 @@
 
 #include "absl/status/statusor.h"
 #include "cairn/communicator.h"
+#include "cairn/kv_table.h"
 #include "cairn/metadata.h"
 #include "cairn/planner.h"
 #include "cairn/state_dict.h"
@@ -115,6 +116,14 @@ struct SaveOptions {
   DedupPolicy dedup = DedupPolicy::kBalanceBytes;
   // Null: plan every save in full.
   SavePlanCache* plan_cache = nullptr;
+  // Key-value tables to save beside the state dict (include/cairn/
+  // kv_table.h). Their FQNs share the state dict's name space. Every rank
+  // passes the same tables.
+  std::vector<KvTableToSave> kv_tables = {};
+  // Largest chunk of a table's rows (ids and every column): a rank holds
+  // two while it saves (one filling, one being written). Chunks end at a
+  // bucket boundary when one falls in their second half. Default: 64 MiB.
+  uint64_t kv_chunk_bytes = uint64_t{64} << 20;
   // Rank-local mode: no collective but the save id's broadcast (none when
   // `save_id` is given). Each rank writes its own folder rank-NNNNN/ (its
   // rank in `comm`) with its own data and metadata.json, holding
@@ -141,7 +150,9 @@ struct SavePhaseTimes {
 struct SaveResult {
   // This rank's part.
   uint64_t bytes_written = 0;  // data file bytes, headers included
-  uint64_t data_bytes = 0;     // tensor and object bytes this rank wrote
+  uint64_t data_bytes = 0;     // tensor, object and table bytes this rank
+                               // wrote
+  uint64_t kv_rows = 0;        // key-value table rows this rank wrote
   int files = 0;               // data files this rank wrote
   // The whole checkpoint.
   uint64_t checkpoint_bytes = 0;  // data file bytes of all ranks
@@ -236,6 +247,13 @@ struct LoadOptions {
   // rank loads alone, or staged whole in a group. 0: no limit beyond
   // those batch sizes. Default: 1 GiB.
   uint64_t memory_budget_bytes = uint64_t{1} << 30;
+  // Key-value tables to load (include/cairn/kv_table.h). A table missing
+  // from the checkpoint is kNotFound in strict mode, else listed in
+  // LoadResult::missing. Each rank's sink gets the rows of its buckets, in
+  // batches of at most a quarter of memory_budget_bytes (0: 64 MiB), each
+  // checked (its checksum blocks, its ids in their buckets) before it is
+  // applied. A sink that fails fails the load on every rank.
+  std::vector<KvTableToLoad> kv_tables = {};
   // Rank-local mode: no collective at all. Each rank reads its own
   // rank-NNNNN/metadata.json when it exists, else the global metadata.json.
   // A destination box that the rank's own folder does not fully hold is an
@@ -273,6 +291,8 @@ struct LoadResult {
   uint64_t bytes_verified = 0;
   uint64_t bytes_unverified = 0;
   uint64_t device_bytes = 0;     // of bytes_loaded, copied into device memory
+  uint64_t kv_rows = 0;          // key-value table rows applied to this
+                                 // rank's sinks
   int world_size = 1;
   // Ranks in this rank's replica group (1: it read everything itself).
   int replica_group_size = 1;

@@ -1,4 +1,4 @@
-// Key-value embedding tables: the model (issue 36, in progress).
+// Key-value embedding tables: the model, and saving and loading them.
 //
 // Recommendation models keep their largest embedding tables in key-value
 // stores: only the ids ever seen have a row. cairn saves such a table by
@@ -15,16 +15,26 @@
 //     (load: batches in any order).
 //
 // This header is the model, the bucketing arithmetic, the source and sink
-// interfaces, and an in-memory table that is both. The backends:
+// interfaces, an in-memory table that is both, and what cairn::Save and
+// cairn::Load take to save and load tables (SaveOptions::kv_tables,
+// LoadOptions::kv_tables, include/cairn/checkpoint.h). The backends:
 // InMemoryKvTable (here) and RocksDbKvTable (cairn/rocksdb_kv_table.h, a
-// RocksDB database on local disk). Saving and loading tables through
-// cairn::Save and cairn::Load is not built yet.
+// RocksDB database on local disk).
+//
+//   cairn::SaveOptions so;
+//   so.kv_tables.push_back({"emb.user", spec, std::nullopt, source.get()});
+//   cairn::Save(state, url, so);           // every rank, its own buckets
+//   ...
+//   cairn::LoadOptions lo;
+//   lo.kv_tables.push_back({.fqn = "emb.user", .sink = &table});
+//   cairn::Load(state, url, lo);           // any world size
 #ifndef CAIRN_KV_TABLE_H_
 #define CAIRN_KV_TABLE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -180,6 +190,44 @@ class InMemoryKvTable : public KvSink {
   int64_t row_bytes_ = 0;
   absl::flat_hash_map<int64_t, size_t> index_;  // id -> row slot
   std::vector<std::byte> rows_;                 // row slots, row_bytes_ each
+};
+
+// A table to save (SaveOptions::kv_tables). Every rank lists every table,
+// with the same spec; the ranks' bucket ranges together tile [0, B), each
+// bucket saved by exactly one rank (checked before anything is written).
+// The rows are stored in (bucket, id) order, in chunks of at most
+// SaveOptions::kv_chunk_bytes, each chunk's ids beside its columns in one
+// data file (docs/format.md 4.7).
+struct KvTableToSave {
+  std::string fqn;
+  KvTableSpec spec;
+  // This rank's buckets; nullopt: KvBucketsOfRank(B, world, rank).
+  std::optional<KvBucketRange> buckets = std::nullopt;
+  // The rows of those buckets: each batch checked as it is pulled (columns
+  // of the spec's dtypes and widths, every id in one of the rank's buckets,
+  // (bucket, id) strictly rising). May be null when the rank has no
+  // buckets. Not owned.
+  KvSource* source = nullptr;
+};
+
+// A table to load (LoadOptions::kv_tables) into `sink`, the rows of this
+// rank's buckets in the destination's bucketing. With the saved bucketing
+// (num_buckets 0, or the same B, mode and bucket size), a rank reads only
+// the rows of its buckets. With another bucketing, every stored chunk is
+// read once, by one rank, and each row is sent to the rank that owns it:
+// slower, as every row crosses the communicator.
+struct KvTableToLoad {
+  std::string fqn;
+  KvSink* sink = nullptr;  // not owned
+  // The destination's bucketing; num_buckets 0: the saved table's.
+  int64_t num_buckets = 0;
+  KvBucketing bucketing = KvBucketing::kChunked;
+  int64_t bucket_size = 0;  // kChunked only
+  // This rank's buckets in it; nullopt: KvBucketsOfRank(B, world, rank).
+  std::optional<KvBucketRange> buckets = std::nullopt;
+  // The columns to load, in this order (e.g. {"weight"}: the weights
+  // without optimizer state); empty: every column, as saved.
+  std::vector<std::string> columns = {};
 };
 
 }  // namespace cairn

@@ -5,14 +5,18 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cairn/checkpoint.h"
 #include "cairn/communicator.h"
+#include "cairn/kv_table.h"
+#include "cairn/rocksdb_kv_table.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/dist_test_util.h"
+#include "checkpoint/kv_test_util.h"
 #include "checkpoint/test_util.h"
 #include "comm/mpi/mpi_test_util.h"
 #include "core/status.h"
@@ -270,6 +274,78 @@ TEST(MpiDistributedTest, RowPartsAreCheckedAcrossProcesses) {
   }
   flip();  // back as it was
   EXPECT_TRUE(LoadWithFirst(3, ckpt, Pattern::kRows, 7).ok());
+}
+
+// Key-value tables across processes: 4 save from RocksDB, 3 load into
+// RocksDB with the saved bucketing (each reads its own rows) and with
+// another (rows routed between processes by Scatter); a sink that fails
+// on one process fails the load on all of them.
+TEST(MpiDistributedTest, KvTableSavedByFourLoadsIntoThree) {
+  ASSERT_EQ(g_world->size(), 4) << "run under mpiexec -n 4";
+  SharedDir dir;
+  const int r = g_world->rank();
+  const std::string ckpt = dir.Sub("kv");
+  const std::vector<int64_t> ids = testing_util::Ids(4000, 3);
+  const KvTableSpec spec = testing_util::KvSpec(16);
+  absl::Status saved = [&]() -> absl::Status {
+    CAIRN_ASSIGN_OR_RETURN(
+        auto db, RocksDbKvTable::Open(dir.Sub(absl::StrCat("src-", r)), "emb",
+                                      spec, KvBucketsOfRank(16, 4, r)));
+    CAIRN_RETURN_IF_ERROR(testing_util::Fill(*db, ids));
+    std::unique_ptr<KvSource> source = db->Source(300);
+    SaveOptions o;
+    o.comm = g_world;
+    o.kv_chunk_bytes = 16 << 10;
+    o.kv_tables.push_back({"emb.user", spec, std::nullopt, source.get()});
+    StateDict sd;
+    return Save(sd, ckpt, o).status();
+  }();
+  ASSERT_TRUE(saved.ok()) << saved;
+  for (int64_t buckets : {16, 5}) {
+    SCOPED_TRACE(absl::StrCat(buckets, " buckets"));
+    const KvTableSpec dest = testing_util::KvSpec(buckets);
+    absl::StatusOr<std::unique_ptr<Communicator>> sub =
+        g_world->Split(r < 3 ? 0 : 1, r);
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    if (r >= 3) continue;
+    absl::StatusOr<std::unique_ptr<RocksDbKvTable>> db = RocksDbKvTable::Open(
+        dir.Sub(absl::StrCat("dst-", buckets, "-", r)), "emb", dest,
+        KvBucketsOfRank(buckets, 3, r));
+    ASSERT_TRUE(db.ok()) << db.status();
+    LoadOptions o;
+    o.comm = sub->get();
+    o.memory_budget_bytes = 1;
+    KvTableToLoad t{.fqn = "emb.user", .sink = db->get()};
+    t.num_buckets = buckets;
+    t.bucketing = KvBucketing::kInterleaved;
+    o.kv_tables.push_back(t);
+    StateDict sd;
+    absl::StatusOr<LoadResult> loaded = Load(sd, ckpt, o);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    absl::StatusOr<uint64_t> size = (*db)->size();
+    ASSERT_TRUE(size.ok());
+    EXPECT_EQ(loaded->kv_rows, *size);
+    testing_util::ExpectRows(
+        dest, (*db)->owned(), *size,
+        [&](int64_t id) -> std::optional<std::string> {
+          absl::StatusOr<std::optional<std::string>> row = (*db)->Find(id);
+          return row.ok() ? *row : std::nullopt;
+        },
+        spec, ids, {0, 1, 2}, absl::StrCat("rank ", r));
+  }
+  // Rank 2's sink refuses every batch (a table of other buckets).
+  absl::StatusOr<std::unique_ptr<InMemoryKvTable>> table =
+      InMemoryKvTable::Create("emb", spec,
+                              r == 2 ? KvBucketRange{0, 0}
+                                     : KvBucketsOfRank(16, 4, r));
+  ASSERT_TRUE(table.ok());
+  LoadOptions o;
+  o.comm = g_world;
+  o.kv_tables.push_back({.fqn = "emb.user", .sink = table->get()});
+  StateDict sd;
+  const absl::Status bad = Load(sd, ckpt, o).status();
+  ExpectSameEverywhere(bad);
+  EXPECT_THAT(bad.message(), HasSubstr("on rank 2"));
 }
 
 }  // namespace

@@ -78,6 +78,8 @@
 //     chunks, whose checks steps 4 and 5 made, commit; when there were
 //     such parts, the ranks agree on the commits. So a planner never acts
 //     on bytes that then fail a check.
+//  7. Key-value tables (kv_load.cc, kv_read.cc), when the checkpoint has
+//     any: their rows into the requests' sinks, and one agreement.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -103,6 +105,8 @@
 #include "cairn/storage.h"
 #include "cairn/tensor.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/kv_load.h"
+#include "checkpoint/kv_save.h"
 #include "checkpoint/load_internal.h"
 #include "comm/collective.h"
 #include "core/big_vector.h"
@@ -235,6 +239,7 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
       for (ChunkMetadata& chunk : tensor.chunks) relocate(chunk.location);
     }
     for (auto& [fqn, loc] : metadata->objects) relocate(loc);
+    PrefixKvFiles(metadata->kv_tables, folder);
   } else if (absl::IsNotFound(metadata.status())) {
     metadata = ReadAndValidate(st);
     if (absl::IsNotFound(metadata.status())) {
@@ -293,6 +298,15 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
     if (p.ok()) local_plan = *std::move(p);
   }
   std::string message;
+  // The key-value tables this rank asks for (step 7).
+  std::vector<KvRequest> kv_requests;
+  std::vector<std::string> kv_missing;
+  if (local.ok()) {
+    absl::StatusOr<std::vector<KvRequest>> k =
+        PlanKvLoads(metadata, options, world, rank, kv_missing);
+    local = k.status();
+    if (k.ok()) kv_requests = *std::move(k);
+  }
   if (local.ok()) {
     absl::StatusOr<std::string> m =
         EncodeLocalLoadPlan(planner, local_plan, metadata,
@@ -486,6 +500,13 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                         "committing the parts of chunks"));
   }
   CAIRN_RETURN_IF_ERROR(committed);
+  // 7. The key-value tables, when the checkpoint has any (every rank).
+  if (!metadata.kv_tables.empty()) {
+    CAIRN_RETURN_IF_ERROR(LoadKvTables(**storage, metadata, kv_requests,
+                                       options, *comm, *result));
+  }
+  result->missing.insert(result->missing.end(), kv_missing.begin(),
+                         kv_missing.end());
   // Every byte returned passed a check unless checks are off.
   (options.verify_checksums ? result->bytes_verified
                             : result->bytes_unverified) = result->bytes_loaded;

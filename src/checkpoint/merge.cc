@@ -30,6 +30,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/kv_save.h"
 #include "core/byte_codec.h"
 #include "core/checked.h"
 #include "core/status.h"
@@ -213,6 +214,22 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
   }
   CAIRN_ASSIGN_OR_RETURN(out.structure,
                          internal_plan::MergeStructures(structures));
+  // Key-value tables: each rank folder holds its buckets' rows.
+  {
+    std::vector<const Metadata*> folders;
+    for (int r = 0; r < world; ++r) {
+      PrefixKvFiles(parts[r].kv_tables, internal_format::RankFolderName(r));
+      folders.push_back(&parts[r]);
+    }
+    absl::StatusOr<std::map<std::string, KvTableMetadata>> tables =
+        MergeKvTables(folders, out);
+    CAIRN_RETURN_IF_ERROR(Annotate(tables.status(),
+                                   absl::StrCat("merging ", storage.url())));
+    out.kv_tables = *std::move(tables);
+    for (const auto& [fqn, table] : out.kv_tables) {
+      result.data_bytes += table.nbytes();
+    }
+  }
 
   // 3. Coverage, and every chunk inside its real file.
   for (const auto& [fqn, tm] : out.tensors) {

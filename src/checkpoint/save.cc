@@ -3,13 +3,16 @@
 // failure anywhere reaches every rank as the same error and nothing is
 // committed:
 //
-//  1. Plan locally: SetUp, CreateLocalPlan. With a plan cache, one AllReduce
+//  1. Plan locally: SetUp, CreateLocalPlan, and the key-value tables'
+//     declarations (kv_save.h), sent behind the local plan. With a plan
+//     cache, one AllReduce
 //     (of a status flag, a "my local plan equals the cached one" flag and
 //     the cached plan's id) decides whether the cached final plan is reused;
 //     without one, the same AllReduce only carries the status.
 //  2. Unless reused: gather the local plans at the coordinator, which runs
 //     CreateGlobalPlan (dedup), checks the result (every tensor covered
-//     exactly once, one dtype and shape per FQN, nothing written twice) and
+//     exactly once, one dtype and shape per FQN, nothing written twice; the
+//     tables' specs agree and their buckets are each saved once) and
 //     builds the metadata skeleton; then scatter each rank's final plan (or
 //     the error). FinishPlan on every rank.
 //  3. Prepare the location (coordinator): take the location's save lock
@@ -24,7 +27,9 @@
 //     of `write_buffer_bytes` by IO threads that resolve each item's bytes
 //     when its first block is filled (ResolveData), checksum them as they
 //     pass, and release them after its last block; O_DIRECT where allowed;
-//     fdatasync, then the directory is synced.
+//     fdatasync, then the directory is synced. Then the rank's key-value
+//     table rows, pulled from their sources into files of their own
+//     (kv_write.cc).
 //  5. Commit: gather the write results (locations, CRC32Cs, scalar values)
 //     at the coordinator, which fills in the metadata and writes
 //     metadata.json atomically (temp file, fsync, rename, fsync directory:
@@ -56,6 +61,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/kv_save.h"
 #include "checkpoint/write_report.h"
 #include "comm/collective.h"
 #include "core/byte_codec.h"
@@ -453,6 +459,11 @@ std::optional<std::set<std::string, std::less<>>> FilesOf(Storage& storage,
   for (const auto& [fqn, loc] : md->objects) {
     files.insert(std::string(prefix) + loc.file);
   }
+  for (const auto& [fqn, table] : md->kv_tables) {
+    for (const KvChunkMetadata& chunk : table.chunks) {
+      files.insert(std::string(prefix) + chunk.ids.file);
+    }
+  }
   return files;
 }
 
@@ -580,15 +591,27 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     local = p.status();
     if (p.ok()) local_plan = *std::move(p);
   }
+  // The key-value tables: in rank-local mode their default buckets are
+  // the job's rank's.
+  std::vector<KvDeclaration> kv_declared;
+  if (local.ok()) {
+    absl::StatusOr<std::vector<KvDeclaration>> d = DeclareKvTables(
+        options, where.rank_local() ? where.world : world,
+        where.rank_local() ? where.rank : rank);
+    local = d.status();
+    if (d.ok()) kv_declared = *std::move(d);
+  }
   std::string encoded_local;
+  std::string encoded_kv;
   std::string cache_key;
   SavePlanCache::State* cache =
       options.plan_cache != nullptr ? &CacheState(*options.plan_cache) : nullptr;
   if (local.ok()) {
     encoded_local =
         internal_plan::EncodeSavePlan(local_plan, /*with_scalar_values=*/false);
+    encoded_kv = EncodeKvDeclarations(kv_declared);
     cache_key = absl::StrCat(encoded_local, "\n", typeid(planner).name(), "\n",
-                             static_cast<int>(options.dedup));
+                             static_cast<int>(options.dedup), "\n", encoded_kv);
   }
   const bool my_cache_valid = local.ok() && cache != nullptr && cache->valid &&
                               cache->rank == rank &&
@@ -614,10 +637,25 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     final_plan = cache->final_plan;
     skeleton = &cache->skeleton;
   } else {
+    std::string message = encoded_local;
+    AppendTrailer(message, encoded_kv);
     absl::StatusOr<std::vector<std::string>> gathered = GatherOrError(
-        *comm, absl::OkStatus(), encoded_local, kOperation, "planning");
+        *comm, absl::OkStatus(), message, kOperation, "planning");
+    message.clear();
     absl::Status global = gathered.status();
     std::vector<std::string> payloads;
+    // Each rank's table declarations, cut off the end of its plan.
+    std::vector<std::vector<KvDeclaration>> kv_per_rank;
+    for (size_t r = 0; coordinator && global.ok() && r < gathered->size();
+         ++r) {
+      const std::string what = absl::StrCat("rank ", r, "'s local plan");
+      absl::StatusOr<std::string> kv = TakeTrailer((*gathered)[r], what);
+      absl::StatusOr<std::vector<KvDeclaration>> d =
+          kv.ok() ? DecodeKvDeclarations(*kv, what)
+                  : absl::StatusOr<std::vector<KvDeclaration>>(kv.status());
+      global = d.status();
+      if (d.ok()) kv_per_rank.push_back(*std::move(d));
+    }
     if (coordinator && global.ok()) {
       // The columnar path plans exactly a DefaultSavePlanner (a subclass
       // may override CreateGlobalPlan), with the policy it was made with:
@@ -635,6 +673,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
         global = Annotate(g.status(),
                           "save failed in global planning (coordinator)");
       } else {
+        global = CheckKvDeclarations(kv_per_rank, g->skeleton.metadata,
+                                     !where.rank_local());
         payloads = std::move(g->payloads);
         fresh_skeleton = std::move(g->skeleton);
       }
@@ -720,16 +760,46 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       result.files = 1;
     }
   }
+  // Then its key-value tables' rows.
+  KvWritten kv_written;
+  if (write_status.ok() && !kv_declared.empty()) {
+    absl::StatusOr<KvWritten> w = WriteKvTables(
+        **storage, where.prefix, where.rank_local() ? 0 : rank,
+        where.rank_local() ? where.rank : rank, save_id, kv_declared, options);
+    write_status = w.status();
+    if (w.ok()) {
+      kv_written = *std::move(w);
+      result.bytes_written += kv_written.bytes_written;
+      result.data_bytes += kv_written.data_bytes;
+      result.kv_rows = kv_written.rows;
+      result.files += kv_written.files;
+    }
+  }
   report.scalars = local_plan.scalars;
   result.phases.write = lap();
 
   // 5. Commit.
   // The coordinator always reaches the broadcast below, error or not, so no
   // rank is left waiting.
+  std::string encoded_report = EncodeReport(report);
+  AppendTrailer(encoded_report, EncodeKvParts(kv_written.parts));
   absl::StatusOr<std::vector<std::string>> reports = GatherOrError(
-      *comm, write_status, EncodeReport(report), kOperation, "writing");
+      *comm, write_status, encoded_report, kOperation, "writing");
+  encoded_report.clear();
   absl::Status committed = reports.status();
   std::string summary;
+  // Each rank's key-value table parts, cut off the end of its report.
+  std::vector<std::vector<KvTablePart>> kv_parts;
+  for (size_t r = 0; coordinator && committed.ok() && r < reports->size();
+       ++r) {
+    const std::string what = absl::StrCat("rank ", r, "'s write report");
+    absl::StatusOr<std::string> kv = TakeTrailer((*reports)[r], what);
+    absl::StatusOr<std::vector<KvTablePart>> parts =
+        kv.ok() ? DecodeKvParts(*kv, what)
+                : absl::StatusOr<std::vector<KvTablePart>>(kv.status());
+    committed = parts.status();
+    if (parts.ok()) kv_parts.push_back(*std::move(parts));
+  }
   if (coordinator && committed.ok()) {
     uint64_t total = 0;
     // The block size the reports' block checksums were taken in (a cached
@@ -739,6 +809,12 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     absl::StatusOr<const Metadata*> md = AssembleMetadata(
         *skeleton, *reports, options.user_metadata, &total);
     committed = md.status();
+    if (committed.ok()) {
+      absl::StatusOr<std::map<std::string, KvTableMetadata>> tables =
+          AssembleKvTables(kv_parts, where.rank_local());
+      committed = tables.status();
+      if (tables.ok()) skeleton->metadata.kv_tables = *std::move(tables);
+    }
     if (committed.ok() && where.rank_local()) {
       skeleton->metadata.rank = where.rank;
       skeleton->metadata.world_size = where.world;

@@ -44,6 +44,7 @@
 #include "cairn/metadata.h"
 #include "cairn/storage.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/kv_save.h"
 #include "core/buffer_pool.h"
 #include "core/parallel.h"
 #include "core/status.h"
@@ -123,6 +124,28 @@ std::vector<Item> CollectItems(const Metadata& md) {
   for (const auto& [fqn, loc] : md.objects) {
     items.push_back({fqn, fqn, &loc, fqn, DType::kU8,
                      Shape{static_cast<int64_t>(loc.nbytes)}, true});
+  }
+  // Key-value tables: each chunk's ids and columns.
+  for (const auto& [fqn, t] : md.kv_tables) {
+    const std::vector<internal_checkpoint::KvChunkStart> starts =
+        internal_checkpoint::KvChunkStarts(t);
+    for (size_t k = 0; k < t.chunks.size(); ++k) {
+      const KvChunkMetadata& c = t.chunks[k];
+      const auto n = static_cast<int64_t>(c.rows.size());
+      auto add = [&](const ByteLocation& loc, std::string_view what,
+                     DType dtype, Shape shape) {
+        items.push_back(
+            {fqn, absl::StrFormat("%s chunk %d %s", fqn, k, what), &loc,
+             internal_checkpoint::KvEntryName(fqn, starts[k].bucket,
+                                              starts[k].row, what),
+             dtype, std::move(shape), false});
+      };
+      add(c.ids, "ids", DType::kI64, Shape{n});
+      for (size_t j = 0; j < c.columns.size(); ++j) {
+        const KvColumn& col = t.spec.columns[j];
+        add(c.columns[j], col.name, col.dtype, Shape{n, col.width});
+      }
+    }
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.location->file, a.location->offset) <
