@@ -128,4 +128,18 @@ std::string EntryName(std::string_view fqn, const Box& box, bool whole) {
   return std::string(fqn) + "@" + absl::StrJoin(box.offsets, ",");
 }
 
+std::string KvIdsEntryName(std::string_view fqn, size_t chunk) {
+  return KvColumnEntryName(fqn, chunk, "ids");
+}
+
+std::string KvColumnEntryName(std::string_view fqn, size_t chunk,
+                              std::string_view column) {
+  std::string name(fqn);
+  name += "@kv";
+  name += std::to_string(chunk);
+  name += '.';
+  name += column;
+  return name;
+}
+
 }  // namespace cairn::internal_format

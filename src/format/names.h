@@ -2,6 +2,7 @@
 #ifndef CAIRN_FORMAT_NAMES_H_
 #define CAIRN_FORMAT_NAMES_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,13 @@ int RankOfMetadataName(std::string_view name);
 // The safetensors entry name of a stored box: `fqn` when the box covers the
 // whole tensor, else "fqn@o0,o1,..." with the box offsets.
 std::string EntryName(std::string_view fqn, const Box& box, bool whole);
+
+// The safetensors entries of chunk `chunk` of the key-value table `fqn`
+// (docs/format.md 4.7): "fqn@kv<chunk>.ids" for its ids, and
+// "fqn@kv<chunk>.<column>" for each column (so no column is named "ids").
+std::string KvIdsEntryName(std::string_view fqn, size_t chunk);
+std::string KvColumnEntryName(std::string_view fqn, size_t chunk,
+                              std::string_view column);
 
 }  // namespace cairn::internal_format
 

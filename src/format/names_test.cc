@@ -55,6 +55,9 @@ TEST(NamesTest, DataFileAndEntryNames) {
   Box box{{1024, 0}, {512, 4096}};
   EXPECT_EQ(EntryName("model.wq", box, /*whole=*/false), "model.wq@1024,0");
   EXPECT_EQ(EntryName("model.wq", box, /*whole=*/true), "model.wq");
+  EXPECT_EQ(KvIdsEntryName("emb.user", 3), "emb.user@kv3.ids");
+  EXPECT_EQ(KvColumnEntryName("emb.user", 12, "adam.m"),
+            "emb.user@kv12.adam.m");
 }
 
 TEST(NamesTest, RankFolders) {
