@@ -1,6 +1,7 @@
 // Key-value tables in metadata.json (format version 4): their text, their
 // decoding as untrusted input by both decoders, and the checks that look
-// across the metadata (one leaf or table per FQN).
+// across the metadata (one leaf or table per FQN, file sizes, shared
+// bytes).
 #include "format/kv_codec.h"
 
 #include <functional>
@@ -582,6 +583,68 @@ TEST(KvCodecTest, EncodeRefusesWhatAReaderRefuses) {
                                 : absl::StatusCode::kOk);
   }
   EXPECT_TRUE(CheckEncodable(Sample()).ok());
+}
+
+// ------------------------------------------------------------ validators
+
+TEST(KvCodecTest, AgainstFileSizes) {
+  const Metadata md = Sample();
+  const KvChunkMetadata& last = md.kv_tables.at("emb").chunks.back();
+  const uint64_t end = last.columns.back().offset + last.columns.back().nbytes;
+  std::map<std::string, uint64_t> sizes = {
+      {"data-00001-abc.safetensors", 4117}, {kFile, end}};
+  EXPECT_TRUE(ValidateAgainstFileSizes(md, sizes).ok());
+  sizes[kFile] = end - 1;
+  absl::Status s = ValidateAgainstFileSizes(md, sizes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("key-value table \"emb\" chunk 2 column \"step\" (" +
+                        std::string(kFile) + ", offset"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("runs past the end"));
+  // The ids too.
+  Metadata ids = md;
+  ids.kv_tables["emb"].chunks[0].ids.offset = end;
+  sizes[kFile] = end;
+  s = ValidateAgainstFileSizes(ids, sizes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("key-value table \"emb\" chunk 0 ids"));
+  // A file the metadata names but storage does not have.
+  sizes.erase(kFile);
+  s = ValidateAgainstFileSizes(md, sizes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("key-value table \"emb\""));
+}
+
+TEST(KvCodecTest, DisjointLocations) {
+  Metadata md = Sample();
+  EXPECT_TRUE(ValidateDisjointLocations(md).ok());
+  // Two entries of one table sharing a byte.
+  Metadata shared = md;
+  KvChunkMetadata& c = shared.kv_tables["emb"].chunks[1];
+  c.columns[0].offset = c.ids.offset + c.ids.nbytes - 1;
+  absl::Status s = ValidateDisjointLocations(shared);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("key-value table \"emb\" chunk 1 column \"weight\""));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("key-value table \"emb\" chunk 1 ids"));
+  // A table's entry over a tensor's chunk.
+  shared = md;
+  shared.kv_tables["emb"].chunks[0].ids.file = "data-00001-abc.safetensors";
+  for (ByteLocation& col : shared.kv_tables["emb"].chunks[0].columns) {
+    col.file = "data-00001-abc.safetensors";
+  }
+  s = ValidateDisjointLocations(shared);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("chunk \"model.w\""));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("key-value table \"emb\""));
+  // Two tables in one place.
+  shared = md;
+  shared.kv_tables["emb2"] = md.kv_tables["emb"];
+  s = ValidateDisjointLocations(shared);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"emb2\""));
 }
 
 TEST(KvCodecTest, TotalBytesCountTables) {

@@ -1921,7 +1921,16 @@ absl::Status ValidateAgainstFileSizes(
   for (const auto& [fqn, loc] : metadata.objects) {
     CAIRN_RETURN_IF_ERROR(check(absl::StrCat("object ", Quote(fqn)), loc));
   }
-  return absl::OkStatus();
+  absl::Status status;
+  ForEachKvLocation(metadata.kv_tables,
+                    [&](const ByteLocation& loc, const std::string& fqn,
+                        const KvTableMetadata& table, size_t k, int column) {
+                      if (status.ok()) {
+                        status = check(KvLocationName(fqn, table, k, column),
+                                       loc);
+                      }
+                    });
+  return status;
 }
 
 absl::Status ValidateDisjointLocations(const Metadata& metadata) {
@@ -1960,6 +1969,13 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
       if (entry.second.nbytes == 0) continue;
       fn(entry.second, [&] { return absl::StrCat("object ", Quote(fqn)); });
     }
+    ForEachKvLocation(metadata.kv_tables, [&](const ByteLocation& loc,
+                                              const std::string& fqn,
+                                              const KvTableMetadata& table,
+                                              size_t k, int column) {
+      if (loc.nbytes == 0) return;
+      fn(loc, [&] { return KvLocationName(fqn, table, k, column); });
+    });
   };
   absl::flat_hash_map<std::string_view, uint32_t> files;
   std::vector<Span> spans;
@@ -1974,7 +1990,8 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
   // the numbers above would have wrapped.)
   if (spans.size() > std::numeric_limits<uint32_t>::max()) {
     return absl::ResourceExhaustedError(
-        "more than 2^32 - 1 chunks and objects to check for shared bytes");
+        "more than 2^32 - 1 chunks, objects and table entries to check for "
+        "shared bytes");
   }
   std::sort(spans.begin(), spans.end());
   // Sorted by offset, and disjoint up to the first overlap: so a span
@@ -1998,7 +2015,8 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
         names[0], " (", file, ", offset ", s.offset, ", nbytes ", s.nbytes,
         ") shares bytes with ", names[1], " (offset ", prev.offset,
         ", nbytes ", prev.nbytes,
-        "): no two chunks or objects may overlap in their files"));
+        "): no two chunks, objects or table entries may overlap in their "
+        "files"));
   }
   return absl::OkStatus();
 }

@@ -162,14 +162,14 @@ absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
 absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
                               const FlatChunks& flat, size_t t);
 
-// OK when every chunk and object lies inside its file, given the real file
-// sizes by name. kDataLoss naming FQN, file, offset and size otherwise;
+// OK when every chunk, object and key-value table entry (ids and columns)
+// lies inside its file, given the real file sizes by name. kDataLoss naming FQN, file, offset and size otherwise;
 // kNotFound when a referenced file is absent from `file_sizes`.
 absl::Status ValidateAgainstFileSizes(
     const Metadata& metadata, const std::map<std::string, uint64_t>& file_sizes);
 
-// OK when no two chunks or objects (of any tensors) share a byte of a file,
-// as in everything cairn writes (zero-byte ones share none). kDataLoss
+// OK when no two chunks, objects or key-value table entries share a byte
+// of a file, as in everything cairn writes (zero-byte ones share none). kDataLoss
 // naming both otherwise. Offsets and sizes must already be known not to
 // overflow (DecodeMetadata checks offset + nbytes < 2^64). Sorts every
 // location: for LoadAll, Merge and verify, which touch every byte anyway,
