@@ -17,6 +17,7 @@
 // member's value to DecodeKvTables too).
 #include "format/kv_codec.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>

@@ -4,6 +4,8 @@
 // bytes).
 #include "format/kv_codec.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -29,8 +31,7 @@ using ::testing::Not;
 constexpr char kSource[] = "/ckpt/step-7/metadata.json";
 constexpr char kFile[] = "data-00000-abc.safetensors";
 
-// Columns of 2 + 2 + 8 = 12 bytes a row... at width 1; `width` scales the
-// first two.
+// A BF16 and an F32 column of `width` elements, and an I64 one.
 std::vector<KvColumn> Columns(int64_t width) {
   return {{"weight", DType::kBF16, width},
           {"adam.m", DType::kF32, width},
