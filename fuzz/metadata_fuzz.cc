@@ -86,6 +86,24 @@ std::vector<std::string> Seeds() {
   Metadata v1 = md;
   v1.version = 1;  // no checksum
   seeds.push_back(*EncodeMetadata(v1));
+  // Version 4: a key-value table of 3 interleaved buckets, 3 rows in two
+  // chunks of ids and one F32 [2] column each.
+  Metadata kv = md;
+  KvTableMetadata& table = kv.kv_tables["emb"];
+  table.spec.num_buckets = 3;
+  table.spec.bucketing = KvBucketing::kInterleaved;
+  table.spec.columns = {{"w", DType::kF32, 2}};
+  table.buckets = {0, 3};
+  table.rows_per_bucket = {2, 0, 1};
+  table.chunks.push_back(
+      {{0, 2},
+       ByteLocation{"data-00000.safetensors", 200, 16, 1, {}},
+       {ByteLocation{"data-00000.safetensors", 216, 16, 2, {}}}});
+  table.chunks.push_back(
+      {{2, 3},
+       ByteLocation{"data-00001.safetensors", 200, 8, 3, {}},
+       {ByteLocation{"data-00001.safetensors", 208, 8, 4, {}}}});
+  seeds.push_back(*EncodeMetadata(kv));
   return seeds;
 }
 

@@ -77,8 +77,8 @@ struct KvTableSpec {
 
 // OK when `spec` describes a table: at least one bucket; kChunked with a
 // positive bucket size (and B x bucket_size within int64); at least one
-// column, each named, unique, of positive width. kInvalidArgument naming
-// `table` and what is wrong otherwise.
+// column, each named (not "ids"), unique, of positive width.
+// kInvalidArgument naming `table` and what is wrong otherwise.
 absl::Status ValidateKvTableSpec(std::string_view table,
                                  const KvTableSpec& spec);
 

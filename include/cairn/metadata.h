@@ -19,9 +19,9 @@ namespace cairn {
 // The format version cairn writes. Version 2 is version 1 with the
 // metadata file's own checksum (docs/format.md 4.0); version 3 adds block
 // checksums (CRC32Cs of fixed-size blocks of each chunk, 4.2), so a part
-// of a chunk is checked by reading the blocks that enclose it. Readers
-// accept all three.
-inline constexpr int kFormatVersion = 3;
+// of a chunk is checked by reading the blocks that enclose it; version 4
+// adds key-value tables (4.7). Readers accept versions 1 to 4.
+inline constexpr int kFormatVersion = 4;
 inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr char kMetadataFileName[] = "metadata.json";
 // The block size of the block checksums a save writes by default

@@ -172,8 +172,29 @@ TEST_F(KvCheckpointTest, SmallChunksFilesAndPieces) {
   const KvTableMetadata& t = md->kv_tables.at("emb.user");
   std::set<std::string> files;
   for (const KvChunkMetadata& c : t.chunks) files.insert(c.ids.file);
-  EXPECT_GT(t.chunks.size(), 300u);
+  // 64 bytes a row: at most 31 rows a chunk.
+  EXPECT_GE(t.chunks.size(), 6000u / 31);
   EXPECT_GE(files.size(), 4u);  // 64 chunks a file, 2 ranks
+  // A chunk ends at the last bucket end in its second half (rows 16 to 30
+  // of 31), else full; only a rank's last chunk of a table is shorter
+  // otherwise, and it ends at a bucket end too.
+  std::set<uint64_t> bucket_ends;
+  uint64_t row = 0;
+  for (uint64_t n : t.rows_per_bucket) bucket_ends.insert(row += n);
+  size_t cut_at_bucket = 0;
+  for (const KvChunkMetadata& c : t.chunks) {
+    ASSERT_LE(c.rows.size(), 31u);
+    if (c.rows.size() < 31) {
+      EXPECT_TRUE(bucket_ends.contains(c.rows.end)) << c.rows.end;
+      cut_at_bucket += c.rows.size() >= 16;
+      continue;
+    }
+    auto inside = bucket_ends.lower_bound(c.rows.begin + 16);
+    EXPECT_TRUE(inside == bucket_ends.end() || *inside >= c.rows.end)
+        << "a bucket ends at row " << *inside << " inside chunk ["
+        << c.rows.begin << ", " << c.rows.end << ")";
+  }
+  EXPECT_GT(cut_at_bucket, 0u);
   LoadAndCheck(3, ids, spec, spec);
   // 64 bytes a row: chunks of 65536 rows, read in pieces of 16384 (the
   // smallest budget gives 1 MiB pieces) whose ends cut checksum blocks.

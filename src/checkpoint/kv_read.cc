@@ -22,9 +22,12 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/crc32c.h"
+#include "format/names.h"
 #include "format/safetensors.h"
 
 namespace cairn::internal_checkpoint {
+
+using internal_format::KvEntryName;
 
 std::vector<KvPiece> KvPiecesOf(const KvTableMetadata& md, size_t first,
                                 size_t last, KvRowRange rows,

@@ -249,16 +249,6 @@ absl::StatusOr<std::string> TakeTrailer(std::string& message,
   return trailer;
 }
 
-std::string KvFileName(int file_index, int n, std::string_view save_id) {
-  return absl::StrFormat("data-%05d-kv%04d-%s.safetensors", file_index, n,
-                         save_id);
-}
-
-std::string KvEntryName(std::string_view fqn, int64_t bucket, uint64_t row,
-                        std::string_view what) {
-  return absl::StrFormat("%s@kv%d+%d.%s", fqn, bucket, row, what);
-}
-
 std::vector<KvChunkStart> KvChunkStarts(const KvTableMetadata& md) {
   std::vector<KvChunkStart> out;
   out.reserve(md.chunks.size());

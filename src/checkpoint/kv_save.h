@@ -87,7 +87,8 @@ struct KvWritten {
 
 // Step 4: pulls every declared table's rows from its source (in
 // `options.kv_tables`, matched by FQN) and writes them, durably, into
-// files named KvFileName(file_index, n, save_id) under `prefix`. A source
+// files named internal_format::KvFileName(file_index, n, save_id) under
+// `prefix`, their entries named internal_format::KvEntryName. A source
 // whose rows break the rules (KvTableToSave::source) is kInvalidArgument
 // naming the table, bucket, id and rank.
 absl::StatusOr<KvWritten> WriteKvTables(
@@ -95,18 +96,9 @@ absl::StatusOr<KvWritten> WriteKvTables(
     std::string_view save_id, const std::vector<KvDeclaration>& tables,
     const SaveOptions& options);
 
-// "data-00003-kv0002-<save id>.safetensors": rank 3's third file of
-// key-value table chunks in the save `save_id`.
-std::string KvFileName(int file_index, int n, std::string_view save_id);
-
-// The safetensors entry names of a chunk that starts at row `row` of
-// bucket `bucket` (rows of a bucket counted from 0): its ids
-// ("<fqn>@kv<bucket>+<row>.ids") and each column ("...<column name>").
-std::string KvEntryName(std::string_view fqn, int64_t bucket, uint64_t row,
-                        std::string_view what);
-
 // Where each chunk of `md` starts: the bucket of its first row and that
-// row's index among the bucket's rows (what KvEntryName takes). `md` must
+// row's index among the bucket's rows (what internal_format::KvEntryName
+// takes). `md` must
 // be valid.
 struct KvChunkStart {
   int64_t bucket = 0;

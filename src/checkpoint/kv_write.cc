@@ -36,12 +36,15 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "format/crc32c.h"
+#include "format/names.h"
 #include "format/safetensors.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
 
 using internal_core::Annotate;
+using internal_format::KvEntryName;
+using internal_format::KvFileName;
 using internal_format::SafetensorsEntry;
 
 std::map<std::string, std::string> FileMetadata() {

@@ -136,7 +136,7 @@ std::vector<Item> CollectItems(const Metadata& md) {
                      DType dtype, Shape shape) {
         items.push_back(
             {fqn, absl::StrFormat("%s chunk %d %s", fqn, k, what), &loc,
-             internal_checkpoint::KvEntryName(fqn, starts[k].bucket,
+             internal_format::KvEntryName(fqn, starts[k].bucket,
                                               starts[k].row, what),
              dtype, std::move(shape), false});
       };

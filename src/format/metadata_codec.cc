@@ -33,6 +33,7 @@
 #include "core/status.h"
 #include "format/crc32c.h"
 #include "format/json_util.h"
+#include "format/kv_codec.h"
 #include "format/names.h"
 #include "format/plain_json.h"
 #include "nlohmann/json.hpp"
@@ -249,6 +250,8 @@ struct Prepared {
   std::vector<absl::StatusOr<std::string>> scalars;
   std::string structure;
   std::string user;
+  // The "kv_tables" value (EncodeKvTables), empty when there are none.
+  std::string kv_tables;
 };
 
 // Sink that writes into memory sized beforehand (by a CountingSink).
@@ -339,9 +342,9 @@ absl::Status PutTensor(
 
 // The document is its head, the members of "tensors" (PutTensor) and its
 // tail. Members in key order: checksum (version 2), crc32c_block_bytes
-// (version 3), created_by, format,
-// objects, rank, save_id, scalars, structure, tensors, user, version,
-// world_size.
+// (version 3), created_by, format, kv_tables (version 4, when there are
+// tables), objects, rank, save_id, scalars, structure, tensors, user,
+// version, world_size.
 template <typename Sink>
 absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
   // Version 2 opens with its checksum, written as zeros here and filled in
@@ -362,6 +365,11 @@ absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
   PutKey(sink, "format");
   CAIRN_RETURN_IF_ERROR(PutString(sink, kFormatName));
   sink.Put(',');
+  if (!prepared.kv_tables.empty()) {
+    PutKey(sink, "kv_tables");
+    sink.Put(std::string_view(prepared.kv_tables));
+    sink.Put(',');
+  }
   PutKey(sink, "objects");
   sink.Put('{');
   bool first = true;
@@ -477,6 +485,11 @@ class Decoder {
   absl::StatusOr<Metadata> Decode(std::string_view text) const;
   absl::StatusOr<Scalar> ScalarValue(const json& j,
                                      absl::string_view where) const;
+  // `block_bytes`: the metadata's crc32c_block_bytes from version 3 on
+  // (block checksums are read and checked), 0 before (they are ignored).
+  // Also kv_codec.cc's (DecodeLocation).
+  absl::StatusOr<ByteLocation> Location(const json& j, absl::string_view where,
+                                        uint64_t block_bytes) const;
 
  private:
   // The member `key` of `object`, required.
@@ -541,10 +554,6 @@ class Decoder {
     return dims;
   }
 
-  // `block_bytes`: the metadata's crc32c_block_bytes in version 3 (block
-  // checksums are read and checked), 0 before (they are ignored).
-  absl::StatusOr<ByteLocation> Location(const json& j, absl::string_view where,
-                                        uint64_t block_bytes) const;
   absl::StatusOr<TensorMetadata> Tensor(const json& j, const std::string& fqn,
                                         uint64_t block_bytes) const;
 
@@ -801,6 +810,17 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     md.scalars.emplace(fqn, std::move(scalar));
   }
 
+  if (const json* kv = Find(root, "kv_tables"); kv != nullptr) {
+    if (md.version < kKvTablesFormatVersion) {
+      return Error("", absl::StrCat("\"kv_tables\" needs format version ",
+                                    kKvTablesFormatVersion,
+                                    " or later; this metadata is version ",
+                                    md.version));
+    }
+    CAIRN_ASSIGN_OR_RETURN(md.kv_tables,
+                           DecodeKvTables(*kv, AsStd(source_), block_bytes));
+  }
+
   CAIRN_ASSIGN_OR_RETURN(const json* structure, Member(root, "structure", ""));
   CAIRN_ASSIGN_OR_RETURN(const json* user, Object(root, "user", ""));
   try {
@@ -851,6 +871,7 @@ class FastDecoder : private PlainJsonCursor {
     kChecksum = 1024,
     kSaveId = 2048,
     kBlockBytes = 4096,
+    kKvTables = 8192,
   };
   static constexpr uint32_t kRequired = kFormat | kVersion | kCreatedBy |
                                         kWorldSize | kTensors | kObjects |
@@ -1168,6 +1189,7 @@ std::optional<Metadata> FastDecoder::Decode() {
   uint64_t world_size = 0;
   uint64_t rank = 0;
   uint64_t block_bytes = 0;
+  std::string_view kv_tables;  // decoded once the version is known
   auto once = [&seen](uint32_t bit) {
     if (seen & bit) return false;
     seen |= bit;
@@ -1210,6 +1232,7 @@ std::optional<Metadata> FastDecoder::Decode() {
              });
     }
     if (key == "scalars") return once(kScalars) && Scalars(&md.scalars);
+    if (key == "kv_tables") return once(kKvTables) && RawValue(&kv_tables);
     if (key == "structure") {
       return once(kStructure) && Dumped(false, &md.structure);
     }
@@ -1247,6 +1270,16 @@ std::optional<Metadata> FastDecoder::Decode() {
   for (const auto& [fqn, loc] : md.objects) {
     if (!CheckBlockCount(loc, b).ok()) return std::nullopt;
   }
+  // Key-value tables (version 4): small, decoded from nlohmann's tree as
+  // Decoder decodes them.
+  if (seen & kKvTables) {
+    if (md.version < kKvTablesFormatVersion) return std::nullopt;
+    std::optional<json> value = json_util::Parse(kv_tables);
+    if (!value) return std::nullopt;
+    absl::StatusOr<KvTables> tables = DecodeKvTables(*value, source_, b);
+    if (!tables.ok()) return std::nullopt;
+    md.kv_tables = *std::move(tables);
+  }
   return md;
 }
 
@@ -1270,12 +1303,34 @@ std::string ChunkName(std::string_view fqn, const Shape& shape,
 
 }  // namespace
 
+// The helpers kv_codec.cc shares (format/kv_codec.h).
+
+std::string QuoteForMessage(std::string_view s) { return Quote(s); }
+
+absl::StatusOr<std::string> JsonString(std::string_view s) { return Quoted(s); }
+
+absl::Status AppendLocation(std::string& out, const ByteLocation& location) {
+  StringSink sink;
+  sink.Put('{');
+  CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, location));
+  sink.Put('}');
+  out += sink.Take();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ByteLocation> DecodeLocation(const json& j,
+                                            std::string_view source,
+                                            std::string_view where,
+                                            uint64_t block_bytes) {
+  return Decoder(source).Location(j, AsAbsl(where), block_bytes);
+}
+
 namespace {
 
-// kDataLoss naming an FQN that is in two of tensors, objects and scalars
-// (docs/format.md 4.1: each FQN names one leaf; a load that counts leaves
-// by name would miscount). Decoding checks it, and so does encoding, so
-// that a writer never commits what a reader refuses.
+// kDataLoss naming an FQN that is in two of tensors, objects, scalars and
+// kv_tables (docs/format.md 4.1: each FQN names one leaf or table; a load
+// that counts leaves by name would miscount). Decoding checks it, and so
+// does encoding, so that a writer never commits what a reader refuses.
 absl::Status CheckOneLeafPerFqn(const Metadata& md, std::string_view source) {
   auto both = [&](const std::string& fqn, const char* a, const char* b) {
     return absl::DataLossError(absl::StrCat(
@@ -1289,6 +1344,11 @@ absl::Status CheckOneLeafPerFqn(const Metadata& md, std::string_view source) {
     if (md.tensors.contains(fqn)) return both(fqn, "tensors", "scalars");
     if (md.objects.contains(fqn)) return both(fqn, "objects", "scalars");
   }
+  for (const auto& [fqn, unused] : md.kv_tables) {
+    if (md.tensors.contains(fqn)) return both(fqn, "tensors", "kv_tables");
+    if (md.objects.contains(fqn)) return both(fqn, "objects", "kv_tables");
+    if (md.scalars.contains(fqn)) return both(fqn, "scalars", "kv_tables");
+  }
   return absl::OkStatus();
 }
 
@@ -1301,6 +1361,12 @@ absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
         "cannot encode metadata version ", metadata.version,
         "; this writer writes versions ", kOldestReadableFormatVersion, " to ",
         kFormatVersion));
+  }
+  if (!metadata.kv_tables.empty() &&
+      metadata.version < kKvTablesFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key-value tables need format version ", kKvTablesFormatVersion,
+        "; the metadata is version ", metadata.version));
   }
   if (absl::Status s = CheckOneLeafPerFqn(metadata, "metadata"); !s.ok()) {
     return absl::InvalidArgumentError(s.message());
@@ -1328,6 +1394,10 @@ absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
         "metadata contains a string that is not valid UTF-8: ", e.what()));
   }
   if (!scalars) return prepared;
+  if (!metadata.kv_tables.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(prepared.kv_tables,
+                           EncodeKvTables(metadata.kv_tables));
+  }
   // A scalar's text, or (a string scalar that is not UTF-8) the error
   // dump() gives, reported when the text reaches it.
   prepared.scalars.reserve(metadata.scalars.size());
@@ -1358,7 +1428,7 @@ absl::Status CheckEncodable(const Metadata& metadata) {
   for (const auto& [fqn, unused] : metadata.scalars) {
     CAIRN_RETURN_IF_ERROR(PutString(sink, fqn));
   }
-  return absl::OkStatus();
+  return CheckKvTablesEncodable(metadata.kv_tables);
 }
 
 namespace {
@@ -1851,7 +1921,16 @@ absl::Status ValidateAgainstFileSizes(
   for (const auto& [fqn, loc] : metadata.objects) {
     CAIRN_RETURN_IF_ERROR(check(absl::StrCat("object ", Quote(fqn)), loc));
   }
-  return absl::OkStatus();
+  absl::Status status;
+  ForEachKvLocation(metadata.kv_tables,
+                    [&](const ByteLocation& loc, const std::string& fqn,
+                        const KvTableMetadata& table, size_t k, int column) {
+                      if (status.ok()) {
+                        status = check(KvLocationName(fqn, table, k, column),
+                                       loc);
+                      }
+                    });
+  return status;
 }
 
 absl::Status ValidateDisjointLocations(const Metadata& metadata) {
@@ -1890,6 +1969,13 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
       if (entry.second.nbytes == 0) continue;
       fn(entry.second, [&] { return absl::StrCat("object ", Quote(fqn)); });
     }
+    ForEachKvLocation(metadata.kv_tables, [&](const ByteLocation& loc,
+                                              const std::string& fqn,
+                                              const KvTableMetadata& table,
+                                              size_t k, int column) {
+      if (loc.nbytes == 0) return;
+      fn(loc, [&] { return KvLocationName(fqn, table, k, column); });
+    });
   };
   absl::flat_hash_map<std::string_view, uint32_t> files;
   std::vector<Span> spans;
@@ -1904,7 +1990,8 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
   // the numbers above would have wrapped.)
   if (spans.size() > std::numeric_limits<uint32_t>::max()) {
     return absl::ResourceExhaustedError(
-        "more than 2^32 - 1 chunks and objects to check for shared bytes");
+        "more than 2^32 - 1 chunks, objects and table entries to check for "
+        "shared bytes");
   }
   std::sort(spans.begin(), spans.end());
   // Sorted by offset, and disjoint up to the first overlap: so a span
@@ -1928,7 +2015,8 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
         names[0], " (", file, ", offset ", s.offset, ", nbytes ", s.nbytes,
         ") shares bytes with ", names[1], " (offset ", prev.offset,
         ", nbytes ", prev.nbytes,
-        "): no two chunks or objects may overlap in their files"));
+        "): no two chunks, objects or table entries may overlap in their "
+        "files"));
   }
   return absl::OkStatus();
 }

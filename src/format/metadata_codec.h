@@ -90,11 +90,12 @@ absl::StatusOr<std::string> EncodeMetadata(
     uint64_t max_bytes = kMaxMetadataBytes);
 
 // OK when EncodeMetadata(metadata) would succeed as far as the version,
-// `structure`, `user` and the names (FQNs, created_by) go, without building
-// the text: a save's coordinator checks its metadata skeleton this way
+// `structure`, `user` and the names (FQNs, created_by, key-value tables'
+// column names) go, without building the text: a save's coordinator checks its metadata skeleton this way
 // before any data is written. Not checked: locations (the skeleton's are
-// empty, and cairn names the data files) and scalar values (they arrive at
-// commit).
+// empty, and cairn names the data files), scalar values (they arrive at
+// commit) and the consistency of key-value tables (their rows and chunks
+// arrive at commit; EncodeMetadata refuses an inconsistent table).
 absl::Status CheckEncodable(const Metadata& metadata);
 
 // `json_text` (the text of a JSON object of at least one member, as any
@@ -110,8 +111,10 @@ absl::StatusOr<std::string> WithMetadataChecksum(std::string_view json_text);
 // version outside kOldestReadableFormatVersion..kFormatVersion
 // (kFailedPrecondition, "unsupported format version"); unsafe file names (ValidateRelativeName); unknown
 // dtypes; negative or overflowing shapes; boxes outside their tensor; nbytes
-// != elements * dtype size; offset + nbytes overflow; bad crc32c hex.
-// Ignores unknown fields. Coverage of each tensor by its chunks is checked
+// != elements * dtype size; offset + nbytes overflow; bad crc32c hex; an
+// FQN in two of tensors, objects, scalars and kv_tables; key-value tables
+// (version 4) that are not consistent (format/kv_codec.h). Ignores unknown
+// fields. Coverage of each tensor by its chunks is checked
 // by ValidateCoverage, not here.
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view json,
                                         std::string_view source);
@@ -159,14 +162,14 @@ absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
 absl::Status ValidateCoverage(std::string_view fqn, const Shape& shape,
                               const FlatChunks& flat, size_t t);
 
-// OK when every chunk and object lies inside its file, given the real file
-// sizes by name. kDataLoss naming FQN, file, offset and size otherwise;
+// OK when every chunk, object and key-value table entry (ids and columns)
+// lies inside its file, given the real file sizes by name. kDataLoss naming FQN, file, offset and size otherwise;
 // kNotFound when a referenced file is absent from `file_sizes`.
 absl::Status ValidateAgainstFileSizes(
     const Metadata& metadata, const std::map<std::string, uint64_t>& file_sizes);
 
-// OK when no two chunks or objects (of any tensors) share a byte of a file,
-// as in everything cairn writes (zero-byte ones share none). kDataLoss
+// OK when no two chunks, objects or key-value table entries share a byte
+// of a file, as in everything cairn writes (zero-byte ones share none). kDataLoss
 // naming both otherwise. Offsets and sizes must already be known not to
 // overflow (DecodeMetadata checks offset + nbytes < 2^64). Sorts every
 // location: for LoadAll, Merge and verify, which touch every byte anyway,

@@ -128,4 +128,25 @@ std::string EntryName(std::string_view fqn, const Box& box, bool whole) {
   return std::string(fqn) + "@" + absl::StrJoin(box.offsets, ",");
 }
 
+std::string KvEntryName(std::string_view fqn, int64_t bucket, uint64_t row,
+                        std::string_view what) {
+  std::string name(fqn);
+  name += "@kv";
+  name += std::to_string(bucket);
+  name += '+';
+  name += std::to_string(row);
+  name += '.';
+  name += what;
+  return name;
+}
+
+std::string KvFileName(int index, int n, std::string_view save_id) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "data-%05d-kv%04d-", index, n);
+  std::string name(buf);
+  name += save_id;
+  name += ".safetensors";
+  return name;
+}
+
 }  // namespace cairn::internal_format

@@ -2,6 +2,8 @@
 #ifndef CAIRN_FORMAT_NAMES_H_
 #define CAIRN_FORMAT_NAMES_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -48,6 +50,18 @@ int RankOfMetadataName(std::string_view name);
 // The safetensors entry name of a stored box: `fqn` when the box covers the
 // whole tensor, else "fqn@o0,o1,..." with the box offsets.
 std::string EntryName(std::string_view fqn, const Box& box, bool whole);
+
+// The safetensors entries of a chunk of the key-value table `fqn` that
+// starts at row `row` of bucket `bucket` (a bucket's rows counted from 0;
+// docs/format.md 4.7): "fqn@kv<bucket>+<row>.ids" for its ids, and
+// "fqn@kv<bucket>+<row>.<column>" for each column (so no column is named
+// "ids"). A writer knows these without knowing other ranks' chunks.
+std::string KvEntryName(std::string_view fqn, int64_t bucket, uint64_t row,
+                        std::string_view what);
+
+// "data-00003-kv0002-<save id>.safetensors": the third file of key-value
+// table chunks that rank 3 wrote in the save `save_id`.
+std::string KvFileName(int index, int n, std::string_view save_id);
 
 }  // namespace cairn::internal_format
 

@@ -55,6 +55,10 @@ TEST(NamesTest, DataFileAndEntryNames) {
   Box box{{1024, 0}, {512, 4096}};
   EXPECT_EQ(EntryName("model.wq", box, /*whole=*/false), "model.wq@1024,0");
   EXPECT_EQ(EntryName("model.wq", box, /*whole=*/true), "model.wq");
+  EXPECT_EQ(KvEntryName("emb.user", 3, 0, "ids"), "emb.user@kv3+0.ids");
+  EXPECT_EQ(KvEntryName("emb.user", 12, 4096, "adam.m"),
+            "emb.user@kv12+4096.adam.m");
+  EXPECT_EQ(KvFileName(3, 2, "ab12"), "data-00003-kv0002-ab12.safetensors");
 }
 
 TEST(NamesTest, RankFolders) {

@@ -62,9 +62,16 @@ absl::Status ValidateKvTableMetadata(std::string_view table,
                                        rows));
     }
     const uint64_t n = c.rows.size();
-    if (c.ids.nbytes != n * 8) {
+    // Sizes are computed with overflow checks: rows read from untrusted
+    // metadata can number up to 2^63, and a wrapped product could match a
+    // small stored size.
+    uint64_t ids_bytes = 0;
+    if (__builtin_mul_overflow(n, uint64_t{8}, &ids_bytes)) {
+      return chunk_bad(absl::StrFormat("the ids of %d rows overflow", n));
+    }
+    if (c.ids.nbytes != ids_bytes) {
       return chunk_bad(absl::StrFormat("its ids take %d bytes, not %d",
-                                       c.ids.nbytes, n * 8));
+                                       c.ids.nbytes, ids_bytes));
     }
     if (c.columns.size() != md.spec.columns.size()) {
       return chunk_bad(absl::StrFormat("%d columns stored, the table has %d",
@@ -73,8 +80,14 @@ absl::Status ValidateKvTableMetadata(std::string_view table,
     }
     for (size_t j = 0; j < c.columns.size(); ++j) {
       const KvColumn& col = md.spec.columns[j];
-      const uint64_t want = n * static_cast<uint64_t>(col.width) *
-                            DTypeSize(col.dtype);
+      // A valid spec's row of a column is at most 1 GiB.
+      const uint64_t row_bytes =
+          static_cast<uint64_t>(col.width) * DTypeSize(col.dtype);
+      uint64_t want = 0;
+      if (__builtin_mul_overflow(n, row_bytes, &want)) {
+        return chunk_bad(absl::StrFormat(
+            "column \"%s\" of %d rows overflows", col.name, n));
+      }
       if (c.columns[j].nbytes != want) {
         return chunk_bad(absl::StrFormat("column \"%s\" takes %d bytes, not %d",
                                          col.name, c.columns[j].nbytes, want));

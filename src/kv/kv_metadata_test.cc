@@ -89,6 +89,23 @@ TEST(KvMetadataTest, InconsistentTablesAreDataLoss) {
   md = Table();
   md.chunks[2].columns[1].file = "data-1.safetensors";
   cases.push_back({"column \"count\" is in data-1.safetensors", md});
+  // Sizes that only match modulo 2^64: 2^61 + 1 rows in one chunk, whose
+  // ids' and 8-byte columns' 2^64 + 8 bytes wrap to 8.
+  md = Table();
+  md.rows_per_bucket = {(uint64_t{1} << 61) + 1, 0, 0, 0};
+  md.chunks.resize(1);
+  md.chunks[0].rows = {0, (uint64_t{1} << 61) + 1};
+  md.chunks[0].ids.nbytes = 8;
+  for (ByteLocation& c : md.chunks[0].columns) c.nbytes = 8;
+  cases.push_back({"the ids of 2305843009213693953 rows overflow", md});
+  md.spec.columns[0].dtype = DType::kF64;  // 16 bytes a row: wraps to 16
+  md.spec.columns[0].width = 2;
+  md.chunks[0].ids.nbytes = 8 * ((uint64_t{1} << 61) - 1);
+  md.rows_per_bucket[0] = (uint64_t{1} << 61) - 1;
+  md.chunks[0].rows.end = (uint64_t{1} << 61) - 1;
+  md.chunks[0].columns[0].nbytes = 16 * ((uint64_t{1} << 61) - 1);
+  cases.push_back({"column \"weight\" of 2305843009213693951 rows overflows",
+                   md});
   for (const Case& c : cases) {
     absl::Status s = ValidateKvTableMetadata("emb.user", c.md);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.expect << ": " << s;

@@ -57,6 +57,10 @@ absl::Status ValidateKvTableSpec(std::string_view table,
   int64_t row = 0;
   for (const KvColumn& c : spec.columns) {
     if (c.name.empty()) return bad("a column without a name");
+    if (c.name == "ids") {
+      return bad("a column named \"ids\" (a chunk's ids are stored under "
+                 "that name)");
+    }
     if (!names.insert(c.name).second) {
       return bad(absl::StrFormat("two columns named \"%s\"", c.name));
     }

@@ -63,6 +63,9 @@ TEST(KvTableSpecTest, BadSpecsNameTheTableAndTheProblem) {
   s.columns[1].name = "weight";
   cases.push_back({"two columns named \"weight\"", s});
   s = Spec();
+  s.columns[1].name = "ids";
+  cases.push_back({"a column named \"ids\"", s});
+  s = Spec();
   s.columns[2].name = "";
   cases.push_back({"without a name", s});
   s = Spec();
