@@ -102,6 +102,34 @@ nlohmann::json ParseJson(const Result& r) {
   return j;
 }
 
+// The key-value demo saves on 4 ranks, loads on 3 twice (saved and other
+// bucketing), every row checked, and a kept checkpoint that inspect and
+// verify read.
+TEST_F(CliTest, DemoKvSavesLoadsAndChecksEveryRow) {
+  const fs::path dir = root_ / "kv";
+  Result r = Run("demo -q --kv --kv-rows 20000 --kv-buckets 10 --json --dir '" +
+                 dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["rows"], 20000);
+  ASSERT_EQ(j["phases"].size(), 3u);
+  for (const nlohmann::json& p : j["phases"]) {
+    EXPECT_EQ(p["rows"], 20000) << p;
+    EXPECT_GT(p["seconds"].get<double>(), 0) << p;
+  }
+  EXPECT_EQ(j["phases"][2]["buckets"], 16);
+  r = Run("inspect '" + dir.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("emb.items"));
+  EXPECT_THAT(r.out, HasSubstr("10 interleaved"));
+  EXPECT_THAT(r.out, HasSubstr("1 key-value table (20000 rows)"));
+  r = Run("verify '" + dir.string() + "'");
+  EXPECT_EQ(r.rc, 0) << r.all();
+  r = Run("demo --kv --comm mpi");
+  EXPECT_EQ(r.rc, 2) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("--kv runs its ranks in this process"));
+}
+
 TEST_F(CliTest, DemoJsonVerifiesEveryElement) {
   Result r = Run("demo --size 8MiB --json");
   ASSERT_EQ(r.rc, 0) << r.all();

@@ -110,6 +110,7 @@
 #include "cairn/cairn.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "demo_kv.h"
 #include "core/parallel.h"
 #include "rank_status.h"
 #include "synthetic_model.h"
@@ -161,6 +162,10 @@ struct DemoOptions {
   bool steps_given = false;
   int save_every = 5;
   bool save_every_given = false;
+  // --kv: the key-value table demo instead (demo_kv.cc).
+  bool kv = false;
+  std::string kv_rows = "1000000";
+  int64_t kv_buckets = 256;
 };
 
 // How the load phase reads the checkpoint.
@@ -374,6 +379,7 @@ class Demo {
 
   // 0, or the exit status after printing the error.
   int Run();
+  int RunKv();
 
  private:
   template <typename... Args>
@@ -1529,6 +1535,7 @@ int Demo::RunMpiRanks(Communicator& world) {
 }
 
 int Demo::Run() {
+  if (o_.kv) return RunKv();
   std::unique_ptr<Communicator> world;
   const int replicas = o_.replicas;
   if (o_.comm == "mpi") {
@@ -1692,6 +1699,39 @@ int Demo::Run() {
 
 }  // namespace
 
+// --kv: the key-value table demo, in-process ranks only.
+int Demo::RunKv() {
+  if (o_.comm != "inproc") {
+    UsageError("--kv runs its ranks in this process: leave out --comm mpi");
+    return 2;
+  }
+  KvDemoOptions k;
+  k.dir = o_.dir;
+  k.ranks = o_.ranks;
+  k.load_ranks = o_.load_ranks;
+  k.buckets = o_.kv_buckets;
+  k.json = o_.json;
+  k.keep = o_.keep;
+  k.quiet = o_.quiet;
+  absl::StatusOr<uint64_t> rows = ParseByteSize(o_.kv_rows);
+  if (!rows.ok() || *rows == 0) {
+    UsageError(absl::StrCat("--kv-rows ", o_.kv_rows,
+                            ": expected a positive count, e.g. 1000000 or 10M"));
+    return 2;
+  }
+  k.rows = *rows;
+  if (!o_.memory_budget.empty()) {
+    absl::StatusOr<uint64_t> budget = ParseByteSize(o_.memory_budget);
+    if (!budget.ok()) {
+      UsageError(absl::StrCat("--memory-budget ", o_.memory_budget, ": ",
+                              budget.status().message()));
+      return 2;
+    }
+    k.memory_budget = *budget;
+  }
+  return RunKvDemo(k);
+}
+
 void RegisterDemo(CLI::App& app) {
   auto o = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand(
@@ -1822,6 +1862,19 @@ void RegisterDemo(CLI::App& app) {
           ->type_name("K")
           ->capture_default_str()
           ->check(CLI::Range(1, 1000000));
+  cmd->add_flag("--kv", o->kv,
+                "instead: a key-value embedding table (--kv-rows ids over a "
+                "2^40 id space, bf16 rows of width 128 and two optimizer "
+                "columns) saved by --ranks ranks and loaded by --load-ranks, "
+                "in the saved bucketing and in another, every row checked");
+  cmd->add_option("--kv-rows", o->kv_rows,
+                  "rows of the --kv table, e.g. 1000000 or 10M")
+      ->capture_default_str();
+  cmd->add_option("--kv-buckets", o->kv_buckets,
+                  "buckets of the --kv table (the loads' own bucket count is "
+                  "1.5x this, plus 1)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
   cmd->add_flag("--no-disk-probe", o->no_disk_probe,
                 "after a save, do not probe the disk beside the checkpoint "

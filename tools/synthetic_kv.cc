@@ -1,0 +1,140 @@
+// The synthetic key-value table of `cairn demo --kv` and `cairn bench`
+// (synthetic_kv.h).
+#include "synthetic_kv.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "cairn/kv_table.h"
+#include "cairn/tensor.h"
+
+namespace cairn::tools {
+namespace {
+
+constexpr uint64_t kOdd = 0x9E3779B97F4A7C15u;
+
+// Byte i of column c of row `id`.
+inline std::byte RowByte(int64_t id, size_t c, size_t i) {
+  const uint64_t x = static_cast<uint64_t>(id) * 0x2545F4914F6CDD1Du +
+                     c * 0x9E37u + i * 0x85EBu;
+  return static_cast<std::byte>(x >> 56);
+}
+
+class Source : public KvSource {
+ public:
+  Source(KvTableSpec spec, std::vector<int64_t> ids, int64_t batch_rows)
+      : spec_(std::move(spec)),
+        ids_(std::move(ids)),
+        batch_rows_(std::max<int64_t>(batch_rows, 1)) {}
+
+  absl::StatusOr<bool> Next(KvBatch& batch) override {
+    if (next_ == ids_.size()) return false;
+    const size_t n =
+        std::min(ids_.size() - next_, static_cast<size_t>(batch_rows_));
+    batch.ids.assign(ids_.begin() + next_, ids_.begin() + next_ + n);
+    batch.columns.resize(spec_.columns.size());
+    for (size_t c = 0; c < spec_.columns.size(); ++c) {
+      const KvColumn& col = spec_.columns[c];
+      Tensor& t = batch.columns[c];
+      if (t.dtype() != col.dtype ||
+          t.shape() != Shape{static_cast<int64_t>(n), col.width}) {
+        absl::StatusOr<Tensor> fresh =
+            Tensor::Empty(col.dtype, {static_cast<int64_t>(n), col.width});
+        if (!fresh.ok()) return fresh.status();
+        t = *std::move(fresh);
+      }
+      const size_t row = col.width * DTypeSize(col.dtype);
+      auto* out = static_cast<std::byte*>(t.data());
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t i = 0; i < row; ++i) {
+          out[r * row + i] = RowByte(batch.ids[r], c, i);
+        }
+      }
+    }
+    next_ += n;
+    return true;
+  }
+
+ private:
+  KvTableSpec spec_;
+  std::vector<int64_t> ids_;
+  int64_t batch_rows_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+KvTableSpec SyntheticKvSpec(int64_t buckets) {
+  KvTableSpec s;
+  s.num_buckets = buckets;
+  s.bucketing = KvBucketing::kInterleaved;
+  s.columns = {{"weight", DType::kBF16, 128},
+               {"adagrad_sum", DType::kF32, 1},
+               {"last_seen", DType::kI64, 1}};
+  return s;
+}
+
+std::vector<int64_t> SyntheticKvIds(const KvTableSpec& spec, uint64_t rows,
+                                    KvBucketRange owned) {
+  std::vector<std::pair<int64_t, int64_t>> keyed;
+  for (uint64_t i = 0; i < rows; ++i) {
+    const auto id = static_cast<int64_t>((i * kOdd) & (kKvIdSpace - 1));
+    const int64_t b = *KvBucketOf(spec, id);
+    if (owned.contains(b)) keyed.emplace_back(b, id);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int64_t> ids;
+  ids.reserve(keyed.size());
+  for (const auto& [b, id] : keyed) ids.push_back(id);
+  return ids;
+}
+
+std::unique_ptr<KvSource> SyntheticKvSource(const KvTableSpec& spec,
+                                            std::vector<int64_t> ids,
+                                            int64_t batch_rows) {
+  return std::make_unique<Source>(spec, std::move(ids), batch_rows);
+}
+
+CheckingKvSink::CheckingKvSink(KvTableSpec dest, KvBucketRange owned,
+                               std::vector<int> columns)
+    : dest_(std::move(dest)), owned_(owned), columns_(std::move(columns)) {}
+
+absl::Status CheckingKvSink::Apply(std::span<const int64_t> ids,
+                                   std::span<const TensorView> columns) {
+  const KvTableSpec saved = SyntheticKvSpec(1);
+  if (columns.size() != columns_.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "got %d columns, asked for %d", columns.size(), columns_.size()));
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int64_t id = ids[k];
+    absl::StatusOr<int64_t> b = KvBucketOf(dest_, id);
+    if (!b.ok() || !owned_.contains(*b)) {
+      return absl::InternalError(absl::StrFormat(
+          "id %d is not in this rank's buckets [%d, %d)", id, owned_.begin,
+          owned_.end));
+    }
+    for (size_t j = 0; j < columns_.size(); ++j) {
+      const KvColumn& col = saved.columns[columns_[j]];
+      const size_t row = col.width * DTypeSize(col.dtype);
+      const auto* p = static_cast<const std::byte*>(columns[j].data()) + k * row;
+      for (size_t i = 0; i < row; ++i) {
+        if (p[i] != RowByte(id, columns_[j], i)) {
+          return absl::DataLossError(absl::StrFormat(
+              "id %d, column %s, byte %d differs from what was saved", id,
+              col.name, i));
+        }
+      }
+    }
+  }
+  rows_ += ids.size();
+  return absl::OkStatus();
+}
+
+}  // namespace cairn::tools
