@@ -75,11 +75,13 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench_kv.h"
 #include "cairn/cairn.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "core/parallel.h"
 #include "core/status.h"
+#include "synthetic_kv.h"
 #include "rank_status.h"
 #include "synthetic_model.h"
 
@@ -910,6 +912,8 @@ class Bench {
   absl::Status RunAsync();
   absl::Status RunLoads();
   absl::Status RunMemcpy();
+  // The key-value table rows (bench_kv.cc).
+  absl::Status RunKv();
   // One memcpy sample, kept in memcpy_samples_.
   absl::Status TakeMemcpySample(const std::string& what);
   bool Wanted(const char* phase) const {
@@ -1325,15 +1329,18 @@ absl::Status Bench::RunMemcpy() {
 
 void Bench::CheckRss() {
   for (const Row& row : rows_) {
-    if (row.name == "load_sink") {
+    // The kv save holds its chunk and write buffers; the cache-all load is
+    // FBGEMM's way, there to be compared with.
+    if (row.name == "kv_save" || row.name.ends_with("_cache_all")) continue;
+    if (row.name == "load_sink" || row.name.starts_with("kv_load")) {
       // Streaming's bound: the budget and 128 MiB (the process itself,
       // metadata), whatever the state's size.
       const uint64_t limit = o_.memory_budget_bytes + (uint64_t{128} << 20);
       if (o_.memory_budget_bytes != 0 && row.peak_rss_bytes > limit) {
         findings_.push_back(absl::StrFormat(
-            "load_sink: peak RSS %.1f MiB is more than --memory-budget + 128 "
+            "%s: peak RSS %.1f MiB is more than --memory-budget + 128 "
             "MiB (%.1f MiB)",
-            MiB(row.peak_rss_bytes), MiB(limit)));
+            row.name, MiB(row.peak_rss_bytes), MiB(limit)));
       }
       continue;
     }
@@ -1345,6 +1352,94 @@ void Bench::CheckRss() {
           MiB(row.peak_rss_bytes), MiB(row.dest_bytes + kRssSlack)));
     }
   }
+}
+
+absl::Status Bench::RunKv() {
+  const std::string dir = (work_ / "kv").string();
+  const uint64_t rows = KvRowsFor(bytes_);
+  const int w = o_.ranks;
+  const int lw = std::max(1, w - 1);
+  Log("kv: a table of %d rows (%s) saved by %d ranks, loaded by %d", rows,
+      HumanBytes(rows * (8 + SyntheticKvSpec(1).row_bytes())), w, lw);
+  Row save("kv_save", "save", std::nullopt, w);
+  for (int i = 0; i < o_.repeat; ++i) {
+    const std::string what =
+        absl::StrFormat("kv_save, sample %d of %d", i + 1, o_.repeat);
+    CAIRN_ASSIGN_OR_RETURN(ChildResult r, Sample(what, [&] {
+                             return KvSaveSample(dir, rows, w);
+                           }));
+    save.samples.push_back(Num(r.value, "seconds"));
+    save.peak_rss_bytes = std::max(save.peak_rss_bytes, r.peak_rss_bytes);
+    save.extra["table_bytes"] = r.value["bytes"];
+    save.extra["files"] = r.value["files"];
+    Log("%s: %.3f s, %.3f GB/s, peak RSS %.1f MiB", what,
+        save.samples.back(), GigabytesPerSecond(bytes_, save.samples.back()),
+        MiB(r.peak_rss_bytes));
+  }
+  save.extra["rows"] = rows;
+  rows_.push_back(std::move(save));
+  const std::string cache = can_drop_ ? "cold" : "warm";
+  struct Kind {
+    const char* suffix;
+    bool rebucket;
+    bool cache_all;
+  };
+  for (const Kind& k : {Kind{"", false, false}, Kind{"_rebucket", true, false},
+                        Kind{"_cache_all", false, true}}) {
+    Row row(absl::StrFormat("kv_load_%dto%d%s", w, lw, k.suffix), "load",
+            cache, lw);
+    for (int i = 0; i < o_.repeat; ++i) {
+      const std::string what = absl::StrFormat("%s (%s), sample %d of %d",
+                                               row.name, cache, i + 1,
+                                               o_.repeat);
+      CAIRN_ASSIGN_OR_RETURN(
+          ChildResult r, Sample(what, [&] {
+            return KvLoadSample(dir, rows, lw, k.rebucket, k.cache_all,
+                                o_.memory_budget_bytes, [&] {
+                                  return can_drop_ ? DropPageCache()
+                                                   : Prewarm(dir, false);
+                                });
+          }));
+      row.samples.push_back(Num(r.value, "seconds"));
+      row.peak_rss_bytes = std::max(row.peak_rss_bytes, r.peak_rss_bytes);
+      row.extra["storage_bytes_read"] = r.value["storage_bytes_read"];
+      Log("%s: %.3f s, %.3f GB/s, peak RSS %.1f MiB, every row checked", what,
+          row.samples.back(), GigabytesPerSecond(bytes_, row.samples.back()),
+          MiB(r.peak_rss_bytes));
+    }
+    row.extra["rows"] = rows;
+    row.extra["memory_budget_bytes"] = o_.memory_budget_bytes;
+    row.extra["verified"] = true;
+    rows_.push_back(std::move(row));
+  }
+  // Against the targets: throughput beside a dense state of the same
+  // bytes (the load row of the same ranks and split), and the memory of
+  // the cache-all way.
+  const Row* load = FindRow(absl::StrFormat("kv_load_%dto%d", w, lw), cache);
+  const Row* all =
+      FindRow(absl::StrFormat("kv_load_%dto%d_cache_all", w, lw), cache);
+  const Row* dense =
+      FindRow(absl::StrFormat("load_%dto%d_rows", w, lw), cache);
+  const Row* dense_save = FindRow("save_sync", std::nullopt);
+  const Row* kv_save = FindRow("kv_save", std::nullopt);
+  if (dense != nullptr && load != nullptr) {
+    findings_.push_back(absl::StrFormat(
+        "kv: %s at %.2fx the throughput of the dense %s (target >= 0.8x)",
+        load->name, dense->seconds() / load->seconds(), dense->name));
+  }
+  if (dense_save != nullptr && kv_save != nullptr) {
+    findings_.push_back(absl::StrFormat(
+        "kv: kv_save at %.2fx the throughput of the dense save_sync",
+        dense_save->seconds() / kv_save->seconds()));
+  }
+  if (load != nullptr && all != nullptr) {
+    findings_.push_back(absl::StrFormat(
+        "kv: peak RSS %.1f MiB streaming (budget %.1f MiB) vs %.1f MiB "
+        "caching every row first (FBGEMM's way); %.2fx its speed",
+        MiB(load->peak_rss_bytes), MiB(o_.memory_budget_bytes),
+        MiB(all->peak_rss_bytes), all->seconds() / load->seconds()));
+  }
+  return absl::OkStatus();
 }
 
 const Row* Bench::FindRow(const std::string& name,
@@ -1512,6 +1607,7 @@ int Bench::Run() {
   if (status.ok() && Wanted("async")) status = RunAsync();
   if (status.ok() && (Wanted("load") || Wanted("sink"))) status = RunLoads();
   if (status.ok() && Wanted("memcpy")) status = RunMemcpy();
+  if (status.ok() && Wanted("kv")) status = RunKv();
   if (!status.ok()) {
     PrintError("bench", status);
     if (o_.keep && !work_.empty()) Log("kept %s", work_.string());
@@ -1658,10 +1754,14 @@ void RegisterBench(CLI::App& app) {
                   "comma-separated phases to run: save, async, load (also "
                   "runs save, whose checkpoint it reads), sink (load_sink: "
                   "one rank streams every byte into a sink, within "
-                  "--memory-budget; also runs save), memcpy")
+                  "--memory-budget; also runs save), memcpy, kv (not by "
+                  "default: a key-value table of the state's bytes saved by "
+                  "--ranks ranks and loaded by one fewer, in its bucketing, "
+                  "into another, and by caching every row first as "
+                  "FBGEMM does, each row checked)")
       ->delimiter(',')
       ->type_name("LIST")
-      ->check(CLI::IsMember({"save", "async", "load", "sink", "memcpy"}));
+      ->check(CLI::IsMember({"save", "async", "load", "sink", "memcpy", "kv"}));
   cmd->add_flag("--keep", o->keep,
                 "keep the checkpoints (the sync one, and the last async one) "
                 "in the work folder");
