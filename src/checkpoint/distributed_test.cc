@@ -20,6 +20,7 @@
 #include "cairn/planner.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/dist_test_util.h"
+#include "checkpoint/expect_util.h"
 #include "checkpoint/forwarding_planner.h"
 #include "checkpoint/test_util.h"
 #include "core/byte_codec.h"
@@ -40,6 +41,7 @@ using testing_util::MakeRankState;
 using testing_util::Pattern;
 using testing_util::PatternName;
 using testing_util::RankState;
+using testing_util::ExpectSameError;
 using testing_util::TempDir;
 using internal_storage::FaultInjectionStorage;
 using internal_storage::StorageOp;
@@ -50,17 +52,6 @@ std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 std::vector<absl::Status> OnRanks(
     int n, const std::function<absl::Status(Communicator&)>& fn) {
   return RunInProcess(n, fn);
-}
-
-// Every status equal (the same error everywhere) and not OK.
-void ExpectSameError(const std::vector<absl::Status>& st,
-                     const std::string& must_contain) {
-  ASSERT_FALSE(st.empty());
-  EXPECT_FALSE(st[0].ok());
-  for (size_t r = 0; r < st.size(); ++r) {
-    EXPECT_EQ(st[r], st[0]) << "rank " << r;
-  }
-  EXPECT_THAT(Msg(st[0]), HasSubstr(must_contain));
 }
 
 void ExpectAllOk(const std::vector<absl::Status>& st) {

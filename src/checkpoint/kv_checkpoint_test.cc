@@ -17,6 +17,7 @@
 #include "cairn/communicator.h"
 #include "cairn/kv_table.h"
 #include "cairn/rocksdb_kv_table.h"
+#include "checkpoint/expect_util.h"
 #include "checkpoint/kv_test_util.h"
 #include "checkpoint/test_util.h"
 #include "core/status.h"
@@ -30,6 +31,7 @@ using testing::HasSubstr;
 using testing_util::TempDir;
 
 using testing_util::ExpectRows;
+using testing_util::ExpectSameError;
 using testing_util::Fill;
 using testing_util::Ids;
 using testing_util::KvSpec;
@@ -301,16 +303,6 @@ KvBatch Batch(const std::vector<int64_t>& ids, int wrong = -1) {
         dtype, {static_cast<int64_t>(ids.size()), spec.columns[c].width}));
   }
   return b;
-}
-
-void ExpectSameError(const std::vector<absl::Status>& st,
-                     const std::string& must_contain) {
-  ASSERT_FALSE(st.empty());
-  EXPECT_FALSE(st[0].ok());
-  for (size_t r = 0; r < st.size(); ++r) {
-    EXPECT_EQ(st[r], st[0]) << "rank " << r;
-  }
-  EXPECT_THAT(std::string(st[0].message()), HasSubstr(must_contain));
 }
 
 // Each kind of bad table on save fails every rank with the same error,

@@ -67,6 +67,24 @@ KvTableSpec GetSpec(ByteReader& r) {
   return spec;
 }
 
+// What a declaration and a part both open with: the table's FQN, spec and
+// the rank's buckets.
+void PutTable(ByteWriter& w, const std::string& fqn, const KvTableSpec& spec,
+              KvBucketRange buckets) {
+  w.Str(fqn);
+  PutSpec(w, spec);
+  w.I64(buckets.begin);
+  w.I64(buckets.end);
+}
+
+void GetTable(ByteReader& r, std::string& fqn, KvTableSpec& spec,
+              KvBucketRange& buckets) {
+  fqn = r.Str();
+  spec = GetSpec(r);
+  buckets.begin = r.I64();
+  buckets.end = r.I64();
+}
+
 void PutLocation(ByteWriter& w, const ByteLocation& loc) {
   w.Str(loc.file);
   w.U64(loc.offset);
@@ -125,12 +143,7 @@ absl::StatusOr<std::vector<KvDeclaration>> DeclareKvTables(
 std::string EncodeKvDeclarations(const std::vector<KvDeclaration>& tables) {
   ByteWriter w;
   w.U64(tables.size());
-  for (const KvDeclaration& t : tables) {
-    w.Str(t.fqn);
-    PutSpec(w, t.spec);
-    w.I64(t.buckets.begin);
-    w.I64(t.buckets.end);
-  }
+  for (const KvDeclaration& t : tables) PutTable(w, t.fqn, t.spec, t.buckets);
   return w.Take();
 }
 
@@ -141,10 +154,7 @@ absl::StatusOr<std::vector<KvDeclaration>> DecodeKvDeclarations(
   const uint64_t n = r.Count(8);
   for (uint64_t i = 0; i < n && !r.failed(); ++i) {
     KvDeclaration t;
-    t.fqn = r.Str();
-    t.spec = GetSpec(r);
-    t.buckets.begin = r.I64();
-    t.buckets.end = r.I64();
+    GetTable(r, t.fqn, t.spec, t.buckets);
     out.push_back(std::move(t));
   }
   CAIRN_RETURN_IF_ERROR(r.status());
@@ -271,10 +281,7 @@ std::string EncodeKvParts(const std::vector<KvTablePart>& parts) {
   ByteWriter w;
   w.U64(parts.size());
   for (const KvTablePart& p : parts) {
-    w.Str(p.fqn);
-    PutSpec(w, p.spec);
-    w.I64(p.buckets.begin);
-    w.I64(p.buckets.end);
+    PutTable(w, p.fqn, p.spec, p.buckets);
     w.U64(p.rows_per_bucket.size());
     for (uint64_t n : p.rows_per_bucket) w.U64(n);
     w.U64(p.chunks.size());
@@ -296,10 +303,7 @@ absl::StatusOr<std::vector<KvTablePart>> DecodeKvParts(std::string_view bytes,
   const uint64_t n = r.Count(8);
   for (uint64_t i = 0; i < n && !r.failed(); ++i) {
     KvTablePart p;
-    p.fqn = r.Str();
-    p.spec = GetSpec(r);
-    p.buckets.begin = r.I64();
-    p.buckets.end = r.I64();
+    GetTable(r, p.fqn, p.spec, p.buckets);
     const uint64_t counts = r.Count(8);
     p.rows_per_bucket.reserve(counts);
     for (uint64_t b = 0; b < counts && !r.failed(); ++b) {
