@@ -22,34 +22,6 @@
 namespace cairn::python {
 namespace {
 
-// Raises the Python exception class that python/cairn/_errors.py registered
-// for the status's code (cairn.Error when none).
-[[noreturn]] void Raise(const absl::Status& status) {
-  py::module_ mod = py::module_::import("cairn._cairn");
-  py::object cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
-  if (py::hasattr(mod, "_error_types")) {
-    py::dict types = mod.attr("_error_types");
-    py::int_ code(static_cast<int>(status.code()));
-    if (types.contains(code)) {
-      cls = types[code];
-    } else if (types.contains(py::int_(-1))) {
-      cls = types[py::int_(-1)];
-    }
-  }
-  PyErr_SetString(cls.ptr(), std::string(status.message()).c_str());
-  throw py::error_already_set();
-}
-
-template <typename T>
-T Unwrap(absl::StatusOr<T> v) {
-  if (!v.ok()) Raise(v.status());
-  return *std::move(v);
-}
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) Raise(s);
-}
-
 // A communicator handle shared by Python objects (a saver or manager keeps
 // the one it was made with alive).
 struct Comm {
