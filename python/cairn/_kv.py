@@ -32,7 +32,7 @@ from ._errors import Error, FailedPreconditionError, InvalidArgumentError
 _BUCKETINGS = ("interleaved", "chunked")
 
 
-def _dtype_name(dtype, what):
+def _dtype_name(dtype, column):
     """cairn's name ("F32", "BF16") of a torch dtype, a NumPy dtype, or a
     name (cairn's, torch's or NumPy's: "BF16", "bfloat16", "float32")."""
     if isinstance(dtype, str):
@@ -42,17 +42,17 @@ def _dtype_name(dtype, what):
         if name is not None:
             return name
         raise InvalidArgumentError(
-            f"{what}: unknown dtype {dtype!r} (cairn's names: "
+            f"'{column}': unknown dtype {dtype!r} (cairn's names: "
             f"{', '.join(_cairn.dtype_names())})")
     torch = _state._torch()
     if torch is not None and isinstance(dtype, torch.dtype):
-        return _state.torch_dtype_name(dtype, what)
+        return _state.torch_dtype_name(dtype, column)
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
         raise InvalidArgumentError(
-            f"{what}: {dtype!r} is not a dtype") from None
-    return _state.numpy_dtype_name(np_dtype, what)
+            f"'{column}': {dtype!r} is not a dtype") from None
+    return _state.numpy_dtype_name(np_dtype, column)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class KvColumn:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype",
-                           _dtype_name(self.dtype, f"column {self.name!r}"))
+                           _dtype_name(self.dtype, self.name))
         object.__setattr__(self, "width", int(self.width))
 
 
@@ -148,7 +148,11 @@ def _bits(x, expected, what, shape):
         raise InvalidArgumentError(
             f"{what} must be a torch tensor or a NumPy array, not "
             f"{type(x).__name__}")
-    name, bits = _state._local_leaf(x, what)
+    try:
+        name, bits = _state._local_leaf(x, "")
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"{what} is {x.dtype}, a dtype cairn does not store") from None
     got = list(x.shape)
     if name != expected or len(got) != len(shape) or any(
             s not in (-1, g) for s, g in zip(shape, got)):
@@ -182,12 +186,13 @@ def _batch_bits(fqn, spec, batch):
     return ids_bits, out
 
 
-def _as_framework(x, framework, what):
-    """An `Exported` as a torch tensor or NumPy array (no copy)."""
+def _as_framework(x, framework, fqn):
+    """An `Exported` of table `fqn` as a torch tensor or NumPy array (no
+    copy)."""
     if framework == "torch":
         import torch
         return torch.from_dlpack(x).view(_state.torch_dtype(x.dtype))
-    return np.from_dlpack(x).view(_state.numpy_dtype(x.dtype, what))
+    return np.from_dlpack(x).view(_state.numpy_dtype(x.dtype, fqn))
 
 
 def _check_framework(framework):
@@ -235,9 +240,9 @@ class _Sink:
         self.error = None
 
     def apply(self, ids, columns):
-        what = f"key-value table {self._fqn!r}"
-        ids = _as_framework(ids, self._framework, what)
-        columns = [_as_framework(c, self._framework, what) for c in columns]
+        ids = _as_framework(ids, self._framework, self._fqn)
+        columns = [_as_framework(c, self._framework, self._fqn)
+                   for c in columns]
         try:
             self._sink.apply(ids, columns)
         except BaseException as e:
@@ -268,10 +273,10 @@ class KvTableSource:
         got = self._impl.next()
         if got is None:
             return None
-        what = f"key-value table {self.table.name!r}"
         ids, columns = got
-        return (_as_framework(ids, self._framework, what),
-                [_as_framework(c, self._framework, what) for c in columns])
+        name = self.table.name
+        return (_as_framework(ids, self._framework, name),
+                [_as_framework(c, self._framework, name) for c in columns])
 
     def end(self):
         self._impl.end()
