@@ -5,6 +5,9 @@
     cairn.load(state_dict, "/ckpt/step-100")          # in place, resharded
     sd = cairn.load_all("/ckpt/step-100")             # everything, one process
 
+Key-value embedding tables go beside the state dict: save(...,
+kv_tables=[cairn.KvTableToSave(...)]), load(..., kv_tables=[...]).
+
 Ranks: in a torch.distributed job (torchrun) cairn talks over a gloo group
 of its own; under mpirun pass comm=cairn.mpi_world(). A DCP user switches
 with cairn.torch.StorageWriter / StorageReader. See docs/python.md.
@@ -15,6 +18,9 @@ from ._api import (AsyncSaver, CheckpointManager, LoadResult, SaveFuture,
                    SavePlanCache, SaveResult, VerifyReport, load, load_all,
                    merge, read_metadata, save, verify)
 from ._comm import TorchCommunicator, in_process, local, mpi_world
+from ._kv import (InMemoryKvTable, KvColumn, KvTableSource, KvTableSpec,
+                  KvTableToLoad, KvTableToSave, RocksDbKvTable, kv_bucket_of,
+                  kv_buckets_of_rank)
 from ._state import ShardedTensor
 from ._errors import (AbortedError, AlreadyExistsError, CancelledError,
                       DataLossError, DeadlineExceededError, Error,
@@ -32,10 +38,14 @@ __all__ = [
     "AbortedError", "AlreadyExistsError", "AsyncSaver", "CancelledError",
     "CheckpointManager", "Communicator", "DataLossError",
     "DeadlineExceededError", "Error", "FailedPreconditionError",
-    "FORMAT_VERSION", "InternalError", "InvalidArgumentError", "LoadResult",
+    "FORMAT_VERSION", "InMemoryKvTable", "InternalError",
+    "InvalidArgumentError", "KvColumn", "KvTableSource", "KvTableSpec",
+    "KvTableToLoad", "KvTableToSave", "LoadResult",
     "NotFoundError", "OutOfRangeError", "PermissionDeniedError",
-    "ResourceExhaustedError", "SaveFuture", "SavePlanCache", "SaveResult",
+    "ResourceExhaustedError", "RocksDbKvTable", "SaveFuture",
+    "SavePlanCache", "SaveResult",
     "TorchCommunicator", "UnavailableError", "UnimplementedError",
-    "has_mpi", "in_process", "load", "load_all", "local", "merge", "mpi_world",
+    "has_mpi", "in_process", "kv_bucket_of", "kv_buckets_of_rank", "load",
+    "load_all", "local", "merge", "mpi_world",
     "read_metadata", "save", "ShardedTensor", "verify", "VerifyReport",
 ]

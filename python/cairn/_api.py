@@ -6,7 +6,7 @@ import threading
 import time
 import weakref
 
-from . import _cairn, _comm, _state
+from . import _cairn, _comm, _kv, _state
 from ._errors import InvalidArgumentError
 
 SaveResult = _cairn.SaveResult
@@ -33,7 +33,8 @@ def _save_kwargs(overwrite, save_id, rank_local, user_metadata, extra):
 
 
 def save(state_dict, path, *, comm=None, rank_local=False, plan_cache=None,
-         overwrite=False, save_id=None, user_metadata=None, **options):
+         overwrite=False, save_id=None, user_metadata=None, kv_tables=None,
+         **options):
     """Saves `state_dict` to the folder `path`; every rank of `comm` calls it
     with its own part of the state.
 
@@ -49,22 +50,28 @@ def save(state_dict, path, *, comm=None, rank_local=False, plan_cache=None,
     a cairn.SavePlanCache that skips global planning when nothing changed.
     `overwrite`: replace a committed checkpoint (it stays loadable until
     the new one commits). `user_metadata`: a JSON-able dict kept in
-    metadata.json. Further options (io_threads, direct_io,
-    write_buffer_bytes, crc32c_block_bytes, dedup) are SaveOptions'
+    metadata.json. `kv_tables`: key-value tables saved beside the state
+    dict (cairn.KvTableToSave entries, or dicts of their keys; every rank
+    lists the same tables), in chunks of at most `kv_chunk_bytes` (64 MiB).
+    Further options (io_threads, direct_io, write_buffer_bytes,
+    crc32c_block_bytes, dedup) are SaveOptions'
     (include/cairn/checkpoint.h).
 
-    Returns a cairn.SaveResult (this rank's bytes, the checkpoint's bytes,
-    seconds, and `phases`). Raises a cairn.Error subclass naming the FQN,
-    file or rank on failure.
+    Returns a cairn.SaveResult (this rank's bytes and table rows
+    (`kv_rows`), the checkpoint's bytes, seconds, and `phases`). Raises a
+    cairn.Error subclass naming the FQN, file or rank on failure (on every
+    rank; raised from the exception of this rank's source, if one raised).
     """
     prepared = _state.Prepared(state_dict, for_load=False)
     kw = _save_kwargs(overwrite, save_id, rank_local, user_metadata, options)
-    return _cairn.save(prepared.tree, str(path), _comm.resolve(comm),
-                       plan_cache, **kw)
+    entries, sources = _kv.save_entries(kv_tables)
+    with _kv.raised_from_callbacks(sources):
+        return _cairn.save(prepared.tree, str(path), _comm.resolve(comm),
+                           plan_cache, kv_tables=entries, **kw)
 
 
 def load(state_dict, path, *, comm=None, strict=True, allow_pickle=True,
-         **options):
+         kv_tables=None, **options):
     """Loads the checkpoint at `path` into `state_dict` in place.
 
     Tensors, DTensors and arrays are filled in place, whatever their
@@ -78,13 +85,20 @@ def load(state_dict, path, *, comm=None, strict=True, allow_pickle=True,
 
     Every byte returned is checked against its CRC32C (verify_checksums,
     default True). On failure, tensors may be partly written; scalars and
-    objects are untouched. Further options (io_threads, rank_local,
-    broadcast_replicas, memory_budget_bytes, ...) are LoadOptions'.
-    Returns a cairn.LoadResult.
+    objects are untouched. `kv_tables`: key-value tables to load
+    (cairn.KvTableToLoad entries, or dicts of their keys), each rank's
+    rows into its sink, in any world size and bucketing; with `strict` a
+    table the checkpoint lacks is cairn.NotFoundError. Further options
+    (io_threads, rank_local, broadcast_replicas, memory_budget_bytes, ...)
+    are LoadOptions'. Returns a cairn.LoadResult (`kv_rows`: the table
+    rows this rank's sinks took).
     """
     prepared = _state.Prepared(state_dict, for_load=True)
-    result, values = _cairn.load(prepared.tree, str(path), _comm.resolve(comm),
-                                 strict=strict, **options)
+    entries, sinks = _kv.load_entries(kv_tables)
+    with _kv.raised_from_callbacks(sinks):
+        result, values = _cairn.load(prepared.tree, str(path),
+                                     _comm.resolve(comm), kv_tables=entries,
+                                     strict=strict, **options)
     prepared.put_back(values, result.missing, allow_pickle)
     return result
 
@@ -104,8 +118,10 @@ def load_all(path, framework="torch", *, allow_pickle=True, **options):
 def read_metadata(path):
     """The checkpoint's metadata.json, checked (its checksum and every
     field), as a dict: tensors (dtype, shape, chunks), objects, scalars,
-    structure and user (parsed JSON), save_id, world_size, ..."""
-    md = _cairn.read_metadata(str(path))
+    structure and user (parsed JSON), kv_tables (spec as a
+    cairn.KvTableSpec, buckets, rows, rows_per_bucket, chunks: their count,
+    bytes), save_id, world_size, ..."""
+    md = _kv.tables_of_metadata(_cairn.read_metadata(str(path)))
     md["structure"] = json.loads(md["structure"])
     md["user"] = json.loads(md["user"])
     return md
@@ -116,6 +132,7 @@ def merge(path, *, overwrite=False):
     global one that any number of ranks can load, without copying data.
     Returns a dict: ranks, data_bytes, duplicates, metadata."""
     result = _cairn.merge(str(path), overwrite)
+    _kv.tables_of_metadata(result["metadata"])
     result["metadata"]["structure"] = json.loads(
         result["metadata"]["structure"])
     result["metadata"]["user"] = json.loads(result["metadata"]["user"])

@@ -30,6 +30,22 @@ constexpr uint64_t kDLPackFlagReadOnly = uint64_t{1} << 0;
 
 }  // namespace
 
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::module_ mod = py::module_::import("cairn._cairn");
+  py::object cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  if (py::hasattr(mod, "_error_types")) {
+    py::dict types = mod.attr("_error_types");
+    py::int_ code(static_cast<int>(status.code()));
+    if (types.contains(code)) {
+      cls = types[code];
+    } else if (types.contains(py::int_(-1))) {
+      cls = types[py::int_(-1)];
+    }
+  }
+  PyErr_SetString(cls.ptr(), std::string(status.message()).c_str());
+  throw py::error_already_set();
+}
+
 std::string Where(const std::string& fqn) {
   return fqn.empty() ? std::string("the state dict's root")
                      : absl::StrCat("'", fqn, "'");

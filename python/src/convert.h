@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +26,20 @@
 namespace cairn::python {
 
 namespace py = pybind11;
+
+// Raises the Python exception class that python/cairn/_errors.py registered
+// for the status's code (cairn.Error when none). Needs the GIL.
+[[noreturn]] void Raise(const absl::Status& status);
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+inline void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
 
 // A tensor leaf as the Python layer prepared it.
 struct Sharded {

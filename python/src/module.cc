@@ -15,40 +15,13 @@
 #include "cairn/cairn.h"
 #include "cairn/version.h"
 #include "convert.h"
-#include "prepare.h"
 #include "core/flatten.h"
+#include "kv.h"
+#include "prepare.h"
 #include "py_communicator.h"
 
 namespace cairn::python {
 namespace {
-
-// Raises the Python exception class that python/cairn/_errors.py registered
-// for the status's code (cairn.Error when none).
-[[noreturn]] void Raise(const absl::Status& status) {
-  py::module_ mod = py::module_::import("cairn._cairn");
-  py::object cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
-  if (py::hasattr(mod, "_error_types")) {
-    py::dict types = mod.attr("_error_types");
-    py::int_ code(static_cast<int>(status.code()));
-    if (types.contains(code)) {
-      cls = types[code];
-    } else if (types.contains(py::int_(-1))) {
-      cls = types[py::int_(-1)];
-    }
-  }
-  PyErr_SetString(cls.ptr(), std::string(status.message()).c_str());
-  throw py::error_already_set();
-}
-
-template <typename T>
-T Unwrap(absl::StatusOr<T> v) {
-  if (!v.ok()) Raise(v.status());
-  return *std::move(v);
-}
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) Raise(s);
-}
 
 // A communicator handle shared by Python objects (a saver or manager keeps
 // the one it was made with alive).
@@ -135,6 +108,7 @@ py::dict MetadataToDict(const Metadata& m) {
   d["tensors"] = tensors;
   d["objects"] = objects;
   d["scalars"] = scalars;
+  d["kv_tables"] = KvTablesToDict(m.kv_tables);
   d["structure"] = m.structure;
   d["user"] = m.user;
   d["total_bytes"] = m.total_bytes();
@@ -168,6 +142,7 @@ SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
     else if (key == "crc32c_block_bytes") o.crc32c_block_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "user_metadata") o.user_metadata = OptionAs<std::string>(key, v);
     else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
+    else if (key == "kv_chunk_bytes") o.kv_chunk_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "dedup") {
       const std::string dedup = OptionAs<std::string>(key, v);
       if (dedup == "balance_bytes") {
@@ -342,6 +317,8 @@ PYBIND11_MODULE(_cairn, m) {
     return Comm{Unwrap(MakePyCommunicator(std::move(impl)))};
   });
 
+  BindKv(m);
+
   py::class_<SavePlanCache>(m, "SavePlanCache")
       .def(py::init<>())
       .def("clear", &SavePlanCache::Clear);
@@ -360,6 +337,7 @@ PYBIND11_MODULE(_cairn, m) {
   py::class_<SaveResult>(m, "SaveResult")
       .def_readonly("bytes_written", &SaveResult::bytes_written)
       .def_readonly("data_bytes", &SaveResult::data_bytes)
+      .def_readonly("kv_rows", &SaveResult::kv_rows)
       .def_readonly("files", &SaveResult::files)
       .def_readonly("checkpoint_bytes", &SaveResult::checkpoint_bytes)
       .def_readonly("world_size", &SaveResult::world_size)
@@ -369,7 +347,8 @@ PYBIND11_MODULE(_cairn, m) {
       .def("__repr__", [](const SaveResult& r) {
         return absl::StrCat("SaveResult(data_bytes=", r.data_bytes,
                             ", bytes_written=", r.bytes_written,
-                            ", files=", r.files, ", checkpoint_bytes=",
+                            ", files=", r.files, ", kv_rows=", r.kv_rows,
+                            ", checkpoint_bytes=",
                             r.checkpoint_bytes, ", world_size=", r.world_size,
                             ", seconds=", r.seconds, ")");
       });
@@ -397,6 +376,7 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("bytes_verified", &LoadResult::bytes_verified)
       .def_readonly("bytes_unverified", &LoadResult::bytes_unverified)
       .def_readonly("device_bytes", &LoadResult::device_bytes)
+      .def_readonly("kv_rows", &LoadResult::kv_rows)
       .def_readonly("world_size", &LoadResult::world_size)
       .def_readonly("replica_group_size", &LoadResult::replica_group_size)
       .def_readonly("io_threads", &LoadResult::io_threads)
@@ -406,16 +386,21 @@ PYBIND11_MODULE(_cairn, m) {
         return absl::StrCat("LoadResult(bytes_loaded=", r.bytes_loaded,
                             ", bytes_read=", r.bytes_read, ", missing=",
                             r.missing.size(), ", unexpected=",
-                            r.unexpected.size(), ", seconds=", r.seconds, ")");
+                            r.unexpected.size(), ", kv_rows=", r.kv_rows,
+                            ", seconds=", r.seconds, ")");
       });
 
   m.def(
       "save",
       [](py::handle prepared, const std::string& url, std::optional<Comm> comm,
-         SavePlanCache* plan_cache, py::kwargs kw) {
+         SavePlanCache* plan_cache, py::handle kv_tables, py::kwargs kw) {
         SaveOptions options = SaveOptionsFrom(kw);
         options.comm = CommOf(comm);
         options.plan_cache = plan_cache;
+        // Python sources run from this thread, taking the GIL (kv.h).
+        KvCalls kv;
+        KvTablesToSave(kv_tables, kv);
+        options.kv_tables = kv.save;
         KeepAlive keep;
         StateDict state = StateOf(prepared, /*writable=*/false, keep);
         absl::StatusOr<SaveResult> result;
@@ -426,19 +411,23 @@ PYBIND11_MODULE(_cairn, m) {
         return Unwrap(std::move(result));
       },
       py::arg("prepared"), py::arg("url"), py::arg("comm") = py::none(),
-      py::arg("plan_cache") = nullptr);
+      py::arg("plan_cache") = nullptr, py::arg("kv_tables") = py::none());
 
   m.def(
       "load",
       [](py::handle prepared, const std::string& url, std::optional<Comm> comm,
-         py::kwargs kw) {
+         py::handle kv_tables, py::kwargs kw) {
         LoadOptions options = LoadOptionsFrom(kw);
         options.comm = CommOf(comm);
+        KvCalls kv;  // Python sinks run from this thread (kv.h)
+        KvTablesToLoad(kv_tables, kv);
+        options.kv_tables = kv.load;
         return RunLoad(
             [&](StateDict& state) { return Load(state, url, options); },
             prepared);
       },
-      py::arg("prepared"), py::arg("url"), py::arg("comm") = py::none());
+      py::arg("prepared"), py::arg("url"), py::arg("comm") = py::none(),
+      py::arg("kv_tables") = py::none());
 
   m.def(
       "load_all",
