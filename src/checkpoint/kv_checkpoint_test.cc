@@ -17,6 +17,7 @@
 #include "cairn/communicator.h"
 #include "cairn/kv_table.h"
 #include "cairn/rocksdb_kv_table.h"
+#include "cairn/verify.h"
 #include "checkpoint/expect_util.h"
 #include "checkpoint/kv_test_util.h"
 #include "checkpoint/test_util.h"
@@ -272,6 +273,114 @@ TEST_F(KvCheckpointTest, RocksDbOnFourRanksIntoRocksDbOnThree) {
     }
     EXPECT_EQ(total, ids.size());
   }
+}
+
+// Rank-local: each rank's folder holds its buckets; a rank-local load
+// reads its own; Merge joins the folders into a table any world size
+// loads; LoadAll of the merged checkpoint (tensors only) passes its file
+// checks; checkpoint_bytes counts the table files.
+TEST_F(KvCheckpointTest, RankLocalSaveLoadAndMerge) {
+  const std::vector<int64_t> ids = Ids(3000, 5);
+  const KvTableSpec spec = Spec();
+  SaveOptions so;
+  so.rank_local = true;
+  so.kv_chunk_bytes = 8 << 10;
+  std::vector<uint64_t> bytes(3);
+  std::vector<absl::Status> st =
+      RunInProcess(3, [&](Communicator& comm) -> absl::Status {
+        const KvBucketRange mine = KvBucketsOfRank(16, 3, comm.rank());
+        CAIRN_ASSIGN_OR_RETURN(auto table,
+                               InMemoryKvTable::Create("emb", spec, mine));
+        CAIRN_RETURN_IF_ERROR(Fill(*table, ids));
+        std::unique_ptr<KvSource> source = table->Source(64);
+        SaveOptions o = so;
+        o.comm = &comm;
+        o.kv_tables.push_back({"emb.user", spec, std::nullopt, source.get()});
+        float step = 7;
+        StateDict sd;
+        sd["step"] = TensorView(&step, DType::kF32, {1});
+        CAIRN_ASSIGN_OR_RETURN(SaveResult r, Save(sd, dir(), o));
+        bytes[comm.rank()] = r.checkpoint_bytes;
+        if (r.checkpoint_bytes != r.bytes_written) {
+          return absl::InternalError(absl::StrCat(
+              "checkpoint_bytes ", r.checkpoint_bytes, ", bytes_written ",
+              r.bytes_written));
+        }
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+  // A rank-local load of each rank's own buckets.
+  std::vector<std::unique_ptr<InMemoryKvTable>> tables(3);
+  st = RunInProcess(3, [&](Communicator& comm) -> absl::Status {
+    CAIRN_ASSIGN_OR_RETURN(
+        tables[comm.rank()],
+        InMemoryKvTable::Create("emb", spec,
+                                KvBucketsOfRank(16, 3, comm.rank())));
+    LoadOptions o;
+    o.comm = &comm;
+    o.rank_local = true;
+    o.kv_tables.push_back({.fqn = "emb.user", .sink = tables[comm.rank()].get()});
+    StateDict sd;
+    return Load(sd, dir(), o).status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r];
+    ExpectRows(*tables[r], spec, ids, {0, 1, 2}, absl::StrCat("rank ", r));
+  }
+  // Another bucketing is refused rank-locally: merge first.
+  st = RunInProcess(1, [&](Communicator& comm) -> absl::Status {
+    CAIRN_ASSIGN_OR_RETURN(auto t, InMemoryKvTable::Create("emb", Spec(5),
+                                                           {0, 5}));
+    LoadOptions o;
+    o.rank_local = true;
+    KvTableToLoad k{.fqn = "emb.user", .sink = t.get()};
+    k.num_buckets = 5;
+    k.bucketing = KvBucketing::kInterleaved;
+    o.kv_tables.push_back(k);
+    StateDict sd;
+    return Load(sd, dir(), o).status();
+  });
+  EXPECT_THAT(std::string(st[0].message()), HasSubstr("merge it"));
+  absl::StatusOr<MergeResult> merged = Merge(dir());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const KvTableMetadata& t = merged->metadata.kv_tables.at("emb.user");
+  EXPECT_EQ(t.rows(), ids.size());
+  EXPECT_EQ(t.buckets, (KvBucketRange{0, 16}));
+  LoadAndCheck(2, ids, spec, spec);
+  LoadAndCheck(2, ids, spec, Spec(5));
+  absl::StatusOr<StateDict> all = LoadAll(dir());
+  EXPECT_TRUE(all.ok()) << all.status();
+  absl::StatusOr<VerifyReport> report = Verify(dir());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->problems.empty()) << report->problems[0].message;
+}
+
+// A merge refuses rank folders whose tables leave buckets out.
+TEST_F(KvCheckpointTest, MergeRefusesMissingBuckets) {
+  const std::vector<int64_t> ids = Ids(200);
+  const KvTableSpec spec = Spec();
+  std::vector<absl::Status> st =
+      RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+        const KvBucketRange mine =
+            comm.rank() == 0 ? KvBucketRange{0, 8} : KvBucketRange{9, 16};
+        CAIRN_ASSIGN_OR_RETURN(auto table,
+                               InMemoryKvTable::Create("emb", spec, mine));
+        CAIRN_RETURN_IF_ERROR(Fill(*table, ids));
+        std::unique_ptr<KvSource> source = table->Source(64);
+        SaveOptions o;
+        o.comm = &comm;
+        o.rank_local = true;
+        o.kv_tables.push_back({"emb.user", spec, mine, source.get()});
+        StateDict sd;
+        return Save(sd, dir(), o).status();
+      });
+  for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<MergeResult> merged = Merge(dir());
+  ASSERT_FALSE(merged.ok());
+  EXPECT_THAT(std::string(merged.status().message()),
+              HasSubstr("merge: key-value table \"emb.user\": no rank saves "
+                        "buckets [8, 9)"));
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/metadata.json"));
 }
 
 // A source that yields the batches it is given.

@@ -277,8 +277,10 @@ std::vector<KvChunkStart> KvChunkStarts(const KvTableMetadata& md) {
   return out;
 }
 
-std::string EncodeKvParts(const std::vector<KvTablePart>& parts) {
+std::string EncodeKvWritten(const KvWritten& written) {
+  const std::vector<KvTablePart>& parts = written.parts;
   ByteWriter w;
+  w.U64(written.bytes_written);
   w.U64(parts.size());
   for (const KvTablePart& p : parts) {
     PutTable(w, p.fqn, p.spec, p.buckets);
@@ -296,10 +298,12 @@ std::string EncodeKvParts(const std::vector<KvTablePart>& parts) {
   return w.Take();
 }
 
-absl::StatusOr<std::vector<KvTablePart>> DecodeKvParts(std::string_view bytes,
-                                                       std::string what) {
+absl::StatusOr<KvWritten> DecodeKvWritten(std::string_view bytes,
+                                          std::string what) {
   ByteReader r(bytes, std::move(what));
-  std::vector<KvTablePart> parts;
+  KvWritten written;
+  written.bytes_written = r.U64();
+  std::vector<KvTablePart>& parts = written.parts;
   const uint64_t n = r.Count(8);
   for (uint64_t i = 0; i < n && !r.failed(); ++i) {
     KvTablePart p;
@@ -324,7 +328,7 @@ absl::StatusOr<std::vector<KvTablePart>> DecodeKvParts(std::string_view bytes,
     parts.push_back(std::move(p));
   }
   CAIRN_RETURN_IF_ERROR(r.status());
-  return parts;
+  return written;
 }
 
 absl::StatusOr<std::map<std::string, KvTableMetadata>> AssembleKvTables(

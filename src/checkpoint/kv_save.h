@@ -106,9 +106,11 @@ struct KvChunkStart {
 };
 std::vector<KvChunkStart> KvChunkStarts(const KvTableMetadata& md);
 
-std::string EncodeKvParts(const std::vector<KvTablePart>& parts);
-absl::StatusOr<std::vector<KvTablePart>> DecodeKvParts(std::string_view bytes,
-                                                       std::string what);
+// What a rank reports of its tables at commit: its parts and the bytes of
+// its table files (the rest of KvWritten is not sent).
+std::string EncodeKvWritten(const KvWritten& written);
+absl::StatusOr<KvWritten> DecodeKvWritten(std::string_view bytes,
+                                          std::string what);
 
 // Coordinator, step 5: each table of the ranks' parts (indexed by rank).
 // Global (`rank_local` false): the parts joined in bucket order into the

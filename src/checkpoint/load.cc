@@ -584,6 +584,14 @@ absl::Status CheckLocationsAgainstFiles(Storage& storage,
   for (const auto& [fqn, loc] : metadata.objects) {
     CAIRN_RETURN_IF_ERROR(note_file(loc));
   }
+  for (const auto& [fqn, table] : metadata.kv_tables) {
+    for (const KvChunkMetadata& c : table.chunks) {
+      CAIRN_RETURN_IF_ERROR(note_file(c.ids));
+      for (const ByteLocation& loc : c.columns) {
+        CAIRN_RETURN_IF_ERROR(note_file(loc));
+      }
+    }
+  }
   CAIRN_RETURN_IF_ERROR(
       internal_format::ValidateAgainstFileSizes(metadata, file_sizes));
   // Inside real files and sharing no bytes: the total a caller allocates

@@ -782,23 +782,28 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   // The coordinator always reaches the broadcast below, error or not, so no
   // rank is left waiting.
   std::string encoded_report = EncodeReport(report);
-  AppendTrailer(encoded_report, EncodeKvParts(kv_written.parts));
+  AppendTrailer(encoded_report, EncodeKvWritten(kv_written));
   absl::StatusOr<std::vector<std::string>> reports = GatherOrError(
       *comm, write_status, encoded_report, kOperation, "writing");
   encoded_report.clear();
   absl::Status committed = reports.status();
   std::string summary;
-  // Each rank's key-value table parts, cut off the end of its report.
+  // Each rank's key-value table parts, cut off the end of its report, and
+  // the bytes of their files.
   std::vector<std::vector<KvTablePart>> kv_parts;
+  uint64_t kv_file_bytes = 0;
   for (size_t r = 0; coordinator && committed.ok() && r < reports->size();
        ++r) {
     const std::string what = absl::StrCat("rank ", r, "'s write report");
     absl::StatusOr<std::string> kv = TakeTrailer((*reports)[r], what);
-    absl::StatusOr<std::vector<KvTablePart>> parts =
-        kv.ok() ? DecodeKvParts(*kv, what)
-                : absl::StatusOr<std::vector<KvTablePart>>(kv.status());
-    committed = parts.status();
-    if (parts.ok()) kv_parts.push_back(*std::move(parts));
+    absl::StatusOr<KvWritten> written =
+        kv.ok() ? DecodeKvWritten(*kv, what)
+                : absl::StatusOr<KvWritten>(kv.status());
+    committed = written.status();
+    if (written.ok()) {
+      kv_parts.push_back(std::move(written->parts));
+      kv_file_bytes += written->bytes_written;
+    }
   }
   if (coordinator && committed.ok()) {
     uint64_t total = 0;
@@ -808,6 +813,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     skeleton->flat.block_bytes = options.crc32c_block_bytes;
     absl::StatusOr<const Metadata*> md = AssembleMetadata(
         *skeleton, *reports, options.user_metadata, &total);
+    total += kv_file_bytes;
     committed = md.status();
     if (committed.ok()) {
       absl::StatusOr<std::map<std::string, KvTableMetadata>> tables =
