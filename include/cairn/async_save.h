@@ -72,6 +72,8 @@ class AsyncSaver {
 
   // Stages `state` and starts saving it to `url` in the background.
   // `options.comm` is ignored (the saver's private communicator is used).
+  // Key-value tables (options.kv_tables) are kUnimplemented: their rows
+  // are not staged; save them with cairn::Save.
   virtual absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> Save(
       const StateDict& state, std::string_view url,
       const SaveOptions& options = {}) = 0;

@@ -102,6 +102,14 @@ class Saver : public AsyncSaver {
       const StateDict& state, std::string_view url,
       const SaveOptions& options) override {
     const auto start = std::chrono::steady_clock::now();
+    if (!options.kv_tables.empty()) {
+      // Not built: the sources would be pulled after Save returned, while
+      // the tables change; a staged snapshot of a table is a task of its
+      // own.
+      return absl::UnimplementedError(
+          "async save: key-value tables (SaveOptions::kv_tables) are not "
+          "supported; save them with cairn::Save");
+    }
     for (const std::shared_ptr<Handle>& h : handles_) {
       CAIRN_RETURN_IF_ERROR(h->TakeUnobservedFailure());
     }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cairn/checkpoint.h"
+#include "cairn/kv_table.h"
 #include "checkpoint/test_util.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
@@ -56,6 +57,30 @@ TEST(AsyncSaveTest, CheckpointHoldsValuesFromBeforeTheChange) {
   EXPECT_TRUE((*h)->done());
   EXPECT_EQ(First(tmp.Sub("a"), "w"), 1.0f);
   EXPECT_EQ(ReadMetadata(tmp.Sub("a"))->scalars.at("step"), Scalar(int64_t{1}));
+}
+
+// Tables are refused (their sources would be pulled after Save returned),
+// before anything is staged or written.
+TEST(AsyncSaveTest, KeyValueTablesAreRefused) {
+  TempDir tmp;
+  KvTableSpec spec;
+  spec.num_buckets = 2;
+  spec.bucketing = KvBucketing::kInterleaved;
+  spec.columns = {{"weight", DType::kF32, 4}};
+  absl::StatusOr<std::unique_ptr<InMemoryKvTable>> table =
+      InMemoryKvTable::Create("emb", spec, {0, 2});
+  ASSERT_TRUE(table.ok());
+  std::unique_ptr<KvSource> source = (*table)->Source(16);
+  SaveOptions o;
+  o.kv_tables.push_back({"emb", spec, std::nullopt, source.get()});
+  absl::StatusOr<std::unique_ptr<AsyncSaver>> saver = AsyncSaver::Create(nullptr);
+  ASSERT_TRUE(saver.ok());
+  StateDict sd;
+  absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> h =
+      (*saver)->Save(sd, tmp.Sub("a"), o);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("key-value tables"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("a")));
 }
 
 // With max_in_flight 1, a Save returns only after the previous one is done;
