@@ -1,0 +1,61 @@
+// Save, step 4 (save.cc): a rank's data file, laid out from its final
+// plan (each large entry aligned to 4096 by a padding entry) and written
+// in blocks of write_buffer_bytes by IO threads that resolve each item's
+// bytes when its first block is filled, checksum them as they pass (whole
+// and per checksum block) and release them after its last block.
+#ifndef CAIRN_CHECKPOINT_SAVE_WRITE_H_
+#define CAIRN_CHECKPOINT_SAVE_WRITE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cairn/checkpoint.h"
+#include "cairn/planner.h"
+#include "cairn/storage.h"
+#include "format/safetensors.h"
+
+namespace cairn::internal_checkpoint {
+
+// One entry of a rank's data file: a final-plan item.
+struct Entry {
+  const WriteItem* item = nullptr;
+  internal_format::SafetensorsEntry st;
+  uint32_t crc32c = 0;
+  // Its block checksums (format version 3), when longer than one block.
+  std::vector<uint32_t> block_crc32c;
+  // Blocks not yet filled; the resolved data is released when it hits 0.
+  std::atomic<int64_t> blocks_left{0};
+  std::mutex mu;  // guards resolved/resolve_status
+  bool resolved_once = false;
+  absl::Status resolve_status;
+  ResolvedData data;
+};
+
+struct FileLayout {
+  std::vector<std::unique_ptr<Entry>> entries;
+  std::string header;
+  uint64_t data_start = 0;
+  uint64_t file_size = 0;
+};
+
+// The rank's data file `file_name`: its entries in plan order, each large
+// one aligned by a zero-filled U8 padding entry before it (safetensors
+// allows no holes in the byte buffer), and the header that lists them all.
+absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
+                                  const std::string& file_name);
+
+// Writes the file (path `file_name` in `storage`), durably; fills each
+// entry's CRC32C and block checksums.
+absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
+                           Storage& storage, const std::string& file_name,
+                           const SaveOptions& options);
+
+}  // namespace cairn::internal_checkpoint
+
+#endif  // CAIRN_CHECKPOINT_SAVE_WRITE_H_
