@@ -130,11 +130,14 @@ std::unique_ptr<KvSource> SyntheticKvSource(const KvTableSpec& spec,
 
 CheckingKvSink::CheckingKvSink(KvTableSpec dest, KvBucketRange owned,
                                std::vector<int> columns)
-    : dest_(std::move(dest)), owned_(owned), columns_(std::move(columns)) {}
+    : dest_(std::move(dest)),
+      owned_(owned),
+      columns_(std::move(columns)),
+      saved_(SyntheticKvSpec(1)) {}
 
 absl::Status CheckingKvSink::Apply(std::span<const int64_t> ids,
                                    std::span<const TensorView> columns) {
-  const KvTableSpec saved = SyntheticKvSpec(1);
+  const KvTableSpec& saved = saved_;
   if (columns.size() != columns_.size()) {
     return absl::InternalError(absl::StrFormat(
         "got %d columns, asked for %d", columns.size(), columns_.size()));

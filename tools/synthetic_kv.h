@@ -52,6 +52,7 @@ class CheckingKvSink : public KvSink {
   KvTableSpec dest_;
   KvBucketRange owned_;
   std::vector<int> columns_;
+  KvTableSpec saved_;  // the synthetic spec, for its columns' sizes
   uint64_t rows_ = 0;
 };
 

@@ -285,7 +285,6 @@ TEST_F(KvCheckpointTest, RankLocalSaveLoadAndMerge) {
   SaveOptions so;
   so.rank_local = true;
   so.kv_chunk_bytes = 8 << 10;
-  std::vector<uint64_t> bytes(3);
   std::vector<absl::Status> st =
       RunInProcess(3, [&](Communicator& comm) -> absl::Status {
         const KvBucketRange mine = KvBucketsOfRank(16, 3, comm.rank());
@@ -300,7 +299,6 @@ TEST_F(KvCheckpointTest, RankLocalSaveLoadAndMerge) {
         StateDict sd;
         sd["step"] = TensorView(&step, DType::kF32, {1});
         CAIRN_ASSIGN_OR_RETURN(SaveResult r, Save(sd, dir(), o));
-        bytes[comm.rank()] = r.checkpoint_bytes;
         if (r.checkpoint_bytes != r.bytes_written) {
           return absl::InternalError(absl::StrCat(
               "checkpoint_bytes ", r.checkpoint_bytes, ", bytes_written ",
@@ -535,8 +533,6 @@ TEST_F(KvCheckpointTest, BadLoadsFailEveryRank) {
       return Load(sd, dir(), o).status();
     });
   };
-  auto ok_sink = [](KvTableToLoad&) {};
-  (void)ok_sink;
   {
     SCOPED_TRACE("a sink that fails midway");
     std::vector<absl::Status> st = load([](KvTableToLoad&) {});
@@ -578,8 +574,6 @@ TEST_F(KvCheckpointTest, BadLoadsFailEveryRank) {
     SCOPED_TRACE("non-strict: a missing table is listed");
     std::vector<absl::Status> st =
         RunInProcess(1, [&](Communicator& comm) -> absl::Status {
-          InMemoryKvTable* none = nullptr;
-          (void)none;
           CAIRN_ASSIGN_OR_RETURN(auto table, InMemoryKvTable::Create(
                                                  "emb", spec, {0, 16}));
           LoadOptions o;

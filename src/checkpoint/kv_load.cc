@@ -28,6 +28,7 @@
 #include "cairn/metadata.h"
 #include "cairn/tensor.h"
 #include "checkpoint/kv_read.h"
+#include "checkpoint/kv_save.h"
 #include "comm/collective.h"
 #include "core/byte_codec.h"
 #include "core/status.h"
@@ -39,10 +40,6 @@ namespace {
 using internal_core::Annotate;
 using internal_core::ByteReader;
 using internal_core::ByteWriter;
-
-std::string Range(KvBucketRange r) {
-  return absl::StrFormat("[%d, %d)", r.begin, r.end);
-}
 
 // Bytes of ids and columns a load reads at a time, per table and rank.
 uint64_t PieceBytes(const LoadOptions& options) {
@@ -65,23 +62,25 @@ uint64_t ColumnRowBytes(const KvColumn& c) {
   return static_cast<uint64_t>(c.width) * DTypeSize(c.dtype);
 }
 
-// Rows [at, at + n) of a piece, as the sink takes them.
-absl::Status ApplyRows(const KvRequest& r, const KvPieceBytes& p, uint64_t at,
-                       uint64_t n, int rank, LoadResult& result) {
+// `n` rows to the sink: their ids and, per requested column, a pointer to
+// the first row's bytes (rows contiguous). `from` says where the rows came
+// from in an error.
+absl::Status ApplyToSink(const KvRequest& r, const int64_t* ids, uint64_t n,
+                         std::span<const std::byte* const> columns,
+                         std::string_view from, int rank,
+                         LoadResult& result) {
   std::vector<TensorView> views;
   for (size_t j = 0; j < r.columns.size(); ++j) {
     const KvColumn& col = r.stored->spec.columns[r.columns[j]];
-    views.emplace_back(
-        const_cast<std::byte*>(p.columns[j] + at * ColumnRowBytes(col)),
-        col.dtype, Shape{static_cast<int64_t>(n), col.width});
+    views.emplace_back(const_cast<std::byte*>(columns[j]), col.dtype,
+                       Shape{static_cast<int64_t>(n), col.width});
   }
-  absl::Status s = r.sink->Apply(std::span<const int64_t>(p.ids + at, n),
-                                 views);
+  absl::Status s = r.sink->Apply(std::span<const int64_t>(ids, n), views);
   if (!s.ok()) {
     return Annotate(s, absl::StrFormat(
                            "load: the sink of key-value table \"%s\" on rank "
-                           "%d failed on %d rows of chunk %d",
-                           r.fqn, rank, n, p.piece.chunk));
+                           "%d failed on %d rows %s",
+                           r.fqn, rank, n, from));
   }
   result.kv_rows += n;
   result.bytes_loaded += n * RowBytes(r.stored->spec, r.columns);
@@ -112,7 +111,9 @@ absl::Status LoadDirect(Storage& storage, const Metadata& metadata,
     CAIRN_RETURN_IF_ERROR(Annotate(
         p.status(), absl::StrFormat("load: rank %d", rank)));
     result.bytes_read += p->bytes_read;
-    CAIRN_RETURN_IF_ERROR(ApplyRows(r, *p, 0, p->piece.rows(), rank, result));
+    CAIRN_RETURN_IF_ERROR(ApplyToSink(
+        r, p->ids, p->piece.rows(), p->columns,
+        absl::StrFormat("of chunk %d", p->piece.chunk), rank, result));
   }
   return absl::OkStatus();
 }
@@ -313,25 +314,17 @@ absl::Status ApplyMessage(const KvRequest& r, const std::string& m, int from,
   if (n > (m.size() - at) / 8) return bad("more rows than bytes");
   const auto* ids = reinterpret_cast<const int64_t*>(m.data() + at);
   at += n * 8;
-  std::vector<TensorView> views;
+  std::vector<const std::byte*> columns;
   for (int c : r.columns) {
-    const KvColumn& col = r.stored->spec.columns[c];
-    const uint64_t bytes = n * ColumnRowBytes(col);
-    if (bytes > m.size() - at) return bad("fewer bytes than rows");
-    views.emplace_back(const_cast<char*>(m.data() + at), col.dtype,
-                       Shape{static_cast<int64_t>(n), col.width});
+    const uint64_t bytes = n * ColumnRowBytes(r.stored->spec.columns[c]);
+    if (at > m.size() || bytes > m.size() - at) {
+      return bad("fewer bytes than rows");
+    }
+    columns.push_back(reinterpret_cast<const std::byte*>(m.data() + at));
     at = (at + bytes + 7) / 8 * 8;
   }
-  absl::Status s = r.sink->Apply(std::span<const int64_t>(ids, n), views);
-  if (!s.ok()) {
-    return Annotate(s, absl::StrFormat(
-                           "load: the sink of key-value table \"%s\" on rank "
-                           "%d failed on %d rows from rank %d",
-                           r.fqn, rank, n, from));
-  }
-  result.kv_rows += n;
-  result.bytes_loaded += n * RowBytes(r.stored->spec, r.columns);
-  return absl::OkStatus();
+  return ApplyToSink(r, ids, n, columns, absl::StrFormat("from rank %d", from),
+                     rank, result);
 }
 
 // Into another bucketing: the stored pieces dealt out round-robin, each
@@ -456,7 +449,7 @@ absl::StatusOr<std::vector<KvRequest>> PlanKvLoads(
     if (r.buckets.begin < 0 || r.buckets.end < r.buckets.begin ||
         r.buckets.end > r.dest.num_buckets) {
       return bad(absl::StrFormat("buckets %s are not a range of its %d",
-                                 Range(r.buckets), r.dest.num_buckets));
+                                 KvRangeText(r.buckets), r.dest.num_buckets));
     }
     if (r.same_bucketing && r.buckets.size() > 0 &&
         (r.buckets.begin < stored.buckets.begin ||
@@ -464,7 +457,7 @@ absl::StatusOr<std::vector<KvRequest>> PlanKvLoads(
       return bad(absl::StrFormat(
           "buckets %s, but this checkpoint holds buckets %s of it only (a "
           "rank-local folder: merge it to load others)",
-          Range(r.buckets), Range(stored.buckets)));
+          KvRangeText(r.buckets), KvRangeText(stored.buckets)));
     }
     if (t.columns.empty()) {
       for (size_t j = 0; j < stored.spec.columns.size(); ++j) {

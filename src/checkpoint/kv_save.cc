@@ -29,10 +29,6 @@ namespace {
 using internal_core::ByteReader;
 using internal_core::ByteWriter;
 
-std::string Range(KvBucketRange r) {
-  return absl::StrFormat("[%d, %d)", r.begin, r.end);
-}
-
 void PutSpec(ByteWriter& w, const KvTableSpec& spec) {
   w.I64(spec.num_buckets);
   w.U8(static_cast<uint8_t>(spec.bucketing));
@@ -110,6 +106,10 @@ ByteLocation GetLocation(ByteReader& r) {
 
 }  // namespace
 
+std::string KvRangeText(KvBucketRange r) {
+  return absl::StrFormat("[%d, %d)", r.begin, r.end);
+}
+
 absl::StatusOr<std::vector<KvDeclaration>> DeclareKvTables(
     const SaveOptions& options, int world, int rank) {
   std::vector<KvDeclaration> out;
@@ -127,10 +127,10 @@ absl::StatusOr<std::vector<KvDeclaration>> DeclareKvTables(
                   : KvBucketsOfRank(t.spec.num_buckets, world, rank);
     if (b.begin < 0 || b.end < b.begin || b.end > t.spec.num_buckets) {
       return bad(absl::StrFormat("buckets %s are not a range of its %d",
-                                 Range(b), t.spec.num_buckets));
+                                 KvRangeText(b), t.spec.num_buckets));
     }
     if (b.size() > 0 && t.source == nullptr) {
-      return bad(absl::StrFormat("buckets %s but no source", Range(b)));
+      return bad(absl::StrFormat("buckets %s but no source", KvRangeText(b)));
     }
     out.push_back({t.fqn, t.spec, b});
   }
@@ -216,11 +216,11 @@ absl::Status CheckKvDeclarations(
         return bad(fqn, absl::StrFormat("buckets %s of rank %d overlap those "
                                         "of rank %d; each bucket is saved by "
                                         "one rank",
-                                        Range(range), r, prev_rank));
+                                        KvRangeText(range), r, prev_rank));
       }
       if (range.begin > next) {
         return bad(fqn, absl::StrFormat("no rank saves buckets %s",
-                                        Range({next, range.begin})));
+                                        KvRangeText({next, range.begin})));
       }
       next = range.end;
       prev_rank = r;
@@ -228,7 +228,7 @@ absl::Status CheckKvDeclarations(
     const int64_t b = entry.first->spec.num_buckets;
     if (next != b) {
       return bad(fqn, absl::StrFormat("no rank saves buckets %s",
-                                      Range({next, b})));
+                                      KvRangeText({next, b})));
     }
   }
   return absl::OkStatus();

@@ -34,6 +34,9 @@ namespace cairn::internal_checkpoint {
 // until the source ends), and a table with more chunks gets more files.
 inline constexpr int kKvChunksPerFile = 64;
 
+// "[begin, end)", for messages.
+std::string KvRangeText(KvBucketRange r);
+
 struct KvDeclaration {
   std::string fqn;
   KvTableSpec spec;
