@@ -213,6 +213,40 @@ TEST_F(KvCheckpointTest, SmallChunksFilesAndPieces) {
   LoadAndCheck(2, more, spec, Spec(5), {"momentum"}, lo);
 }
 
+// Chunks are written while they fill (the first region, in aligned
+// pieces of write_buffer_bytes) and cut at bucket starts afterwards: with
+// small buckets (a cut on nearly every chunk) and with two (none), across
+// file ends (64 chunks a file), every row reads back checked.
+TEST_F(KvCheckpointTest, ChunksWrittenWhileTheyFill) {
+  const std::vector<int64_t> ids = Ids(150000, 5);
+  for (int64_t buckets : {512, 2}) {
+    SCOPED_TRACE(absl::StrCat(buckets, " buckets"));
+    const KvTableSpec spec = Spec(buckets);
+    SaveOptions so;
+    so.overwrite = true;
+    so.kv_chunk_bytes = 64 << 10;  // 1024 rows of 64 bytes
+    so.write_buffer_bytes = 4096;
+    so.crc32c_block_bytes = 4096;
+    for (const absl::Status& s : SaveTable(2, ids, spec, so)) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    absl::StatusOr<Metadata> md = ReadMetadata(dir());
+    ASSERT_TRUE(md.ok()) << md.status();
+    const KvTableMetadata& t = md->kv_tables.at("emb.user");
+    std::set<std::string> files;
+    size_t short_chunks = 0;
+    for (const KvChunkMetadata& c : t.chunks) {
+      files.insert(c.ids.file);
+      short_chunks += c.rows.size() < 1024;
+    }
+    EXPECT_GE(files.size(), 4u);
+    if (buckets == 512) {
+      EXPECT_GT(short_chunks, t.chunks.size() / 2);
+    }
+    LoadAndCheck(3, ids, spec, spec);
+  }
+}
+
 // The real backend end to end: a table saved from RocksDB on 4
 // ranks loads into RocksDB on 3, every id and row compared, then into 2
 // ranks of another bucketing.

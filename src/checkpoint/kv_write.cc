@@ -1,15 +1,18 @@
 // Saving key-value tables, step 4 (kv_save.h): each table's rows are
 // pulled from its source, checked, gathered into a chunk (ids and each
-// column contiguous) and written into the rank's files of that table.
+// column contiguous, largest rows first) and written into the rank's
+// files of that table.
 //
 // A file's header must come first, but its entries are known only when the
 // source ends: the header's room is reserved for kKvChunksPerFile chunks of
 // the table (the header those would need with the longest numbers), chunks
 // are written behind it as they fill, and the header, padded with spaces to
 // that room, is written last. A table with more chunks starts a new file.
-// Bytes go to storage through two aligned buffers, one written on its own
-// thread while the other fills, so the source's pulls overlap the writes.
+// A chunk is gathered in an aligned stage laid out as it lies in the file
+// and written from there (no copy): most of it while it fills, the rest on
+// its own thread while the other stage fills (Stage, WriteEarly, Emit).
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -71,107 +74,11 @@ uint64_t HeaderRoom(std::string_view fqn, const KvTableSpec& spec,
   return header.size();
 }
 
-// A file being written: a reserved header room, then bytes appended
-// through two aligned buffers.
-class KvFile {
- public:
-  static absl::StatusOr<std::unique_ptr<KvFile>> Create(
-      Storage& storage, std::string path, uint64_t header_room,
-      size_t buffer_bytes) {
-    auto f = std::unique_ptr<KvFile>(new KvFile());
-    f->path_ = std::move(path);
-    CAIRN_ASSIGN_OR_RETURN(f->file_, storage.Create(f->path_));
-    f->align_ = std::max<size_t>(f->file_->alignment(), 1);
-    f->buffer_bytes_ = internal_core::RoundUp(
-        std::max<size_t>(buffer_bytes, internal_core::kIoAlignment),
-        std::max<size_t>(f->align_, internal_core::kIoAlignment));
-    for (auto& b : f->buffers_) {
-      CAIRN_ASSIGN_OR_RETURN(
-          b, internal_core::AllocateAlignedUnique(f->buffer_bytes_));
-    }
-    f->header_room_ = header_room;
-    f->buffer_start_ = header_room;
-    return f;
-  }
-
-  ~KvFile() {
-    if (pending_.valid()) pending_.wait();
-  }
-
-  const std::string& path() const { return path_; }
-  uint64_t position() const { return buffer_start_ + fill_; }
-  uint64_t data_start() const { return header_room_; }
-
-  absl::Status Append(std::span<const std::byte> bytes) {
-    while (!bytes.empty()) {
-      const size_t n = std::min(bytes.size(), buffer_bytes_ - fill_);
-      std::memcpy(buffers_[current_].get() + fill_, bytes.data(), n);
-      fill_ += n;
-      bytes = bytes.subspan(n);
-      if (fill_ == buffer_bytes_) CAIRN_RETURN_IF_ERROR(Flush(fill_));
-    }
-    return absl::OkStatus();
-  }
-
-  // Writes what is buffered and the header (the entries written, padded
-  // to the header room), makes the file durable and closes it.
-  absl::Status Finish(const std::vector<SafetensorsEntry>& entries) {
-    const uint64_t size = position();
-    if (fill_ > 0) {
-      const size_t padded = internal_core::RoundUp(fill_, align_);
-      std::memset(buffers_[current_].get() + fill_, 0, padded - fill_);
-      CAIRN_RETURN_IF_ERROR(Flush(padded));
-    }
-    if (pending_.valid()) CAIRN_RETURN_IF_ERROR(pending_.get());
-    const std::string header = internal_format::EncodeSafetensorsHeader(
-        entries, FileMetadata(), header_room_);
-    if (header.size() != header_room_) {
-      return absl::InternalError(absl::StrFormat(
-          "%s: the header takes %d bytes, more than the %d reserved", path_,
-          header.size(), header_room_));
-    }
-    CAIRN_ASSIGN_OR_RETURN(internal_core::UniqueAligned h,
-                           internal_core::AllocateAlignedUnique(header_room_));
-    std::memcpy(h.get(), header.data(), header.size());
-    CAIRN_RETURN_IF_ERROR(file_->WriteAt(
-        0, std::span<const std::byte>(h.get(), header_room_)));
-    return file_->Finish(size);
-  }
-
- private:
-  KvFile() = default;
-
-  // Starts writing the current buffer's first `bytes` (a multiple of the
-  // alignment) and switches to the other buffer, once its write is done.
-  absl::Status Flush(size_t bytes) {
-    if (pending_.valid()) CAIRN_RETURN_IF_ERROR(pending_.get());
-    const std::byte* data = buffers_[current_].get();
-    const uint64_t at = buffer_start_;
-    pending_ = std::async(std::launch::async, [this, data, at, bytes] {
-      return file_->WriteAt(at, std::span<const std::byte>(data, bytes));
-    });
-    buffer_start_ += fill_;
-    fill_ = 0;
-    current_ ^= 1;
-    return absl::OkStatus();
-  }
-
-  std::string path_;
-  std::unique_ptr<WritableFile> file_;
-  size_t align_ = 1;
-  size_t buffer_bytes_ = 0;
-  internal_core::UniqueAligned buffers_[2];
-  int current_ = 0;
-  size_t fill_ = 0;            // bytes in the current buffer
-  uint64_t buffer_start_ = 0;  // file offset of its first byte
-  uint64_t header_room_ = 0;
-  std::future<absl::Status> pending_;
-};
-
 // The CRC32C of `bytes` and, when longer than a block, of each block.
 void Checksum(std::span<const std::byte> bytes, uint64_t block_bytes,
               ByteLocation& loc) {
   loc.nbytes = bytes.size();
+  loc.block_crc32c.clear();
   if (bytes.size() <= block_bytes) {
     loc.crc32c = internal_format::Crc32c(bytes.data(), bytes.size());
     return;
@@ -188,6 +95,28 @@ void Checksum(std::span<const std::byte> bytes, uint64_t block_bytes,
   loc.crc32c = crc;
 }
 
+// A chunk's rows as they are gathered and written: one aligned buffer
+// whose first byte is the file's byte `file_at` (aligned). Its first
+// `carry` bytes are the end of the chunk before (the part of an aligned
+// block that chunk began); then each region (the ids, the columns) of
+// up to `cap` rows, region k at carry + cap x (the row bytes of the
+// regions before it). Full, the regions lie back to back, as in the file;
+// a chunk cut shorter moves its regions together before it is written.
+struct Stage {
+  internal_core::UniqueAligned bytes;
+  uint64_t file_at = 0;
+  size_t carry = 0;
+  // Writes of the first region's rows while the chunk fills: bytes
+  // [0, written) of the buffer are written or being written.
+  std::vector<std::future<absl::Status>> early;
+  size_t written = 0;
+  // The write of the rest of the chunk it holds, and that chunk's index
+  // in the part and checksums (filled by the write).
+  std::future<absl::Status> write;
+  size_t chunk = 0;
+  std::vector<ByteLocation> sums;
+};
+
 // One table's rows on their way to its files.
 class TableWriter {
  public:
@@ -203,10 +132,25 @@ class TableWriter {
         options_(options),
         files_made_(files_made),
         out_(out) {
-    const uint64_t row = 8 + static_cast<uint64_t>(table.spec.row_bytes());
-    cap_ = std::max<uint64_t>(1, options.kv_chunk_bytes / row);
+    row_bytes_ = 8 + static_cast<uint64_t>(table.spec.row_bytes());
+    cap_ = std::max<uint64_t>(1, options.kv_chunk_bytes / row_bytes_);
+    // Regions: the ids (index 0) and each column (index c + 1), largest
+    // rows first, so that moving a short chunk's regions together moves
+    // the smaller ones (docs/format.md 4.7).
+    region_bytes_.push_back(8);
     for (const KvColumn& c : table.spec.columns) {
-      col_bytes_.push_back(static_cast<size_t>(c.width) * DTypeSize(c.dtype));
+      region_bytes_.push_back(static_cast<size_t>(c.width) *
+                              DTypeSize(c.dtype));
+    }
+    for (size_t k = 0; k < region_bytes_.size(); ++k) order_.push_back(k);
+    std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+      return region_bytes_[a] > region_bytes_[b];
+    });
+    region_at_.assign(region_bytes_.size(), 0);
+    uint64_t at = 0;
+    for (size_t k : order_) {
+      region_at_[k] = at;
+      at += cap_ * region_bytes_[k];
     }
     part_.fqn = table.fqn;
     part_.spec = table.spec;
@@ -215,13 +159,20 @@ class TableWriter {
     first_row_.assign(table.buckets.size(), 0);
   }
 
+  ~TableWriter() {
+    for (Stage& s : stages_) {
+      for (auto& e : s.early) e.wait();
+      if (s.write.valid()) s.write.wait();
+    }
+  }
+
   absl::Status Run(KvSource& source) {
     CAIRN_RETURN_IF_ERROR(Annotate(source.Begin(), Where("Begin()")));
     absl::Status s = Pull(source);
     absl::Status ended = Annotate(source.End(), Where("End()"));
     CAIRN_RETURN_IF_ERROR(s);
     CAIRN_RETURN_IF_ERROR(ended);
-    if (rows_ > 0) CAIRN_RETURN_IF_ERROR(Emit(rows_));
+    if (rows_ > 0) CAIRN_RETURN_IF_ERROR(Emit(rows_, /*last=*/true));
     return CloseFile();
   }
 
@@ -236,13 +187,74 @@ class TableWriter {
     return absl::InvalidArgumentError(Where(why));
   }
 
-  absl::Status Allocate() {
-    ids_.resize(cap_);
-    cols_.resize(col_bytes_.size());
-    for (size_t c = 0; c < cols_.size(); ++c) {
-      cols_[c].resize(cap_ * col_bytes_[c]);
+  // Stage `k`, allocated when first needed: room for the carry, cap_ rows
+  // and the padding to the alignment.
+  absl::StatusOr<Stage*> GetStage(int k) {
+    Stage& s = stages_[k];
+    if (s.bytes == nullptr) {
+      CAIRN_ASSIGN_OR_RETURN(
+          s.bytes, internal_core::AllocateAlignedUnique(
+                       internal_core::RoundUp(2 * align_ + cap_ * row_bytes_,
+                                              align_)));
+    }
+    return &s;
+  }
+  std::byte* Region(Stage& s, size_t k) {
+    return s.bytes.get() + s.carry + region_at_[k];
+  }
+
+  // Waits for stage `s`'s write, and takes its checksums into the part.
+  absl::Status Join(Stage& s) {
+    CAIRN_RETURN_IF_ERROR(JoinEarly(s));
+    if (!s.write.valid()) return absl::OkStatus();
+    CAIRN_RETURN_IF_ERROR(Annotate(s.write.get(), Where(file_path_)));
+    KvChunkMetadata& c = part_.chunks[s.chunk];
+    for (size_t k = 0; k < s.sums.size(); ++k) {
+      ByteLocation& loc = k == 0 ? c.ids : c.columns[k - 1];
+      loc.crc32c = s.sums[k].crc32c;
+      loc.block_crc32c = std::move(s.sums[k].block_crc32c);
     }
     return absl::OkStatus();
+  }
+
+  absl::Status JoinEarly(Stage& s) {
+    absl::Status status;
+    for (auto& e : s.early) {
+      absl::Status w = e.get();
+      if (status.ok()) status = w;
+    }
+    s.early.clear();
+    return Annotate(status, Where(file_path_));
+  }
+
+  // Starts writing the first region's rows that are sure to be in the
+  // chunk, in whole aligned pieces of write_buffer_bytes: that region's
+  // place in the file is known before the chunk's length is (the regions
+  // after it move when the chunk is cut short), so most of a chunk is
+  // written while it fills. Sure: the rows before the chunk's second half
+  // (it is cut, if at all, at a bucket start in that half) and those
+  // before the last bucket start seen in it (a cut is at that one or a
+  // later one).
+  void WriteEarly(Stage& s) {
+    const size_t half = (cap_ + 1) / 2;
+    const size_t sure =
+        rows_ < half ? rows_ : std::max(half, boundary_ >= half ? boundary_ : 0);
+    const size_t piece = WritePiece();
+    const size_t ready = internal_core::RoundDown(
+        s.carry + sure * region_bytes_[order_[0]], align_);
+    if (ready < s.written + piece) return;
+    const std::byte* data = s.bytes.get() + s.written;
+    const uint64_t at = s.file_at + s.written;
+    const size_t length = ready - s.written;
+    s.early.push_back(std::async(std::launch::async, [this, data, at, length] {
+      return file_->WriteAt(at, std::span<const std::byte>(data, length));
+    }));
+    s.written = ready;
+  }
+
+  size_t WritePiece() const {
+    return internal_core::RoundUp(
+        std::max<size_t>(options_.write_buffer_bytes, align_), align_);
   }
 
   absl::Status CheckBatch(const KvBatch& b) const {
@@ -259,7 +271,8 @@ class TableWriter {
           (n > 0 && t.data() == nullptr)) {
         return Bad(absl::StrFormat(
             "the source's column \"%s\" is %s %s for %d ids, not %s [%d, %d]",
-            col.name, DTypeName(t.dtype()), absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]"), n,
+            col.name, DTypeName(t.dtype()),
+            absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]"), n,
             DTypeName(col.dtype), n, col.width));
       }
     }
@@ -267,7 +280,6 @@ class TableWriter {
   }
 
   absl::Status Pull(KvSource& source) {
-    CAIRN_RETURN_IF_ERROR(Allocate());
     KvBatch batch;
     while (true) {
       absl::StatusOr<bool> more = source.Next(batch);
@@ -277,24 +289,29 @@ class TableWriter {
       const size_t n = batch.ids.size();
       size_t pos = 0;
       while (pos < n) {
+        if (file_ == nullptr) CAIRN_RETURN_IF_ERROR(OpenFile());
+        Stage& s = stages_[current_];
         const size_t take = std::min<size_t>(n - pos, cap_ - rows_);
         for (size_t i = pos; i < pos + take; ++i) {
           CAIRN_RETURN_IF_ERROR(Check(batch.ids[i], rows_ + (i - pos)));
         }
-        std::memcpy(ids_.data() + rows_, batch.ids.data() + pos, take * 8);
-        for (size_t c = 0; c < cols_.size(); ++c) {
-          std::memcpy(cols_[c].data() + rows_ * col_bytes_[c],
+        std::memcpy(Region(s, 0) + rows_ * 8, batch.ids.data() + pos,
+                    take * 8);
+        for (size_t c = 0; c < batch.columns.size(); ++c) {
+          const size_t row = region_bytes_[c + 1];
+          std::memcpy(Region(s, c + 1) + rows_ * row,
                       static_cast<const std::byte*>(batch.columns[c].data()) +
-                          pos * col_bytes_[c],
-                      take * col_bytes_[c]);
+                          pos * row,
+                      take * row);
         }
         rows_ += take;
         pos += take;
+        WriteEarly(s);
         if (rows_ == cap_) {
           // End the chunk at the last bucket boundary in its second half,
           // else where it is full.
-          CAIRN_RETURN_IF_ERROR(
-              Emit(boundary_ >= (cap_ + 1) / 2 ? boundary_ : rows_));
+          CAIRN_RETURN_IF_ERROR(Emit(
+              boundary_ >= (cap_ + 1) / 2 ? boundary_ : rows_, false));
         }
       }
     }
@@ -329,83 +346,204 @@ class TableWriter {
     return absl::OkStatus();
   }
 
-  // Writes the first `n` rows of the chunk being filled as a chunk, and
-  // moves the rest to its front.
-  absl::Status Emit(size_t n) {
-    if (file_ != nullptr && chunks_in_file_ == kKvChunksPerFile) {
-      CAIRN_RETURN_IF_ERROR(CloseFile());
-    }
-    if (file_ == nullptr) CAIRN_RETURN_IF_ERROR(OpenFile());
-    const int64_t bucket = *KvBucketOf(table_.spec, ids_[0]);
+  // Writes the first `n` rows of the chunk being filled as a chunk, on
+  // its own thread, and starts the next chunk in the other stage with the
+  // rest and the unaligned end of this one. `last`: no rows follow.
+  absl::Status Emit(size_t n, bool last) {
+    Stage& s = stages_[current_];
+    const uint64_t begin = position_;  // the chunk's first byte in the file
+    const uint64_t end = begin + n * row_bytes_;
+    const bool closes = last || chunks_in_file_ + 1 == kKvChunksPerFile;
+    // The entries, in the file's order, and the chunk in the part.
+    const int64_t bucket = *KvBucketOf(table_.spec, Ids(s)[0]);
     const uint64_t row_in_bucket =
         chunk_first_row_ - first_row_[bucket - table_.buckets.begin];
     KvChunkMetadata chunk;
     chunk.rows = {chunk_first_row_, chunk_first_row_ + n};
-    auto put = [&](std::string_view what, DType dtype, Shape shape,
-                   std::span<const std::byte> bytes,
-                   ByteLocation& loc) -> absl::Status {
+    chunk.columns.resize(table_.spec.columns.size());
+    uint64_t at = begin;
+    for (size_t k : order_) {
+      ByteLocation& loc = k == 0 ? chunk.ids : chunk.columns[k - 1];
       loc.file = file_name_;
-      loc.offset = file_->position();
-      Checksum(bytes, options_.crc32c_block_bytes, loc);
-      const uint64_t begin = loc.offset - file_->data_start();
-      entries_.push_back({KvEntryName(table_.fqn, bucket, row_in_bucket, what),
-                          dtype, std::move(shape), begin,
-                          begin + bytes.size()});
-      out_.data_bytes += bytes.size();
-      return file_->Append(bytes);
-    };
-    CAIRN_RETURN_IF_ERROR(
-        put("ids", DType::kI64, Shape{static_cast<int64_t>(n)},
-            std::as_bytes(std::span<const int64_t>(ids_.data(), n)),
-            chunk.ids));
-    chunk.columns.resize(cols_.size());
-    for (size_t c = 0; c < cols_.size(); ++c) {
-      const KvColumn& col = table_.spec.columns[c];
-      CAIRN_RETURN_IF_ERROR(
-          put(col.name, col.dtype, Shape{static_cast<int64_t>(n), col.width},
-              std::span<const std::byte>(cols_[c].data(), n * col_bytes_[c]),
-              chunk.columns[c]));
+      loc.offset = at;
+      loc.nbytes = n * region_bytes_[k];
+      const uint64_t from = at - header_room_;
+      if (k == 0) {
+        entries_.push_back({KvEntryName(table_.fqn, bucket, row_in_bucket,
+                                        "ids"),
+                            DType::kI64, Shape{static_cast<int64_t>(n)}, from,
+                            from + loc.nbytes});
+      } else {
+        const KvColumn& col = table_.spec.columns[k - 1];
+        entries_.push_back(
+            {KvEntryName(table_.fqn, bucket, row_in_bucket, col.name),
+             col.dtype, Shape{static_cast<int64_t>(n), col.width}, from,
+             from + loc.nbytes});
+      }
+      at += loc.nbytes;
     }
+    const size_t index = part_.chunks.size();
     part_.chunks.push_back(std::move(chunk));
-    ++chunks_in_file_;
-    out_.rows += n;
-    // The rest (rows past a bucket boundary) starts the next chunk.
+    // The rows past n start the next chunk: copied into the other stage
+    // before this one's regions move together.
     const size_t rest = rows_ - n;
-    if (rest > 0) {
-      std::memmove(ids_.data(), ids_.data() + n, rest * 8);
-      for (size_t c = 0; c < cols_.size(); ++c) {
-        std::memmove(cols_[c].data(), cols_[c].data() + n * col_bytes_[c],
-                     rest * col_bytes_[c]);
+    Stage* next = nullptr;
+    if (!last) {
+      CAIRN_ASSIGN_OR_RETURN(next, GetStage(current_ ^ 1));
+      CAIRN_RETURN_IF_ERROR(Join(*next));
+      next->carry = closes ? 0 : end % align_;
+      next->file_at = closes ? header_room_ : end - next->carry;
+      next->written = 0;
+      for (size_t k = 0; k < region_bytes_.size(); ++k) {
+        std::memcpy(Region(*next, k), Region(s, k) + n * region_bytes_[k],
+                    rest * region_bytes_[k]);
       }
     }
+    // The early writes (still running) read only rows the chunk keeps,
+    // none of the bytes about to move, and the rest is written from where
+    // they end.
+    const size_t start = s.written;
+    if (n < cap_) {
+      uint64_t to = 0;
+      for (size_t k : order_) {
+        std::memmove(Region(s, 0) - region_at_[0] + to, Region(s, k),
+                     n * region_bytes_[k]);
+        to += n * region_bytes_[k];
+      }
+    }
+    // What is written: from the stage's aligned start to the chunk's end,
+    // rounded down (the rest goes with the next chunk) or, when the file
+    // ends, up with zeros.
+    const size_t used = s.carry + (end - begin);
+    size_t length = internal_core::RoundDown(used, align_);
+    if (closes) {
+      length = internal_core::RoundUp(used, align_);
+      std::memset(s.bytes.get() + used, 0, length - used);
+    } else {
+      std::memcpy(next->bytes.get(), s.bytes.get() + length, used - length);
+    }
+    out_.data_bytes += end - begin;
+    out_.rows += n;
+    s.chunk = index;
+    s.sums.assign(region_bytes_.size(), {});
+    const std::byte* data = s.bytes.get() + start;
+    const uint64_t file_at = s.file_at + start;
+    const std::byte* regions = s.bytes.get() + s.carry;
+    s.write = std::async(std::launch::async, [this, &s, data, file_at,
+                                              length = length - start,
+                                              regions, n] {
+      return WriteStage(s, data, file_at, length, regions, n);
+    });
+    ++chunks_in_file_;
+    position_ = end;
     rows_ = rest;
     chunk_first_row_ += n;
     boundary_ = 0;
+    if (!last) current_ ^= 1;
+    if (closes) CAIRN_RETURN_IF_ERROR(CloseFile());
     return absl::OkStatus();
+  }
+
+  // On the stage's own thread: the regions' checksums, then `length`
+  // bytes from `data` at `file_at`, in pieces of at most
+  // write_buffer_bytes written io_threads at a time.
+  absl::Status WriteStage(Stage& s, const std::byte* data, uint64_t file_at,
+                          size_t length, const std::byte* regions, size_t n) {
+    uint64_t at = 0;
+    for (size_t k : order_) {
+      const size_t bytes = n * region_bytes_[k];
+      Checksum(std::span<const std::byte>(regions + at, bytes),
+               options_.crc32c_block_bytes, s.sums[k]);
+      at += bytes;
+    }
+    const size_t piece = WritePiece();
+    const size_t pieces = (length + piece - 1) / piece;
+    const size_t threads =
+        std::clamp<size_t>(options_.io_threads, 1, std::max<size_t>(pieces, 1));
+    std::atomic<size_t> next{0};
+    auto work = [&]() -> absl::Status {
+      for (size_t i = next++; i < pieces; i = next++) {
+        const size_t from = i * piece;
+        const size_t len = std::min(piece, length - from);
+        CAIRN_RETURN_IF_ERROR(file_->WriteAt(
+            file_at + from, std::span<const std::byte>(data + from, len)));
+      }
+      return absl::OkStatus();
+    };
+    std::vector<std::future<absl::Status>> helpers;
+    for (size_t t = 1; t < threads; ++t) {
+      helpers.push_back(std::async(std::launch::async, work));
+    }
+    absl::Status status = work();
+    for (auto& h : helpers) {
+      absl::Status hs = h.get();
+      if (status.ok()) status = hs;
+    }
+    return status;
+  }
+
+  const int64_t* Ids(Stage& s) {
+    return reinterpret_cast<const int64_t*>(Region(s, 0));
   }
 
   absl::Status OpenFile() {
     file_name_ = KvFileName(file_index_, files_made_++, save_id_);
+    file_path_ = std::string(prefix_) + file_name_;
     if (header_room_ == 0) {
       header_room_ = HeaderRoom(table_.fqn, table_.spec, kKvChunksPerFile);
     }
-    CAIRN_ASSIGN_OR_RETURN(
-        file_, KvFile::Create(storage_, std::string(prefix_) + file_name_,
-                              header_room_, options_.write_buffer_bytes));
+    CAIRN_ASSIGN_OR_RETURN(file_, storage_.Create(file_path_));
+    align_ = std::max<size_t>(file_->alignment(), internal_core::kIoAlignment);
     chunks_in_file_ = 0;
     entries_.clear();
+    position_ = header_room_;
+    // A new file's first chunk starts right after its header room (rows
+    // past the cut of the file before's last chunk are in place already).
+    CAIRN_ASSIGN_OR_RETURN(Stage * s, GetStage(current_));
+    s->carry = 0;
+    s->file_at = header_room_;
+    s->written = 0;
     return absl::OkStatus();
   }
 
+  // Waits for the file's writes, writes its header (the entries written,
+  // padded to the header room), makes it durable and closes it.
   absl::Status CloseFile() {
     if (file_ == nullptr) return absl::OkStatus();
-    const uint64_t size = file_->position();
-    absl::Status s = Annotate(file_->Finish(entries_), Where(file_->path()));
+    absl::Status s = JoinAll();
+    if (s.ok()) {
+      const std::string header = internal_format::EncodeSafetensorsHeader(
+          entries_, FileMetadata(), header_room_);
+      if (header.size() != header_room_) {
+        s = absl::InternalError(absl::StrFormat(
+            "%s: the header takes %d bytes, more than the %d reserved",
+            file_path_, header.size(), header_room_));
+      }
+      absl::StatusOr<internal_core::UniqueAligned> h =
+          internal_core::AllocateAlignedUnique(header_room_);
+      if (s.ok()) s = h.status();
+      if (s.ok()) {
+        std::memcpy(h->get(), header.data(), header.size());
+        s = file_->WriteAt(
+            0, std::span<const std::byte>(h->get(), header_room_));
+      }
+      if (s.ok()) s = file_->Finish(position_);
+    }
+    s = Annotate(s, Where(file_path_));
     file_.reset();
     CAIRN_RETURN_IF_ERROR(s);
-    out_.bytes_written += size;
+    out_.bytes_written += position_;
     ++out_.files;
     return absl::OkStatus();
+  }
+
+  absl::Status JoinAll() {
+    absl::Status status;
+    for (Stage& s : stages_) {
+      absl::Status j = Join(s);
+      if (status.ok()) status = j;
+    }
+    return status;
   }
 
   Storage& storage_;
@@ -418,16 +556,17 @@ class TableWriter {
   int& files_made_;
   KvWritten& out_;
 
-  uint64_t cap_ = 1;  // rows a chunk holds at most
-  std::vector<size_t> col_bytes_;  // bytes of a row of each column
+  uint64_t row_bytes_ = 8;  // ids and every column
+  uint64_t cap_ = 1;        // rows a chunk holds at most
+  std::vector<size_t> region_bytes_;  // a row's bytes: ids, then columns
+  std::vector<size_t> order_;         // the regions in the file's order
+  std::vector<uint64_t> region_at_;   // each region's offset in a stage
   KvTablePart part_;
   std::vector<uint64_t> first_row_;  // each bucket's first row in the part
 
-  // The chunk being filled: rows_ rows, its first the part's
-  // chunk_first_row_; boundary_ > 0: the index of its last row that
-  // starts a bucket.
-  std::vector<int64_t> ids_;
-  std::vector<std::vector<std::byte>> cols_;
+  // The chunk being filled, in stages_[current_]: rows_ rows, its first
+  // the part's chunk_first_row_; boundary_ > 0: the index of its last row
+  // that starts a bucket.
   size_t rows_ = 0;
   uint64_t chunk_first_row_ = 0;
   size_t boundary_ = 0;
@@ -436,11 +575,18 @@ class TableWriter {
   int64_t prev_bucket_ = -1;
   int64_t prev_id_ = -1;
 
-  std::unique_ptr<KvFile> file_;
+  std::unique_ptr<WritableFile> file_;
   std::string file_name_;
+  std::string file_path_;
+  size_t align_ = internal_core::kIoAlignment;
   uint64_t header_room_ = 0;
+  uint64_t position_ = 0;  // the file's next byte
   int chunks_in_file_ = 0;
   std::vector<SafetensorsEntry> entries_;
+  // Last: destroyed first, once their writes are done (the destructor
+  // waits for them), while the file is still open.
+  Stage stages_[2];
+  int current_ = 0;
 };
 
 }  // namespace
