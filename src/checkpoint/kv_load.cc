@@ -114,6 +114,7 @@ absl::Status LoadDirect(Storage& storage, const Metadata& metadata,
     CAIRN_RETURN_IF_ERROR(ApplyToSink(
         r, p->ids, p->piece.rows(), p->columns,
         absl::StrFormat("of chunk %d", p->piece.chunk), rank, result));
+    reader.Recycle(*std::move(p));
   }
   return absl::OkStatus();
 }
@@ -362,7 +363,10 @@ absl::Status LoadRouted(Storage& storage, const Metadata& metadata,
       absl::StatusOr<std::vector<std::string>> routed =
           p.ok() ? Route(md, *p, read_columns, all, owners)
                  : absl::StatusOr<std::vector<std::string>>(p.status());
-      if (p.ok()) result.bytes_read += p->bytes_read;
+      if (p.ok()) {
+        result.bytes_read += p->bytes_read;
+        reader.Recycle(*std::move(p));
+      }
       status = Annotate(routed.status(),
                         absl::StrFormat("load: rank %d, key-value table \"%s\"",
                                         rank, fqn));

@@ -112,31 +112,37 @@ absl::Status KvPieceReader::CheckEntries(size_t chunk) {
   return absl::OkStatus();
 }
 
+KvPieceReader::Span KvPieceReader::ToRead(const ByteLocation& loc,
+                                          uint64_t begin,
+                                          uint64_t end) const {
+  if (verify_ && !loc.block_crc32c.empty()) {
+    return {internal_core::RoundDown(begin, block_bytes_),
+            std::min(internal_core::RoundUp(end, block_bytes_), loc.nbytes)};
+  }
+  if (verify_) return {0, loc.nbytes};
+  return {begin, end};
+}
+
+void KvPieceReader::Recycle(KvPieceBytes&& piece) {
+  if (piece.buffer == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.emplace_back(std::move(piece.buffer), piece.capacity);
+  piece.capacity = 0;
+}
+
 absl::StatusOr<const std::byte*> KvPieceReader::ReadEntry(
     const ByteLocation& loc, uint64_t begin, uint64_t end,
-    std::string_view what, size_t chunk, KvPieceBytes& out) {
+    std::string_view what, size_t chunk, std::byte* into, KvPieceBytes& out) {
   const bool blocks = !loc.block_crc32c.empty();
-  // What is read: the piece's bytes; with checks, the checksum blocks
-  // around them, or the whole entry when it has no blocks.
-  uint64_t from = begin;
-  uint64_t to = end;
-  if (verify_ && blocks) {
-    from = internal_core::RoundDown(begin, block_bytes_);
-    to = std::min(internal_core::RoundUp(end, block_bytes_), loc.nbytes);
-  } else if (verify_) {
-    from = 0;
-    to = loc.nbytes;
-  }
+  const auto [from, to] = ToRead(loc, begin, end);
+  const std::byte* buf = into;
   const File* f = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     CAIRN_ASSIGN_OR_RETURN(f, Open(loc.file));
   }
-  CAIRN_ASSIGN_OR_RETURN(
-      internal_core::UniqueAligned buf,
-      internal_core::AllocateAlignedUnique(std::max<uint64_t>(to - from, 1)));
   CAIRN_RETURN_IF_ERROR(f->file->ReadAt(
-      loc.offset + from, std::span<std::byte>(buf.get(), to - from)));
+      loc.offset + from, std::span<std::byte>(into, to - from)));
   out.bytes_read += to - from;
   auto mismatch = [&](uint64_t at, uint64_t n, uint32_t want, uint32_t got) {
     return absl::DataLossError(absl::StrFormat(
@@ -149,7 +155,7 @@ absl::StatusOr<const std::byte*> KvPieceReader::ReadEntry(
     for (uint64_t at = from; at < to; at += block_bytes_) {
       const uint64_t n = std::min(block_bytes_, to - at);
       const uint64_t k = at / block_bytes_;
-      const uint32_t got = internal_format::Crc32c(buf.get() + (at - from), n);
+      const uint32_t got = internal_format::Crc32c(buf + (at - from), n);
       if (k >= loc.block_crc32c.size() || got != loc.block_crc32c[k]) {
         return mismatch(at, n,
                         k < loc.block_crc32c.size() ? loc.block_crc32c[k] : 0,
@@ -157,12 +163,10 @@ absl::StatusOr<const std::byte*> KvPieceReader::ReadEntry(
       }
     }
   } else if (verify_) {
-    const uint32_t got = internal_format::Crc32c(buf.get(), to - from);
+    const uint32_t got = internal_format::Crc32c(buf, to - from);
     if (got != loc.crc32c) return mismatch(0, loc.nbytes, loc.crc32c, got);
   }
-  const std::byte* data = buf.get() + (begin - from);
-  out.buffers.push_back(std::move(buf));
-  return data;
+  return buf + (begin - from);
 }
 
 absl::Status KvPieceReader::CheckIds(const KvPieceBytes& p) const {
@@ -205,20 +209,63 @@ absl::StatusOr<KvPieceBytes> KvPieceReader::Read(const KvPiece& piece) {
   const KvChunkMetadata& c = md_.chunks[piece.chunk];
   const uint64_t first = piece.begin - c.rows.begin;
   const uint64_t n = piece.rows();
-  KvPieceBytes out;
-  out.piece = piece;
-  CAIRN_ASSIGN_OR_RETURN(
-      const std::byte* ids,
-      ReadEntry(c.ids, first * 8, (first + n) * 8, "ids", piece.chunk, out));
-  out.ids = reinterpret_cast<const int64_t*>(ids);
+  // The entries read, ids first, each from an aligned offset of one
+  // buffer.
+  struct Entry {
+    const ByteLocation* loc;
+    uint64_t row_bytes;
+    std::string_view what;
+    size_t at = 0;  // in the buffer
+  };
+  std::vector<Entry> entries = {{&c.ids, 8, "ids"}};
   for (int j : columns_) {
     const KvColumn& col = md_.spec.columns[j];
-    const uint64_t row = static_cast<uint64_t>(col.width) * DTypeSize(col.dtype);
+    entries.push_back({&c.columns[j],
+                       static_cast<uint64_t>(col.width) * DTypeSize(col.dtype),
+                       col.name});
+  }
+  size_t need = 0;
+  for (Entry& e : entries) {
+    e.at = need;
+    const Span s = ToRead(*e.loc, first * e.row_bytes, (first + n) * e.row_bytes);
+    need += internal_core::RoundUp(std::max<uint64_t>(s.to - s.from, 1),
+                                   internal_core::kIoAlignment);
+  }
+  KvPieceBytes out;
+  out.piece = piece;
+  {
+    // The smallest free buffer that holds the piece (pieces are of about
+    // one size, so a load reuses the pages of the two it has in flight).
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second >= need &&
+          (best == free_.end() || it->second < best->second)) {
+        best = it;
+      }
+    }
+    if (best != free_.end()) {
+      out.buffer = std::move(best->first);
+      out.capacity = best->second;
+      free_.erase(best);
+    }
+  }
+  if (out.buffer == nullptr) {
+    CAIRN_ASSIGN_OR_RETURN(out.buffer,
+                           internal_core::AllocateAlignedUnique(need));
+    out.capacity = need;
+  }
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const Entry& e = entries[k];
     CAIRN_ASSIGN_OR_RETURN(
         const std::byte* data,
-        ReadEntry(c.columns[j], first * row, (first + n) * row, col.name,
-                  piece.chunk, out));
-    out.columns.push_back(data);
+        ReadEntry(*e.loc, first * e.row_bytes, (first + n) * e.row_bytes,
+                  e.what, piece.chunk, out.buffer.get() + e.at, out));
+    if (k == 0) {
+      out.ids = reinterpret_cast<const int64_t*>(data);
+    } else {
+      out.columns.push_back(data);
+    }
   }
   CAIRN_RETURN_IF_ERROR(CheckIds(out));
   return out;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,13 +42,15 @@ std::vector<KvPiece> KvPiecesOf(const KvTableMetadata& md, size_t first,
                                 uint64_t row_bytes, uint64_t piece_bytes);
 
 // A piece's bytes: its ids and each column read (in the reader's order),
-// rows() rows each, in buffers it owns.
+// rows() rows each, in one buffer it owns (give it back to the reader with
+// Recycle once done, so that the next piece reuses its pages).
 struct KvPieceBytes {
   KvPiece piece;
   const int64_t* ids = nullptr;
   std::vector<const std::byte*> columns;
   uint64_t bytes_read = 0;  // from storage, checksum blocks' edges included
-  std::vector<internal_core::UniqueAligned> buffers;
+  internal_core::UniqueAligned buffer;
+  size_t capacity = 0;  // of buffer
 };
 
 class KvPieceReader {
@@ -65,6 +68,9 @@ class KvPieceReader {
   // earlier result.
   absl::StatusOr<KvPieceBytes> Read(const KvPiece& piece);
 
+  // Keeps `piece`'s buffer for a later Read. Thread-safe.
+  void Recycle(KvPieceBytes&& piece);
+
   // The absolute bucket of held row `row`.
   int64_t BucketOfRow(uint64_t row) const;
 
@@ -75,10 +81,19 @@ class KvPieceReader {
   };
   absl::StatusOr<const File*> Open(const std::string& name);
   absl::Status CheckEntries(size_t chunk);
+  // The bytes of an entry a piece's rows [begin, end) of it need read:
+  // with checks, the checksum blocks around them (the whole entry when it
+  // has none).
+  struct Span {
+    uint64_t from = 0;
+    uint64_t to = 0;
+  };
+  Span ToRead(const ByteLocation& loc, uint64_t begin, uint64_t end) const;
   absl::StatusOr<const std::byte*> ReadEntry(const ByteLocation& loc,
                                              uint64_t begin, uint64_t end,
                                              std::string_view what,
-                                             size_t chunk, KvPieceBytes& out);
+                                             size_t chunk, std::byte* into,
+                                             KvPieceBytes& out);
   absl::Status CheckIds(const KvPieceBytes& piece) const;
 
   Storage& storage_;
@@ -92,6 +107,8 @@ class KvPieceReader {
   std::map<std::string, File> files_;
   std::vector<bool> checked_;        // chunks whose entries were checked
   std::vector<KvChunkStart> starts_;  // of every chunk, once needed
+  // Buffers of pieces done with, and their capacities (guarded by mu_).
+  std::vector<std::pair<internal_core::UniqueAligned, size_t>> free_;
 };
 
 }  // namespace cairn::internal_checkpoint
