@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "cairn/kv_table.h"
 #include "cairn/tensor.h"
+#include "core/status.h"
 
 namespace cairn::tools {
 namespace {
@@ -95,6 +96,44 @@ class Source : public KvSource {
   size_t next_ = 0;
 };
 
+// Copies batches out of rows made before.
+class RowsSource : public KvSource {
+ public:
+  RowsSource(const SyntheticKvRows& rows, int64_t batch_rows)
+      : rows_(rows),
+        spec_(SyntheticKvSpec(1)),
+        batch_rows_(std::max<int64_t>(batch_rows, 1)) {}
+
+  absl::StatusOr<bool> Next(KvBatch& batch) override {
+    if (next_ == rows_.ids.size()) return false;
+    const size_t n =
+        std::min(rows_.ids.size() - next_, static_cast<size_t>(batch_rows_));
+    batch.ids.assign(rows_.ids.begin() + next_, rows_.ids.begin() + next_ + n);
+    batch.columns.resize(spec_.columns.size());
+    for (size_t c = 0; c < spec_.columns.size(); ++c) {
+      const KvColumn& col = spec_.columns[c];
+      Tensor& t = batch.columns[c];
+      if (t.dtype() != col.dtype ||
+          t.shape() != Shape{static_cast<int64_t>(n), col.width}) {
+        absl::StatusOr<Tensor> fresh =
+            Tensor::Empty(col.dtype, {static_cast<int64_t>(n), col.width});
+        if (!fresh.ok()) return fresh.status();
+        t = *std::move(fresh);
+      }
+      const size_t row = col.width * DTypeSize(col.dtype);
+      std::memcpy(t.data(), rows_.columns[c].data() + next_ * row, n * row);
+    }
+    next_ += n;
+    return true;
+  }
+
+ private:
+  const SyntheticKvRows& rows_;
+  KvTableSpec spec_;
+  int64_t batch_rows_;
+  size_t next_ = 0;
+};
+
 }  // namespace
 
 KvTableSpec SyntheticKvSpec(int64_t buckets) {
@@ -126,6 +165,25 @@ std::unique_ptr<KvSource> SyntheticKvSource(const KvTableSpec& spec,
                                             std::vector<int64_t> ids,
                                             int64_t batch_rows) {
   return std::make_unique<Source>(spec, std::move(ids), batch_rows);
+}
+
+SyntheticKvRows MakeSyntheticKvRows(std::vector<int64_t> ids) {
+  const KvTableSpec spec = SyntheticKvSpec(1);
+  SyntheticKvRows out;
+  out.ids = std::move(ids);
+  for (size_t c = 0; c < spec.columns.size(); ++c) {
+    const size_t row = spec.columns[c].width * DTypeSize(spec.columns[c].dtype);
+    std::vector<std::byte>& col = out.columns.emplace_back(out.ids.size() * row);
+    for (size_t r = 0; r < out.ids.size(); ++r) {
+      FillRow(out.ids[r], c, col.data() + r * row, row);
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<KvSource> SyntheticKvRowsSource(const SyntheticKvRows& rows,
+                                                int64_t batch_rows) {
+  return std::make_unique<RowsSource>(rows, batch_rows);
 }
 
 CheckingKvSink::CheckingKvSink(KvTableSpec dest, KvBucketRange owned,
@@ -161,6 +219,71 @@ absl::Status CheckingKvSink::Apply(std::span<const int64_t> ids,
     }
   }
   rows_ += ids.size();
+  return absl::OkStatus();
+}
+
+KeepingKvSink::KeepingKvSink(uint64_t capacity) {
+  const KvTableSpec spec = SyntheticKvSpec(1);
+  // Zero-filled: every page touched before the load, as the dense rows'
+  // destinations are.
+  kept_.ids.assign(capacity, 0);
+  for (const KvColumn& c : spec.columns) {
+    row_bytes_.push_back(c.width * DTypeSize(c.dtype));
+    kept_.columns.emplace_back(capacity * row_bytes_.back());
+  }
+}
+
+absl::Status KeepingKvSink::Apply(std::span<const int64_t> ids,
+                                  std::span<const TensorView> columns) {
+  if (columns.size() != kept_.columns.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "got %d columns, the table has %d", columns.size(),
+        kept_.columns.size()));
+  }
+  if (ids.size() > kept_.ids.size() - rows_) {
+    return absl::DataLossError(absl::StrFormat(
+        "got %d rows more than the %d this rank's buckets hold",
+        ids.size() - (kept_.ids.size() - rows_), kept_.ids.size()));
+  }
+  std::memcpy(kept_.ids.data() + rows_, ids.data(), ids.size() * 8);
+  for (size_t c = 0; c < columns.size(); ++c) {
+    const size_t row = row_bytes_[c];
+    if (columns[c].nbytes() != ids.size() * row) {
+      return absl::InternalError(absl::StrFormat(
+          "column %d holds %d bytes for %d rows of %d", c, columns[c].nbytes(),
+          ids.size(), row));
+    }
+    std::memcpy(kept_.columns[c].data() + rows_ * row, columns[c].data(),
+                columns[c].nbytes());
+  }
+  rows_ += ids.size();
+  return absl::OkStatus();
+}
+
+absl::Status KeepingKvSink::Check(const KvTableSpec& dest, KvBucketRange owned,
+                                  std::vector<int64_t> expected) const {
+  const KvTableSpec spec = SyntheticKvSpec(1);
+  CheckingKvSink check(dest, owned, {0, 1, 2});
+  std::vector<TensorView> views;
+  for (size_t c = 0; c < spec.columns.size(); ++c) {
+    // TensorView takes a mutable pointer; the checking sink only reads.
+    views.emplace_back(const_cast<std::byte*>(kept_.columns[c].data()),
+                       spec.columns[c].dtype,
+                       Shape{static_cast<int64_t>(rows_), spec.columns[c].width});
+  }
+  CAIRN_RETURN_IF_ERROR(check.Apply(
+      std::span<const int64_t>(kept_.ids.data(), rows_), views));
+  std::vector<int64_t> got(kept_.ids.begin(), kept_.ids.begin() + rows_);
+  std::sort(got.begin(), got.end());
+  std::sort(expected.begin(), expected.end());
+  if (got != expected) {
+    const auto dup = std::adjacent_find(got.begin(), got.end());
+    return absl::DataLossError(
+        dup != got.end()
+            ? absl::StrFormat("id %d was loaded twice", *dup)
+            : absl::StrFormat("%d rows loaded where %d were saved, or other ids",
+                              got.size(), expected.size()));
+  }
   return absl::OkStatus();
 }
 

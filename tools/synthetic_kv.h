@@ -37,6 +37,20 @@ std::unique_ptr<KvSource> SyntheticKvSource(const KvTableSpec& spec,
                                             std::vector<int64_t> ids,
                                             int64_t batch_rows);
 
+// The rows of `ids` made before they are saved, each column contiguous, as
+// a table in memory holds them: the benchmark's source, so that its timed
+// save measures cairn, not the generator.
+struct SyntheticKvRows {
+  std::vector<int64_t> ids;
+  std::vector<std::vector<std::byte>> columns;  // the synthetic spec's
+};
+SyntheticKvRows MakeSyntheticKvRows(std::vector<int64_t> ids);
+
+// A source that copies `rows` (which must outlive it) out in batches of
+// `batch_rows`.
+std::unique_ptr<KvSource> SyntheticKvRowsSource(const SyntheticKvRows& rows,
+                                                int64_t batch_rows);
+
 // A sink that checks every row it is given against the generator (and its
 // id against `owned` buckets of `dest`) and counts them; it keeps nothing.
 // The columns it takes are `columns` (indices into the synthetic spec's).
@@ -53,6 +67,28 @@ class CheckingKvSink : public KvSink {
   KvBucketRange owned_;
   std::vector<int> columns_;
   KvTableSpec saved_;  // the synthetic spec, for its columns' sizes
+  uint64_t rows_ = 0;
+};
+
+// A sink that keeps every row (all columns of the synthetic spec) in
+// memory allocated and touched up front for `capacity` rows, as a table's
+// backend would hold them; Check() then checks them, after the timer. More
+// rows than `capacity` fail the load.
+class KeepingKvSink : public KvSink {
+ public:
+  explicit KeepingKvSink(uint64_t capacity);
+  absl::Status Apply(std::span<const int64_t> ids,
+                     std::span<const TensorView> columns) override;
+  uint64_t rows() const { return rows_; }
+
+  // Every row kept is in one of `dest`'s `owned` buckets and holds what
+  // was saved for its id, and the ids kept are `expected`, each once.
+  absl::Status Check(const KvTableSpec& dest, KvBucketRange owned,
+                     std::vector<int64_t> expected) const;
+
+ private:
+  SyntheticKvRows kept_;
+  std::vector<size_t> row_bytes_;  // of each column
   uint64_t rows_ = 0;
 };
 
