@@ -1334,15 +1334,17 @@ void Bench::CheckRss() {
     if (row.name == "kv_save" || row.name.ends_with("_cache_all")) continue;
     if (row.name == "load_sink" || row.name.starts_with("kv_load")) {
       // Streaming's bound: what the sinks keep (the kv rows: the table's
-      // rows, in memory touched before the load), the budget and 128 MiB
-      // (the process itself, metadata), whatever the state's size.
-      const uint64_t limit =
-          row.dest_bytes + o_.memory_budget_bytes + (uint64_t{128} << 20);
+      // rows, in memory touched before the load), each rank's budget
+      // (the ranks are threads of this process) and 128 MiB (the process
+      // itself, metadata), whatever the state's size.
+      const uint64_t limit = row.dest_bytes +
+                             o_.memory_budget_bytes * row.ranks +
+                             (uint64_t{128} << 20);
       if (o_.memory_budget_bytes != 0 && row.peak_rss_bytes > limit) {
         findings_.push_back(absl::StrFormat(
-            "%s: peak RSS %.1f MiB is more than the rows kept + "
+            "%s: peak RSS %.1f MiB is more than the rows kept + %d x "
             "--memory-budget + 128 MiB (%.1f MiB)",
-            row.name, MiB(row.peak_rss_bytes), MiB(limit)));
+            row.name, MiB(row.peak_rss_bytes), row.ranks, MiB(limit)));
       }
       continue;
     }
@@ -1440,9 +1442,9 @@ absl::Status Bench::RunKv() {
   if (load != nullptr && all != nullptr) {
     findings_.push_back(absl::StrFormat(
         "kv: peak RSS %.1f MiB streaming (%.1f MiB of rows kept by the "
-        "sinks, budget %.1f MiB) vs %.1f MiB caching every row first "
-        "(FBGEMM's way); %.2fx its speed",
-        MiB(load->peak_rss_bytes), MiB(load->dest_bytes),
+        "sinks, %d ranks of budget %.1f MiB each) vs %.1f MiB caching every "
+        "row first (FBGEMM's way); %.2fx its speed",
+        MiB(load->peak_rss_bytes), MiB(load->dest_bytes), load->ranks,
         MiB(o_.memory_budget_bytes), MiB(all->peak_rss_bytes),
         all->seconds() / load->seconds()));
   }
