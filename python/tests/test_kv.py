@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import cairn
 from gloo_jobs import init, run
+from conftest import data_files
 from kv_util import (CollectingSink, DictSource, check_rows, check_table,
                      dict_rows, ids_of, rows_of, spec)
 
@@ -96,6 +97,31 @@ def test_python_source_into_python_sinks(ckpt):
     got, cols = sink.result()
     assert sorted(got.tolist()) == ids.tolist()
     check_rows(got, cols, ["count", "weight"])
+
+
+def test_table_files_open_with_safetensors(ckpt):
+    """The reference safetensors reader opens the table's files (no holes,
+    every entry where its header says) and finds every saved row: each
+    chunk's ids beside its columns, row i of each the i-th id's."""
+    from safetensors import safe_open
+    ids = ids_of(3000, seed=8)
+    save_one(ckpt, ids, kv_chunk_bytes=20_000, write_buffer_bytes=4096)
+    files = [p for p in data_files(ckpt) if "-kv" in p.name]
+    assert files
+    seen = []
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            assert f.metadata()["format"] == "cairn"
+            chunks = sorted({k.rsplit(".", 1)[0] for k in f.keys()})
+            for chunk in chunks:
+                assert chunk.startswith("emb.user@kv")
+                got = f.get_tensor(chunk + ".ids")
+                want = rows_of(got.numpy())
+                for name in ALL:
+                    assert torch.equal(f.get_tensor(f"{chunk}.{name}"),
+                                       want[name]), (path.name, chunk, name)
+                seen.extend(got.tolist())
+    assert sorted(seen) == ids.tolist()
 
 
 def test_numpy_sink_and_numpy_source(ckpt):
