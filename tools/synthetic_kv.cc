@@ -89,6 +89,20 @@ class Source : public KvSource {
     return true;
   }
 
+  absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
+    const size_t n = std::min(ids_.size() - next_, room.capacity);
+    std::memcpy(room.ids, ids_.data() + next_, n * 8);
+    for (size_t c = 0; c < spec_.columns.size(); ++c) {
+      const KvColumn& col = spec_.columns[c];
+      const size_t row = col.width * DTypeSize(col.dtype);
+      for (size_t r = 0; r < n; ++r) {
+        FillRow(ids_[next_ + r], c, room.columns[c] + r * row, row);
+      }
+    }
+    next_ += n;
+    return n;
+  }
+
  private:
   KvTableSpec spec_;
   std::vector<int64_t> ids_;
@@ -125,6 +139,19 @@ class RowsSource : public KvSource {
     }
     next_ += n;
     return true;
+  }
+
+  absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
+    const size_t n = std::min(rows_.ids.size() - next_, room.capacity);
+    std::memcpy(room.ids, rows_.ids.data() + next_, n * 8);
+    for (size_t c = 0; c < spec_.columns.size(); ++c) {
+      const KvColumn& col = spec_.columns[c];
+      const size_t row = col.width * DTypeSize(col.dtype);
+      std::memcpy(room.columns[c], rows_.columns[c].data() + next_ * row,
+                  n * row);
+    }
+    next_ += n;
+    return n;
   }
 
  private:

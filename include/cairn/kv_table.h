@@ -124,6 +124,15 @@ struct KvBatch {
   std::vector<Tensor> columns;
 };
 
+// Where KvSource::NextInto writes rows: room for `capacity` rows (at
+// least 1), row i's id at ids[i] and its bytes of column c (the spec's
+// order) at columns[c] + i x width_c x the dtype's size.
+struct KvRowsRoom {
+  size_t capacity = 0;
+  int64_t* ids = nullptr;
+  std::vector<std::byte*> columns;
+};
+
 // Save side: a backend's rows, as a pull iterator. Begin() pins a
 // consistent view (a snapshot); Next() fills `batch` with the next rows in
 // (bucket, id) order and returns false once there are none; End() releases
@@ -133,6 +142,14 @@ class KvSource {
   virtual ~KvSource() = default;
   virtual absl::Status Begin() { return absl::OkStatus(); }
   virtual absl::StatusOr<bool> Next(KvBatch& batch) = 0;
+  // Optional, and a copy cheaper: writes the next rows (the ones Next
+  // would give, at most room.capacity) straight into the save's chunk and
+  // returns how many, 0 once there are none. A save asks for it first; a
+  // source that does not override it (kUnimplemented) is pulled with
+  // Next, whose batch the save copies.
+  virtual absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) {
+    return absl::UnimplementedError("KvSource::NextInto");
+  }
   virtual absl::Status End() { return absl::OkStatus(); }
 };
 

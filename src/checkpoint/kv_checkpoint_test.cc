@@ -39,6 +39,20 @@ using testing_util::KvSpec;
 
 KvTableSpec Spec(int64_t buckets = 16) { return KvSpec(buckets); }
 
+// A source that hides NextInto: pulled with Next.
+class NextOnlySource : public KvSource {
+ public:
+  explicit NextOnlySource(KvSource& inner) : inner_(inner) {}
+  absl::Status Begin() override { return inner_.Begin(); }
+  absl::StatusOr<bool> Next(KvBatch& batch) override {
+    return inner_.Next(batch);
+  }
+  absl::Status End() override { return inner_.End(); }
+
+ private:
+  KvSource& inner_;
+};
+
 class KvCheckpointTest : public testing::Test {
  protected:
   // Saves a table of `ids` from `world` ranks (their default buckets).
@@ -247,6 +261,56 @@ TEST_F(KvCheckpointTest, ChunksWrittenWhileTheyFill) {
   }
 }
 
+// A source pulled with Next (its batches copied) and the same rows pulled
+// with NextInto (written straight into the chunk) save the same chunks,
+// byte for byte.
+TEST_F(KvCheckpointTest, NextAndNextIntoSaveTheSameChunks) {
+  const std::vector<int64_t> ids = Ids(20000, 6);
+  const KvTableSpec spec = Spec(64);
+  std::vector<KvTableMetadata> saved;
+  for (bool into : {true, false}) {
+    SCOPED_TRACE(into ? "NextInto" : "Next");
+    SaveOptions so;
+    so.overwrite = true;
+    so.kv_chunk_bytes = 64 << 10;
+    so.write_buffer_bytes = 8192;
+    std::vector<absl::Status> st =
+        RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+          const KvBucketRange mine = KvBucketsOfRank(64, 2, comm.rank());
+          CAIRN_ASSIGN_OR_RETURN(auto table,
+                                 InMemoryKvTable::Create("emb", spec, mine));
+          CAIRN_RETURN_IF_ERROR(Fill(*table, ids));
+          std::unique_ptr<KvSource> source = table->Source(100);
+          NextOnlySource next_only(*source);
+          SaveOptions o = so;
+          o.comm = &comm;
+          o.kv_tables.push_back({"emb.user", spec, std::nullopt,
+                                 into ? source.get() : &next_only});
+          StateDict sd;
+          return Save(sd, dir(), o).status();
+        });
+    for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+    absl::StatusOr<Metadata> md = ReadMetadata(dir());
+    ASSERT_TRUE(md.ok()) << md.status();
+    saved.push_back(md->kv_tables.at("emb.user"));
+    LoadAndCheck(3, ids, spec, spec);
+  }
+  ASSERT_EQ(saved[0].chunks.size(), saved[1].chunks.size());
+  EXPECT_GT(saved[0].chunks.size(), 10u);
+  EXPECT_EQ(saved[0].rows_per_bucket, saved[1].rows_per_bucket);
+  for (size_t k = 0; k < saved[0].chunks.size(); ++k) {
+    const KvChunkMetadata& a = saved[0].chunks[k];
+    const KvChunkMetadata& b = saved[1].chunks[k];
+    EXPECT_EQ(a.rows, b.rows) << k;
+    EXPECT_EQ(a.ids.crc32c, b.ids.crc32c) << k;
+    ASSERT_EQ(a.columns.size(), b.columns.size());
+    for (size_t c = 0; c < a.columns.size(); ++c) {
+      EXPECT_EQ(a.columns[c].crc32c, b.columns[c].crc32c) << k << " " << c;
+      EXPECT_EQ(a.columns[c].nbytes, b.columns[c].nbytes) << k << " " << c;
+    }
+  }
+}
+
 // The real backend end to end: a table saved from RocksDB on 4
 // ranks loads into RocksDB on 3, every id and row compared, then into 2
 // ranks of another bucketing.
@@ -415,21 +479,52 @@ TEST_F(KvCheckpointTest, MergeRefusesMissingBuckets) {
   EXPECT_FALSE(std::filesystem::exists(dir() + "/metadata.json"));
 }
 
-// A source that yields the batches it is given.
+// A source that yields the batches it is given: with Next only, or
+// (`into`) through NextInto as well, copying their rows into the room;
+// `overclaim`: NextInto says it wrote one row more than there was room for.
 class ScriptedSource : public KvSource {
  public:
-  explicit ScriptedSource(std::vector<KvBatch> batches)
-      : batches_(std::move(batches)) {}
+  explicit ScriptedSource(std::vector<KvBatch> batches, bool into = false,
+                          bool overclaim = false)
+      : batches_(std::move(batches)), into_(into), overclaim_(overclaim) {}
   absl::StatusOr<bool> Next(KvBatch& batch) override {
     if (next_ == batches_.size()) return false;
     batch = batches_[next_++];
     return true;
   }
+  absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
+    if (!into_) return KvSource::NextInto(room);
+    if (overclaim_) return room.capacity + 1;
+    size_t n = 0;
+    while (n < room.capacity && next_ < batches_.size()) {
+      const KvBatch& b = batches_[next_];
+      const size_t take = std::min(b.ids.size() - row_, room.capacity - n);
+      std::copy_n(b.ids.begin() + row_, take, room.ids + n);
+      for (size_t c = 0; c < b.columns.size(); ++c) {
+        const size_t bytes = b.columns[c].nbytes() / b.ids.size();
+        std::memcpy(room.columns[c] + n * bytes,
+                    static_cast<const std::byte*>(b.columns[c].data()) +
+                        row_ * bytes,
+                    take * bytes);
+      }
+      n += take;
+      row_ += take;
+      if (row_ == b.ids.size()) {
+        ++next_;
+        row_ = 0;
+      }
+    }
+    return n;
+  }
 
  private:
   std::vector<KvBatch> batches_;
+  bool into_;
+  bool overclaim_;
   size_t next_ = 0;
+  size_t row_ = 0;  // of batches_[next_], for NextInto
 };
+
 
 // A batch of `ids` for Spec()'s columns (zeros), or with column `wrong`
 // of dtype U8.
@@ -455,6 +550,7 @@ TEST_F(KvCheckpointTest, BadSavesFailEveryRankAndCommitNothing) {
     // What rank r saves (Spec(), B = 16, over 2 ranks).
     std::function<void(int, KvTableToSave&, std::vector<KvBatch>&)> edit;
     bool tensor_named_like_table = false;
+    bool overclaim = false;  // rank 0's NextInto
   };
   std::vector<Case> cases = {
       {"id outside the rank's buckets",
@@ -492,10 +588,20 @@ TEST_F(KvCheckpointTest, BadSavesFailEveryRankAndCommitNothing) {
        }},
       {"a tensor of the same name", "it names both a key-value table and a leaf",
        [](int, KvTableToSave&, std::vector<KvBatch>&) {}, true},
+      {"NextInto claims more rows than its room",
+       "NextInto() says it wrote",
+       [](int r, KvTableToSave&, std::vector<KvBatch>& b) {
+         if (r == 0) b = {Batch({0})};
+       },
+       false, true},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    const std::string where = tmp_.path() + "/" + std::to_string(&c - &cases[0]);
+  // Each case with sources pulled through Next, then through NextInto (a
+  // batch's wrong dtype cannot happen there; overclaiming only can).
+  int run = 0;
+  for (bool into : {false, true}) for (const Case& c : cases) {
+    if (into ? c.name == "wrong column dtype" : c.overclaim) continue;
+    SCOPED_TRACE(absl::StrCat(c.name, into ? ", NextInto" : ", Next"));
+    const std::string where = tmp_.path() + "/" + std::to_string(run++);
     float value = 1;
     std::vector<absl::Status> st =
         RunInProcess(2, [&](Communicator& comm) -> absl::Status {
@@ -503,7 +609,7 @@ TEST_F(KvCheckpointTest, BadSavesFailEveryRankAndCommitNothing) {
           KvTableToSave t{"emb.user", Spec(), std::nullopt, nullptr};
           std::vector<KvBatch> batches = {Batch({r == 0 ? int64_t{0} : 8})};
           c.edit(r, t, batches);
-          ScriptedSource source(batches);
+          ScriptedSource source(batches, into, c.overclaim && r == 0);
           if (t.source == nullptr && !(c.name == "no source")) {
             t.source = &source;
           }

@@ -279,7 +279,50 @@ class TableWriter {
     return absl::OkStatus();
   }
 
+  // Pulls with NextInto, or with Next when the source has only that.
   absl::Status Pull(KvSource& source) {
+    // Rows a NextInto call gets room for: a write piece's worth, so that
+    // the early writes keep up.
+    const size_t per_call =
+        std::max<size_t>(1, WritePiece() / static_cast<size_t>(row_bytes_));
+    while (true) {
+      CAIRN_ASSIGN_OR_RETURN(Stage * s, GetStage(current_));
+      KvRowsRoom room;
+      room.capacity = std::min(per_call, cap_ - rows_);
+      room.ids = reinterpret_cast<int64_t*>(Region(*s, 0)) + rows_;
+      for (size_t c = 0; c + 1 < region_bytes_.size(); ++c) {
+        room.columns.push_back(Region(*s, c + 1) + rows_ * region_bytes_[c + 1]);
+      }
+      absl::StatusOr<size_t> got = source.NextInto(room);
+      if (absl::IsUnimplemented(got.status()) && total_rows_ == 0) {
+        return PullBatches(source);
+      }
+      CAIRN_RETURN_IF_ERROR(Annotate(got.status(), Where("NextInto()")));
+      if (*got == 0) return absl::OkStatus();
+      if (*got > room.capacity) {
+        return Bad(absl::StrFormat(
+            "NextInto() says it wrote %d rows into room for %d", *got,
+            room.capacity));
+      }
+      if (file_ == nullptr) CAIRN_RETURN_IF_ERROR(OpenFile());
+      for (size_t i = 0; i < *got; ++i) {
+        CAIRN_RETURN_IF_ERROR(Check(room.ids[i], rows_ + i));
+      }
+      CAIRN_RETURN_IF_ERROR(Took(*got));
+    }
+  }
+
+  // `n` rows more are in the chunk being filled, checked.
+  absl::Status Took(size_t n) {
+    rows_ += n;
+    WriteEarly(stages_[current_]);
+    if (rows_ < cap_) return absl::OkStatus();
+    // End the chunk at the last bucket boundary in its second half, else
+    // where it is full.
+    return Emit(boundary_ >= (cap_ + 1) / 2 ? boundary_ : rows_, false);
+  }
+
+  absl::Status PullBatches(KvSource& source) {
     KvBatch batch;
     while (true) {
       absl::StatusOr<bool> more = source.Next(batch);
@@ -304,15 +347,8 @@ class TableWriter {
                           pos * row,
                       take * row);
         }
-        rows_ += take;
         pos += take;
-        WriteEarly(s);
-        if (rows_ == cap_) {
-          // End the chunk at the last bucket boundary in its second half,
-          // else where it is full.
-          CAIRN_RETURN_IF_ERROR(Emit(
-              boundary_ >= (cap_ + 1) / 2 ? boundary_ : rows_, false));
-        }
+        CAIRN_RETURN_IF_ERROR(Took(take));
       }
     }
   }

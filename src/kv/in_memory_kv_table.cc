@@ -60,6 +60,21 @@ class InMemorySource : public KvSource {
     return true;
   }
 
+  absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
+    if (!begun_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "key-value table %s: NextInto() before Begin()", table_.name()));
+    }
+    const size_t n = std::min(order_.size() - next_, room.capacity);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t id = order_[next_ + i].second;
+      room.ids[i] = id;
+      internal_kv::UnpackKvRow(table_.spec(), table_.Find(id), i, room);
+    }
+    next_ += n;
+    return n;
+  }
+
   absl::Status End() override {
     order_.clear();
     begun_ = false;

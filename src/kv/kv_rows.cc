@@ -115,4 +115,15 @@ void UnpackKvRow(const KvTableSpec& spec, const std::byte* row, int64_t i,
   }
 }
 
+void UnpackKvRow(const KvTableSpec& spec, const std::byte* row, size_t i,
+                 const KvRowsRoom& room) {
+  size_t at = 0;
+  for (size_t c = 0; c < spec.columns.size(); ++c) {
+    const size_t bytes = static_cast<size_t>(spec.columns[c].width) *
+                         DTypeSize(spec.columns[c].dtype);
+    std::memcpy(room.columns[c] + i * bytes, row + at, bytes);
+    at += bytes;
+  }
+}
+
 }  // namespace cairn::internal_kv

@@ -50,6 +50,10 @@ absl::StatusOr<std::vector<Tensor>> NewKvBatchColumns(const KvTableSpec& spec,
 void UnpackKvRow(const KvTableSpec& spec, const std::byte* row, int64_t i,
                  std::span<Tensor> columns);
 
+// Copies `row` (spec.row_bytes() bytes) into row `i` of `room`.
+void UnpackKvRow(const KvTableSpec& spec, const std::byte* row, size_t i,
+                 const KvRowsRoom& room);
+
 }  // namespace cairn::internal_kv
 
 #endif  // CAIRN_KV_KV_ROWS_H_

@@ -483,6 +483,24 @@ class RocksDbKvTable::RocksDbSource : public KvSource {
     return true;
   }
 
+  absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
+    if (it_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "key-value table %s: NextInto() before Begin()", table_.name));
+    }
+    size_t n = 0;
+    for (; it_->Valid() && n < room.capacity; it_->Next(), ++n) {
+      int64_t bucket = 0;
+      CAIRN_RETURN_IF_ERROR(table_.CheckKey(it_->key(), &bucket, &room.ids[n]));
+      CAIRN_RETURN_IF_ERROR(table_.CheckValue(it_->key(), it_->value()));
+      internal_kv::UnpackKvRow(
+          table_.spec, reinterpret_cast<const std::byte*>(it_->value().data()),
+          n, room);
+    }
+    if (!it_->status().ok()) return table_.Error(it_->status(), "iterating");
+    return n;
+  }
+
   absl::Status End() override {
     Release();
     return absl::OkStatus();
