@@ -1367,6 +1367,9 @@ absl::Status Bench::RunKv() {
       HumanBytes(rows * (8 + SyntheticKvSpec(1).row_bytes())), w, lw);
   Row save("kv_save", "save", std::nullopt, w);
   for (int i = 0; i < o_.repeat; ++i) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // every sample saves afresh, as save_sync's
+    if (ec) return StatusFromErrno(ec.value(), "remove", dir);
     const std::string what =
         absl::StrFormat("kv_save, sample %d of %d", i + 1, o_.repeat);
     CAIRN_ASSIGN_OR_RETURN(ChildResult r, Sample(what, [&] {

@@ -113,7 +113,6 @@ absl::StatusOr<json> KvSaveSample(const std::string& dir, uint64_t rows,
         std::unique_ptr<KvSource> source = SyntheticKvRowsSource(held, 4096);
         SaveOptions so;
         so.comm = &comm;
-        so.overwrite = true;
         so.kv_tables.push_back({kTable, spec, mine, source.get()});
         StateDict sd;
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
