@@ -58,43 +58,59 @@ bool RowMatches(int64_t id, size_t c, const std::byte* in, size_t bytes) {
   return diff == 0;
 }
 
-class Source : public KvSource {
+// A source of the synthetic spec's columns whose Next fills its batch
+// through its own NextInto.
+class IntoSource : public KvSource {
  public:
-  Source(KvTableSpec spec, std::vector<int64_t> ids, int64_t batch_rows)
-      : spec_(std::move(spec)),
-        ids_(std::move(ids)),
-        batch_rows_(std::max<int64_t>(batch_rows, 1)) {}
+  explicit IntoSource(int64_t batch_rows)
+      : spec_(SyntheticKvSpec(1)),
+        batch_rows_(static_cast<size_t>(std::max<int64_t>(batch_rows, 1))) {}
 
   absl::StatusOr<bool> Next(KvBatch& batch) override {
-    if (next_ == ids_.size()) return false;
-    const size_t n =
-        std::min(ids_.size() - next_, static_cast<size_t>(batch_rows_));
-    batch.ids.assign(ids_.begin() + next_, ids_.begin() + next_ + n);
+    const size_t n = std::min(left(), batch_rows_);
+    if (n == 0) return false;
+    batch.ids.resize(n);
     batch.columns.resize(spec_.columns.size());
+    KvRowsRoom room{n, batch.ids.data(), {}};
     for (size_t c = 0; c < spec_.columns.size(); ++c) {
       const KvColumn& col = spec_.columns[c];
       Tensor& t = batch.columns[c];
-      if (t.dtype() != col.dtype ||
-          t.shape() != Shape{static_cast<int64_t>(n), col.width}) {
-        absl::StatusOr<Tensor> fresh =
-            Tensor::Empty(col.dtype, {static_cast<int64_t>(n), col.width});
+      const Shape shape{static_cast<int64_t>(n), col.width};
+      if (t.dtype() != col.dtype || t.shape() != shape) {
+        absl::StatusOr<Tensor> fresh = Tensor::Empty(col.dtype, shape);
         if (!fresh.ok()) return fresh.status();
         t = *std::move(fresh);
       }
-      const size_t row = col.width * DTypeSize(col.dtype);
-      auto* out = static_cast<std::byte*>(t.data());
-      for (size_t r = 0; r < n; ++r) FillRow(batch.ids[r], c, out + r * row, row);
+      room.columns.push_back(static_cast<std::byte*>(t.data()));
     }
-    next_ += n;
+    absl::StatusOr<size_t> got = NextInto(room);
+    if (!got.ok()) return got.status();
     return true;
   }
 
+ protected:
+  virtual size_t left() const = 0;
+  size_t RowBytes(size_t c) const {
+    return spec_.columns[c].width * DTypeSize(spec_.columns[c].dtype);
+  }
+
+  KvTableSpec spec_;
+
+ private:
+  size_t batch_rows_;
+};
+
+// Makes each row as it is pulled.
+class Source : public IntoSource {
+ public:
+  Source(std::vector<int64_t> ids, int64_t batch_rows)
+      : IntoSource(batch_rows), ids_(std::move(ids)) {}
+
   absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
-    const size_t n = std::min(ids_.size() - next_, room.capacity);
+    const size_t n = std::min(left(), room.capacity);
     std::memcpy(room.ids, ids_.data() + next_, n * 8);
     for (size_t c = 0; c < spec_.columns.size(); ++c) {
-      const KvColumn& col = spec_.columns[c];
-      const size_t row = col.width * DTypeSize(col.dtype);
+      const size_t row = RowBytes(c);
       for (size_t r = 0; r < n; ++r) {
         FillRow(ids_[next_ + r], c, room.columns[c] + r * row, row);
       }
@@ -104,49 +120,23 @@ class Source : public KvSource {
   }
 
  private:
-  KvTableSpec spec_;
+  size_t left() const override { return ids_.size() - next_; }
+
   std::vector<int64_t> ids_;
-  int64_t batch_rows_;
   size_t next_ = 0;
 };
 
-// Copies batches out of rows made before.
-class RowsSource : public KvSource {
+// Copies rows made before.
+class RowsSource : public IntoSource {
  public:
   RowsSource(const SyntheticKvRows& rows, int64_t batch_rows)
-      : rows_(rows),
-        spec_(SyntheticKvSpec(1)),
-        batch_rows_(std::max<int64_t>(batch_rows, 1)) {}
-
-  absl::StatusOr<bool> Next(KvBatch& batch) override {
-    if (next_ == rows_.ids.size()) return false;
-    const size_t n =
-        std::min(rows_.ids.size() - next_, static_cast<size_t>(batch_rows_));
-    batch.ids.assign(rows_.ids.begin() + next_, rows_.ids.begin() + next_ + n);
-    batch.columns.resize(spec_.columns.size());
-    for (size_t c = 0; c < spec_.columns.size(); ++c) {
-      const KvColumn& col = spec_.columns[c];
-      Tensor& t = batch.columns[c];
-      if (t.dtype() != col.dtype ||
-          t.shape() != Shape{static_cast<int64_t>(n), col.width}) {
-        absl::StatusOr<Tensor> fresh =
-            Tensor::Empty(col.dtype, {static_cast<int64_t>(n), col.width});
-        if (!fresh.ok()) return fresh.status();
-        t = *std::move(fresh);
-      }
-      const size_t row = col.width * DTypeSize(col.dtype);
-      std::memcpy(t.data(), rows_.columns[c].data() + next_ * row, n * row);
-    }
-    next_ += n;
-    return true;
-  }
+      : IntoSource(batch_rows), rows_(rows) {}
 
   absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
-    const size_t n = std::min(rows_.ids.size() - next_, room.capacity);
+    const size_t n = std::min(left(), room.capacity);
     std::memcpy(room.ids, rows_.ids.data() + next_, n * 8);
     for (size_t c = 0; c < spec_.columns.size(); ++c) {
-      const KvColumn& col = spec_.columns[c];
-      const size_t row = col.width * DTypeSize(col.dtype);
+      const size_t row = RowBytes(c);
       std::memcpy(room.columns[c], rows_.columns[c].data() + next_ * row,
                   n * row);
     }
@@ -155,9 +145,9 @@ class RowsSource : public KvSource {
   }
 
  private:
+  size_t left() const override { return rows_.ids.size() - next_; }
+
   const SyntheticKvRows& rows_;
-  KvTableSpec spec_;
-  int64_t batch_rows_;
   size_t next_ = 0;
 };
 
@@ -191,7 +181,7 @@ std::vector<int64_t> SyntheticKvIds(const KvTableSpec& spec, uint64_t rows,
 std::unique_ptr<KvSource> SyntheticKvSource(const KvTableSpec& spec,
                                             std::vector<int64_t> ids,
                                             int64_t batch_rows) {
-  return std::make_unique<Source>(spec, std::move(ids), batch_rows);
+  return std::make_unique<Source>(std::move(ids), batch_rows);
 }
 
 SyntheticKvRows MakeSyntheticKvRows(std::vector<int64_t> ids) {

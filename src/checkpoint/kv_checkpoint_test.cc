@@ -55,10 +55,12 @@ class NextOnlySource : public KvSource {
 
 class KvCheckpointTest : public testing::Test {
  protected:
-  // Saves a table of `ids` from `world` ranks (their default buckets).
+  // Saves a table of `ids` from `world` ranks (their default buckets);
+  // `next_only`: their sources pulled with Next, not NextInto.
   std::vector<absl::Status> SaveTable(int world, const std::vector<int64_t>& ids,
                                       const KvTableSpec& spec,
-                                      SaveOptions base = {}) {
+                                      SaveOptions base = {},
+                                      bool next_only = false) {
     return RunInProcess(world, [&](Communicator& comm) -> absl::Status {
       const KvBucketRange mine =
           KvBucketsOfRank(spec.num_buckets, world, comm.rank());
@@ -66,9 +68,11 @@ class KvCheckpointTest : public testing::Test {
                              InMemoryKvTable::Create("emb", spec, mine));
       CAIRN_RETURN_IF_ERROR(Fill(*table, ids));
       std::unique_ptr<KvSource> source = table->Source(100);
+      NextOnlySource batches(*source);
       SaveOptions o = base;
       o.comm = &comm;
-      o.kv_tables.push_back({"emb.user", spec, std::nullopt, source.get()});
+      o.kv_tables.push_back({"emb.user", spec, std::nullopt,
+                             next_only ? &batches : source.get()});
       StateDict sd;
       return Save(sd, dir(), o).status();
     });
@@ -274,22 +278,9 @@ TEST_F(KvCheckpointTest, NextAndNextIntoSaveTheSameChunks) {
     so.overwrite = true;
     so.kv_chunk_bytes = 64 << 10;
     so.write_buffer_bytes = 8192;
-    std::vector<absl::Status> st =
-        RunInProcess(2, [&](Communicator& comm) -> absl::Status {
-          const KvBucketRange mine = KvBucketsOfRank(64, 2, comm.rank());
-          CAIRN_ASSIGN_OR_RETURN(auto table,
-                                 InMemoryKvTable::Create("emb", spec, mine));
-          CAIRN_RETURN_IF_ERROR(Fill(*table, ids));
-          std::unique_ptr<KvSource> source = table->Source(100);
-          NextOnlySource next_only(*source);
-          SaveOptions o = so;
-          o.comm = &comm;
-          o.kv_tables.push_back({"emb.user", spec, std::nullopt,
-                                 into ? source.get() : &next_only});
-          StateDict sd;
-          return Save(sd, dir(), o).status();
-        });
-    for (const absl::Status& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (const absl::Status& s : SaveTable(2, ids, spec, so, !into)) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
     absl::StatusOr<Metadata> md = ReadMetadata(dir());
     ASSERT_TRUE(md.ok()) << md.status();
     saved.push_back(md->kv_tables.at("emb.user"));
