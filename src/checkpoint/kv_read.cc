@@ -135,7 +135,6 @@ absl::StatusOr<const std::byte*> KvPieceReader::ReadEntry(
     std::string_view what, size_t chunk, std::byte* into, KvPieceBytes& out) {
   const bool blocks = !loc.block_crc32c.empty();
   const auto [from, to] = ToRead(loc, begin, end);
-  const std::byte* buf = into;
   const File* f = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -155,7 +154,7 @@ absl::StatusOr<const std::byte*> KvPieceReader::ReadEntry(
     for (uint64_t at = from; at < to; at += block_bytes_) {
       const uint64_t n = std::min(block_bytes_, to - at);
       const uint64_t k = at / block_bytes_;
-      const uint32_t got = internal_format::Crc32c(buf + (at - from), n);
+      const uint32_t got = internal_format::Crc32c(into + (at - from), n);
       if (k >= loc.block_crc32c.size() || got != loc.block_crc32c[k]) {
         return mismatch(at, n,
                         k < loc.block_crc32c.size() ? loc.block_crc32c[k] : 0,
@@ -163,10 +162,10 @@ absl::StatusOr<const std::byte*> KvPieceReader::ReadEntry(
       }
     }
   } else if (verify_) {
-    const uint32_t got = internal_format::Crc32c(buf, to - from);
+    const uint32_t got = internal_format::Crc32c(into, to - from);
     if (got != loc.crc32c) return mismatch(0, loc.nbytes, loc.crc32c, got);
   }
-  return buf + (begin - from);
+  return into + (begin - from);
 }
 
 absl::Status KvPieceReader::CheckIds(const KvPieceBytes& p) const {
