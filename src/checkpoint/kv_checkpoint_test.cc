@@ -19,6 +19,7 @@
 #include "cairn/rocksdb_kv_table.h"
 #include "cairn/verify.h"
 #include "checkpoint/expect_util.h"
+#include "checkpoint/kv_save.h"
 #include "checkpoint/kv_test_util.h"
 #include "checkpoint/test_util.h"
 #include "core/status.h"
@@ -753,6 +754,50 @@ TEST_F(KvCheckpointTest, BadLoadsFailEveryRank) {
     EXPECT_EQ(st[0].code(), absl::StatusCode::kDataLoss);
     EXPECT_THAT(std::string(st[0].message()),
                 HasSubstr("key-value table \"emb.user\", chunk"));
+  }
+}
+
+// What ranks send the coordinator about their tables is checked as it is
+// decoded: a valid spec, a range of its buckets, a row count per bucket.
+// (Found by the kv_messages fuzz target: a range from -2^63 overflowed the
+// coordinator's arithmetic.)
+TEST(KvSaveCodecTest, DecodersRefuseBadTablesFromRanks) {
+  using internal_checkpoint::DecodeKvDeclarations;
+  using internal_checkpoint::DecodeKvWritten;
+  using internal_checkpoint::EncodeKvDeclarations;
+  using internal_checkpoint::EncodeKvWritten;
+  using internal_checkpoint::KvDeclaration;
+  using internal_checkpoint::KvTablePart;
+  using internal_checkpoint::KvWritten;
+  auto part = [](KvBucketRange buckets, size_t counts) {
+    KvWritten w;
+    w.parts.push_back(KvTablePart{"emb.user", Spec(), buckets,
+                                  std::vector<uint64_t>(counts, 1), {}});
+    return EncodeKvWritten(w);
+  };
+  EXPECT_TRUE(DecodeKvWritten(part({2, 4}, 2), "rank 1's report").ok());
+  for (const auto& [bytes, expect] :
+       std::vector<std::pair<std::string, std::string>>{
+           {part({INT64_MIN + 4, 2}, 0), "are not a range of its 16"},
+           {part({3, 2}, 0), "buckets [3, 2) are not a range of its 16"},
+           {part({14, 17}, 3), "buckets [14, 17) are not a range of its 16"},
+           {part({2, 4}, 3), "3 row counts for buckets [2, 4)"}}) {
+    absl::StatusOr<KvWritten> got = DecodeKvWritten(bytes, "rank 1's report");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << expect;
+    EXPECT_THAT(std::string(got.status().message()),
+                testing::AllOf(HasSubstr("rank 1's report"),
+                               HasSubstr("emb.user"), HasSubstr(expect)));
+  }
+  KvTableSpec no_buckets = Spec();
+  no_buckets.num_buckets = 0;
+  for (const KvDeclaration& d :
+       {KvDeclaration{"emb.user", no_buckets, {0, 0}},
+        KvDeclaration{"emb.user", Spec(), {-1, 3}},
+        KvDeclaration{"", Spec(), {0, 3}}}) {
+    absl::StatusOr<std::vector<KvDeclaration>> got =
+        DecodeKvDeclarations(EncodeKvDeclarations({d}), "rank 2's plan");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr("rank 2's plan"));
   }
 }
 

@@ -79,6 +79,19 @@ void GetTable(ByteReader& r, std::string& fqn, KvTableSpec& spec,
   spec = GetSpec(r);
   buckets.begin = r.I64();
   buckets.end = r.I64();
+  if (r.failed()) return;
+  // Checked as anything read from elsewhere: the coordinator sorts and
+  // subtracts these ranges and sizes rows by the spec.
+  if (fqn.empty()) return r.Fail("a key-value table without a name");
+  if (absl::Status s = ValidateKvTableSpec(fqn, spec); !s.ok()) {
+    return r.Fail(std::string(s.message()));
+  }
+  if (buckets.begin < 0 || buckets.end < buckets.begin ||
+      buckets.end > spec.num_buckets) {
+    r.Fail(absl::StrFormat("key-value table %s: buckets %s are not a range "
+                           "of its %d",
+                           fqn, KvRangeText(buckets), spec.num_buckets));
+  }
 }
 
 void PutLocation(ByteWriter& w, const ByteLocation& loc) {
@@ -312,6 +325,11 @@ absl::StatusOr<KvWritten> DecodeKvWritten(std::string_view bytes,
     p.rows_per_bucket.reserve(counts);
     for (uint64_t b = 0; b < counts && !r.failed(); ++b) {
       p.rows_per_bucket.push_back(r.U64());
+    }
+    if (!r.failed() && counts != static_cast<uint64_t>(p.buckets.size())) {
+      r.Fail(absl::StrFormat("key-value table %s: %d row counts for buckets "
+                             "%s",
+                             p.fqn, counts, KvRangeText(p.buckets)));
     }
     const uint64_t chunks = r.Count(16);
     for (uint64_t k = 0; k < chunks && !r.failed(); ++k) {
