@@ -4,6 +4,13 @@
 //   cairn_fuzz_replay CORPUS_ROOT            replay CORPUS_ROOT/<target>/*
 //   cairn_fuzz_replay --write-seeds ROOT     write ROOT/<target>/seed-N
 //   cairn_fuzz_replay --pack OUT DIR...      pack the files of DIRs into OUT
+//   cairn_fuzz_replay --mutate TARGET N LAST
+//                                            N runs of TARGET on its seeds
+//                                            with random edits, each input
+//                                            written to LAST first (a
+//                                            crash leaves it there): a
+//                                            blind fuzzer for machines
+//                                            without clang's libFuzzer
 //
 // A corpus file named *.pack holds many inputs, each a 4-byte
 // little-endian length and that many bytes: the few thousand inputs a
@@ -13,10 +20,13 @@
 // folder, or with an empty one, fails (a corpus that went missing would
 // otherwise pass unseen).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -141,17 +151,76 @@ int Replay(const fs::path& root) {
   return failures == 0 ? 0 : 1;
 }
 
+// Random edits of a seed: bits flipped, bytes set, inserted or erased, a
+// run copied elsewhere, the end cut off.
+std::string Mutate(std::string s, std::mt19937_64& rng) {
+  auto below = [&](size_t n) { return n == 0 ? 0 : rng() % n; };
+  const int edits = 1 + static_cast<int>(below(4));
+  for (int e = 0; e < edits; ++e) {
+    switch (below(6)) {
+      case 0:
+        if (!s.empty()) s[below(s.size())] ^= static_cast<char>(1 << below(8));
+        break;
+      case 1:
+        if (!s.empty()) s[below(s.size())] = static_cast<char>(rng());
+        break;
+      case 2:
+        s.insert(s.begin() + static_cast<std::ptrdiff_t>(below(s.size() + 1)),
+                 static_cast<char>(rng()));
+        break;
+      case 3:
+        if (!s.empty()) s.erase(below(s.size()), 1 + below(4));
+        break;
+      case 4: {
+        if (s.empty()) break;
+        const size_t from = below(s.size());
+        const std::string run = s.substr(from, 1 + below(16));
+        s.insert(below(s.size() + 1), run);
+        break;
+      }
+      default:
+        s.resize(below(s.size() + 1));
+    }
+  }
+  return s;
+}
+
+int MutateRuns(const std::string& name, long runs, const fs::path& last) {
+  for (const cairn::fuzz::Target& t : cairn::fuzz::Registry()) {
+    if (name != t.name) continue;
+    const std::vector<std::string> seeds = t.seeds();
+    std::mt19937_64 rng(20261127);
+    for (long i = 0; i < runs; ++i) {
+      std::string input = seeds[rng() % seeds.size()];
+      // Half the time, edits on edits.
+      for (int round = 0; round < 1 + static_cast<int>(rng() % 3); ++round) {
+        input = Mutate(std::move(input), rng);
+      }
+      std::ofstream(last, std::ios::binary | std::ios::trunc)
+          .write(input.data(), static_cast<std::streamsize>(input.size()));
+      t.fn(input);
+    }
+    std::printf("%s: %ld mutated inputs passed\n", t.name, runs);
+    return 0;
+  }
+  std::fprintf(stderr, "no fuzz target named %s\n", name.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string usage =
       "usage: cairn_fuzz_replay CORPUS_ROOT | --write-seeds ROOT | "
-      "--pack OUT DIR...\n";
+      "--pack OUT DIR... | --mutate TARGET N LAST\n";
   if (argc == 3 && std::string(argv[1]) == "--write-seeds") {
     return WriteSeeds(argv[2]);
   }
   if (argc >= 4 && std::string(argv[1]) == "--pack") {
     return Pack(argv[2], std::vector<fs::path>(argv + 3, argv + argc));
+  }
+  if (argc == 5 && std::string(argv[1]) == "--mutate") {
+    return MutateRuns(argv[2], std::atol(argv[3]), argv[4]);
   }
   if (argc != 2 || argv[1][0] == '-') {
     std::fputs(usage.c_str(), stderr);
