@@ -31,8 +31,9 @@ KvTableSpec SyntheticKvSpec(int64_t buckets);
 std::vector<int64_t> SyntheticKvIds(const KvTableSpec& spec, uint64_t rows,
                                     KvBucketRange owned);
 
-// A source of the rows of `ids` (in (bucket, id) order), made on the fly,
-// `batch_rows` a batch.
+// A source of the rows of `ids` (in (bucket, id) order), made on the fly:
+// straight into the save's chunk (NextInto), or `batch_rows` a batch
+// (Next). `spec`'s columns are the synthetic ones whatever its buckets.
 std::unique_ptr<KvSource> SyntheticKvSource(const KvTableSpec& spec,
                                             std::vector<int64_t> ids,
                                             int64_t batch_rows);
@@ -46,8 +47,8 @@ struct SyntheticKvRows {
 };
 SyntheticKvRows MakeSyntheticKvRows(std::vector<int64_t> ids);
 
-// A source that copies `rows` (which must outlive it) out in batches of
-// `batch_rows`.
+// A source that copies `rows` (which must outlive it) straight into the
+// save's chunk (NextInto), or out in batches of `batch_rows` (Next).
 std::unique_ptr<KvSource> SyntheticKvRowsSource(const SyntheticKvRows& rows,
                                                 int64_t batch_rows);
 
