@@ -1,17 +1,20 @@
 // A key-value table for the tests of saving and loading tables (in-process
 // and MPI): a spec with three columns of different dtypes, a deterministic
-// id set, rows whose bytes follow from their id, and the checks of a
-// loaded table.
+// id set, rows whose bytes follow from their id, the checks of a loaded
+// table, and sources that script their batches or hide NextInto.
 #ifndef CAIRN_CHECKPOINT_KV_TEST_UTIL_H_
 #define CAIRN_CHECKPOINT_KV_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -114,6 +117,81 @@ inline void ExpectRows(const InMemoryKvTable& table, const KvTableSpec& saved,
         return std::string(reinterpret_cast<const char*>(row), row_bytes);
       },
       saved, ids, columns, what);
+}
+
+// A source that hides NextInto: pulled with Next.
+class NextOnlySource : public KvSource {
+ public:
+  explicit NextOnlySource(KvSource& inner) : inner_(inner) {}
+  absl::Status Begin() override { return inner_.Begin(); }
+  absl::StatusOr<bool> Next(KvBatch& batch) override {
+    return inner_.Next(batch);
+  }
+  absl::Status End() override { return inner_.End(); }
+
+ private:
+  KvSource& inner_;
+};
+
+// A source that yields the batches it is given: with Next only, or
+// (`into`) through NextInto as well, copying their rows into the room;
+// `overclaim`: NextInto says it wrote one row more than there was room for.
+class ScriptedSource : public KvSource {
+ public:
+  explicit ScriptedSource(std::vector<KvBatch> batches, bool into = false,
+                          bool overclaim = false)
+      : batches_(std::move(batches)), into_(into), overclaim_(overclaim) {}
+  absl::StatusOr<bool> Next(KvBatch& batch) override {
+    if (next_ == batches_.size()) return false;
+    batch = batches_[next_++];
+    return true;
+  }
+  absl::StatusOr<size_t> NextInto(const KvRowsRoom& room) override {
+    if (!into_) return KvSource::NextInto(room);
+    if (overclaim_) return room.capacity + 1;
+    size_t n = 0;
+    while (n < room.capacity && next_ < batches_.size()) {
+      const KvBatch& b = batches_[next_];
+      const size_t take = std::min(b.ids.size() - row_, room.capacity - n);
+      std::copy_n(b.ids.begin() + row_, take, room.ids + n);
+      for (size_t c = 0; c < b.columns.size(); ++c) {
+        const size_t bytes = b.columns[c].nbytes() / b.ids.size();
+        std::memcpy(room.columns[c] + n * bytes,
+                    static_cast<const std::byte*>(b.columns[c].data()) +
+                        row_ * bytes,
+                    take * bytes);
+      }
+      n += take;
+      row_ += take;
+      if (row_ == b.ids.size()) {
+        ++next_;
+        row_ = 0;
+      }
+    }
+    return n;
+  }
+
+ private:
+  std::vector<KvBatch> batches_;
+  bool into_;
+  bool overclaim_;
+  size_t next_ = 0;
+  size_t row_ = 0;  // of batches_[next_], for NextInto
+};
+
+// A batch of `ids` for KvSpec()'s columns (zeros), or with column `wrong`
+// of dtype U8.
+inline KvBatch Batch(const std::vector<int64_t>& ids, int wrong = -1) {
+  KvBatch b;
+  b.ids = ids;
+  const KvTableSpec spec = KvSpec();
+  for (size_t c = 0; c < spec.columns.size(); ++c) {
+    const DType dtype =
+        static_cast<int>(c) == wrong ? DType::kU8 : spec.columns[c].dtype;
+    b.columns.push_back(*Tensor::Zeros(
+        dtype, {static_cast<int64_t>(ids.size()), spec.columns[c].width}));
+  }
+  return b;
 }
 
 }  // namespace cairn::testing_util
