@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -49,7 +50,16 @@ absl::Status ParallelFor(int64_t n, int threads,
   ParallelLoop loop(n, fn);
   std::vector<std::thread> pool;
   pool.reserve(workers - 1);
-  for (int64_t t = 1; t < workers; ++t) pool.emplace_back([&] { loop.Work(); });
+  for (int64_t t = 1; t < workers; ++t) {
+    // A thread that cannot start (the process's limit) leaves the work to
+    // fewer; letting the exception unwind past the started ones, still
+    // joinable, would terminate the process.
+    try {
+      pool.emplace_back([&] { loop.Work(); });
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   loop.Work();
   for (auto& t : pool) t.join();
   return std::move(loop.failure);
@@ -83,10 +93,14 @@ absl::Status WorkerPool::ParallelFor(
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (threads_.size() < static_cast<size_t>(helpers)) {
-      threads_.emplace_back([this] { Serve(); });
+      try {
+        threads_.emplace_back([this] { Serve(); });
+      } catch (const std::system_error&) {
+        break;  // as in ParallelFor: fewer helpers
+      }
     }
     loop_ = &loop;
-    tickets_ = helpers;
+    tickets_ = std::min(helpers, static_cast<int>(threads_.size()));
   }
   wake_.notify_all();
   loop.Work();
