@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace cairn::fuzz {
 
 using TargetFn = void (*)(std::string_view data);
@@ -88,5 +90,26 @@ std::string JoinRecords(const std::vector<std::string>& records);
   static const ::cairn::fuzz::Registrar cairn_fuzz_registrar_##name(        \
       ::cairn::fuzz::Target{#name, &CairnFuzz_##name, seeds_fn});           \
   static void CairnFuzz_##name(std::string_view data)
+
+namespace cairn::fuzz {
+
+// For codecs: decode `data`, encode, decode and encode again; the two
+// encodings must agree (encoding what decoded is a fixed point). `decode`
+// returns a StatusOr; bytes it refuses are fine.
+template <typename Decode, typename Encode>
+void CheckFixedPoint(std::string_view data, Decode decode, Encode encode,
+                     const char* what) {
+  auto first = decode(data);
+  if (!first.ok()) return;
+  const std::string once = encode(*first);
+  auto second = decode(once);
+  CAIRN_FUZZ_CHECK(second.ok(), absl::StrCat(what, ": its own encoding does "
+                                             "not decode: ",
+                                             second.status().ToString()));
+  CAIRN_FUZZ_CHECK(encode(*second) == once,
+                   absl::StrCat(what, ": encoding is not a fixed point"));
+}
+
+}  // namespace cairn::fuzz
 
 #endif  // CAIRN_FUZZ_FUZZ_TARGET_H_

@@ -33,19 +33,6 @@ using internal_checkpoint::KvDeclaration;
 using internal_checkpoint::KvTablePart;
 using internal_checkpoint::KvWritten;
 
-template <typename Decode, typename Encode>
-void CheckFixedPoint(std::string_view data, Decode decode, Encode encode,
-                     const char* what) {
-  auto first = decode(data);
-  if (!first.ok()) return;
-  const std::string once = encode(*first);
-  auto second = decode(once);
-  CAIRN_FUZZ_CHECK(second.ok(), absl::StrCat(what, ": its own encoding does "
-                                             "not decode: ",
-                                             second.status().ToString()));
-  CAIRN_FUZZ_CHECK(encode(*second) == once,
-                   absl::StrCat(what, ": encoding is not a fixed point"));
-}
 
 KvTableSpec Spec() {
   KvTableSpec s;

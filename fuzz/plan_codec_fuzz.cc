@@ -24,20 +24,6 @@ using internal_plan::DecodeSavePlan;
 using internal_plan::EncodeLoadPlan;
 using internal_plan::EncodeSavePlan;
 
-// Decode, encode, decode and encode again: the two encodings must agree.
-template <typename Decode, typename Encode>
-void CheckFixedPoint(std::string_view data, Decode decode, Encode encode,
-                     const char* what) {
-  auto first = decode(data);
-  if (!first.ok()) return;
-  const std::string once = encode(*first);
-  auto second = decode(once);
-  CAIRN_FUZZ_CHECK(second.ok(), absl::StrCat(what, ": its own encoding does "
-                                             "not decode: ",
-                                             second.status().ToString()));
-  CAIRN_FUZZ_CHECK(encode(*second) == once,
-                   absl::StrCat(what, ": encoding is not a fixed point"));
-}
 
 std::string Tagged(char tag, std::string message) {
   return std::string(1, tag) + message;
