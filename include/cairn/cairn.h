@@ -8,6 +8,8 @@
 #include "cairn/communicator.h" // IWYU pragma: export
 #include "cairn/dlpack.h"       // IWYU pragma: export
 #include "cairn/dtype.h"        // IWYU pragma: export
+#include "cairn/huggingface.h"  // IWYU pragma: export
+#include "cairn/import_names.h" // IWYU pragma: export
 #include "cairn/kv_table.h"     // IWYU pragma: export
 #include "cairn/manager.h"      // IWYU pragma: export
 #include "cairn/metadata.h"     // IWYU pragma: export

@@ -19,6 +19,11 @@
 // staging and has copied every byte to the device when it returns (on an
 // error, device destinations may be partly written).
 //
+// Load, LoadAll and ReadMetadata also read a Hugging Face model folder
+// (model.safetensors, or the files of model.safetensors.index.json) or a
+// single .safetensors file as a checkpoint of one chunk per tensor: see
+// include/cairn/huggingface.h; names: LoadOptions::import_names.
+//
 // Distributed: with SaveOptions::comm / LoadOptions::comm set, every rank of
 // the communicator calls Save (or Load) with the same URL and its own part
 // of the state; rank 0 coordinates. A save writes one data file per rank
@@ -41,6 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "cairn/communicator.h"
+#include "cairn/import_names.h"
 #include "cairn/kv_table.h"
 #include "cairn/metadata.h"
 #include "cairn/planner.h"
@@ -259,6 +265,10 @@ struct LoadOptions {
   // A destination box that the rank's own folder does not fully hold is an
   // error (merge the checkpoint to reshard it). Default: false.
   bool rank_local = false;
+  // Names for a source that is not a cairn checkpoint (a Hugging Face
+  // folder or .safetensors file): prefixes and a mapping hook
+  // (import_names.h). Ignored for checkpoints. Default: names as stored.
+  ImportNames import_names = {};
 };
 
 // Where a load's time went, in seconds, on this rank.
@@ -290,6 +300,12 @@ struct LoadResult {
   // verified (bytes_unverified is 0); without it, none.
   uint64_t bytes_verified = 0;
   uint64_t bytes_unverified = 0;
+  // False when the source holds no checksums (a Hugging Face folder or a
+  // .safetensors file that cairn did not write): then nothing could be
+  // checked, whatever verify_checksums says, and bytes_unverified is every
+  // byte loaded. `cairn convert` makes a checkpoint with CRC32Cs of it
+  // (ConvertToCheckpoint, huggingface.h).
+  bool source_has_checksums = true;
   uint64_t device_bytes = 0;     // of bytes_loaded, copied into device memory
   uint64_t kv_rows = 0;          // key-value table rows applied to this
                                  // rank's sinks
@@ -324,7 +340,9 @@ absl::StatusOr<StateDict> LoadAll(std::string_view url,
 
 // Reads and validates metadata.json (its checksum, docs/format.md 4.0;
 // every field; chunk coverage). kNotFound when there is no committed
-// checkpoint at `url`; kDataLoss naming the file when it is damaged.
+// checkpoint at `url`; kDataLoss naming the file when it is damaged. A
+// Hugging Face folder or .safetensors file gives the metadata of its
+// tensors as stored (has_checksums false; ReadImportedMetadata maps names).
 absl::StatusOr<Metadata> ReadMetadata(std::string_view url);
 
 struct MergeOptions {

@@ -30,6 +30,10 @@ enum class DType : uint8_t {
   kU16,
   kU8,
   kBool,
+  // Appended (the enum's values are stable): the 8-bit exponent-only scale
+  // format of microscaling (MX) blocks, and complex64 (two F32s).
+  kF8_E8M0,
+  kC64,
 };
 
 // Every dtype, in the order above.
@@ -41,7 +45,9 @@ size_t DTypeSize(DType dtype);
 // The safetensors name: "F32", "BF16", "F8_E4M3", "BOOL", ...
 std::string_view DTypeName(DType dtype);
 
-// Inverse of DTypeName. kInvalidArgument for an unknown name.
+// Inverse of DTypeName. kInvalidArgument for an unknown name, and
+// kUnimplemented for the sub-byte safetensors dtypes (F4, F6_E2M3,
+// F6_E3M2), which cairn, addressing whole bytes, does not hold.
 absl::StatusOr<DType> DTypeFromName(std::string_view name);
 
 }  // namespace cairn

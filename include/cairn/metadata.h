@@ -54,6 +54,12 @@ struct TensorMetadata {
   Shape shape;
   // Stored boxes; together they cover the shape exactly once.
   std::vector<ChunkMetadata> chunks;
+  // Metadata made from safetensors files cairn did not write (a Hugging
+  // Face folder, include/cairn/huggingface.h): for each chunk, the name of
+  // the file's entry that holds it, whole or a run of its leading rows (a
+  // chunk's bytes are contiguous in the entry). Empty for checkpoints,
+  // whose entry names follow from the FQN and box (docs/format.md 3.1).
+  std::vector<std::string> source_entries = {};
   uint64_t nbytes() const;  // bytes of the whole tensor
   friend bool operator==(const TensorMetadata&, const TensorMetadata&) =
       default;
@@ -116,6 +122,11 @@ struct Metadata {
   std::string structure = "{}";
   // JSON text of a user-supplied object, stored as given. Default "{}".
   std::string user = "{}";
+  // False for metadata made from safetensors files that cairn did not
+  // write (a Hugging Face folder): no location has a CRC32C, a load
+  // returns every byte unverified and says so (LoadResult::
+  // source_has_checksums), and no encoder writes it to metadata.json.
+  bool has_checksums = true;
 
   // Bytes of all tensors, objects and key-value tables.
   uint64_t total_bytes() const;

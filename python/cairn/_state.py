@@ -43,6 +43,8 @@ _TORCH_NAMES = {
     "uint16": "U16",
     "uint8": "U8",
     "bool": "BOOL",
+    "float8_e8m0fnu": "F8_E8M0",
+    "complex64": "C64",
 }
 _NUMPY_NAMES = dict(_TORCH_NAMES)  # NumPy's dtype names are the same
 _CAIRN_TO_NAME = {v: k for k, v in _TORCH_NAMES.items()}

@@ -28,9 +28,12 @@ absl::StatusOr<SaveResult> SaveToStorage(const StateDict& state,
                                          absl::StatusOr<Storage*> storage,
                                          const SaveOptions& options);
 
+// `source_file`: the URL named a Hugging Face file in this folder
+// (hf_import.h, OpenSourceUrl), which is the source.
 absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
-                                           const LoadOptions& options);
+                                           const LoadOptions& options,
+                                           std::string_view source_file = {});
 
 // Load with metadata already read and validated by this rank (every rank of
 // options.comm must pass the same metadata).
@@ -67,7 +70,8 @@ void SetReplicaHashForTesting(uint64_t (*hash)(std::string_view));
 
 // LoadAll against an opened storage.
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
-                                             const LoadOptions& options);
+                                             const LoadOptions& options,
+                                             std::string_view source_file = {});
 
 // The bytes of the metadata file `name` (metadata.json, or a rank folder's),
 // with capacity to spare for the message header that the load's broadcast
@@ -79,6 +83,13 @@ absl::StatusOr<std::string> ReadMetadataText(Storage& storage,
 
 // Reads, decodes and validates metadata.json (including chunk coverage).
 absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage);
+
+// The same, or, where there is no metadata.json (or `source_file` names a
+// Hugging Face file), the metadata of the Hugging Face source named by
+// `names` (hf_import.h).
+absl::StatusOr<Metadata> ReadAnyMetadata(Storage& storage,
+                                         std::string_view source_file,
+                                         const ImportNames& names);
 
 // The same for a metadata file by name (e.g. "rank-00003/metadata.json");
 // coverage is checked only when it is global metadata (rank < 0).

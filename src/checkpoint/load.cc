@@ -105,6 +105,7 @@
 #include "cairn/storage.h"
 #include "cairn/tensor.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/kv_load.h"
 #include "checkpoint/kv_save.h"
 #include "checkpoint/load_internal.h"
@@ -269,6 +270,20 @@ absl::StatusOr<Metadata> ReadMetadataFromStorage(Storage& storage) {
   return ReadAndValidate(storage);
 }
 
+absl::StatusOr<Metadata> ReadAnyMetadata(Storage& storage,
+                                         std::string_view source_file,
+                                         const ImportNames& names) {
+  if (source_file.empty()) {
+    absl::StatusOr<Metadata> md = ReadAndValidate(storage);
+    if (!absl::IsNotFound(md.status())) return md;
+    CAIRN_ASSIGN_OR_RETURN(bool source, HasImportSource(storage, source_file));
+    if (!source) return NothingToLoad(md.status());
+  }
+  CAIRN_ASSIGN_OR_RETURN(ImportSource imported,
+                         ReadImportSource(storage, source_file));
+  return BuildImportedMetadata(imported, names);
+}
+
 absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
                                           const std::string& name) {
   return ReadAndValidate(storage, name);
@@ -277,7 +292,16 @@ absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
 absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             absl::StatusOr<Storage*> storage,
                                             const Metadata& metadata,
-                                            const LoadOptions& options) {
+                                            const LoadOptions& given) {
+  // Files cairn did not write have no checksums to check (and node reads
+  // exist to check chunks whole).
+  LoadOptions without_checks;
+  if (!metadata.has_checksums) {
+    without_checks = given;
+    without_checks.verify_checksums = false;
+    without_checks.share_node_reads = false;
+  }
+  const LoadOptions& options = metadata.has_checksums ? given : without_checks;
   const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
   Communicator* comm = &ranks.comm();
@@ -511,6 +535,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   (options.verify_checksums ? result->bytes_verified
                             : result->bytes_unverified) = result->bytes_loaded;
   result->chunks_verified += shared_checked;
+  result->source_has_checksums = metadata.has_checksums;
   result->world_size = world;
   result->phases = phases;
   result->phases.planning = planning_done;
@@ -520,7 +545,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
 
 absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
-                                           const LoadOptions& options) {
+                                           const LoadOptions& options,
+                                           std::string_view source_file) {
   if (options.rank_local) return LoadRankLocal(state, storage, options);
   const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
@@ -534,21 +560,44 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   // chunk coverage, and the ranks agree on the outcome. The text is moved
   // into the broadcast and out again, and read with room for the message
   // header in front, so the coordinator never holds a second copy.
+  // A folder without metadata.json may be a Hugging Face folder (or the
+  // URL a .safetensors file): the coordinator sends its index and headers
+  // instead (hf_import.h), and every rank builds the same metadata.
   std::string text;
   absl::Status read = storage.status();
   if (comm.rank() == kCoordinator && read.ok()) {
     absl::StatusOr<std::string> bytes =
-        ReadMetadataText(**storage, kMetadataFileName);
+        source_file.empty() ? ReadMetadataText(**storage, kMetadataFileName)
+                            : absl::NotFoundError("");
+    if (absl::IsNotFound(bytes.status())) {
+      absl::StatusOr<bool> source = HasImportSource(**storage, source_file);
+      if (source.ok() && !*source) bytes = NothingToLoad(bytes.status());
+      if (!source.ok() || *source) {
+        absl::StatusOr<ImportSource> imported =
+            source.ok() ? ReadImportSource(**storage, source_file)
+                        : absl::StatusOr<ImportSource>(source.status());
+        bytes = imported.ok() ? EncodeImportSource(*imported)
+                              : absl::StatusOr<std::string>(imported.status());
+      }
+    }
     read = bytes.status();
     if (bytes.ok()) text = *std::move(bytes);
   }
   CAIRN_ASSIGN_OR_RETURN(std::string shared,
                          BroadcastOutcome(comm, read, std::move(text)));
-  absl::StatusOr<Metadata> metadata = DecodeAndValidate(
-      shared,
-      storage.ok() ? absl::StrCat((*storage)->url(), "/", kMetadataFileName)
-                   : absl::StrCat(kMetadataFileName, " from the coordinator"),
-      /*coverage=*/comm.rank() == kCoordinator);
+  absl::StatusOr<Metadata> metadata =
+      !shared.empty() && shared[0] == kImportSourceMarker
+          ? [&]() -> absl::StatusOr<Metadata> {
+              CAIRN_ASSIGN_OR_RETURN(ImportSource source,
+                                     DecodeImportSource(shared));
+              return BuildImportedMetadata(source, options.import_names);
+            }()
+          : DecodeAndValidate(
+                shared,
+                storage.ok()
+                    ? absl::StrCat((*storage)->url(), "/", kMetadataFileName)
+                    : absl::StrCat(kMetadataFileName, " from the coordinator"),
+                /*coverage=*/comm.rank() == kCoordinator);
   internal_core::ReleaseStorage(shared);
   absl::Status decoded = metadata.status();
   CAIRN_RETURN_IF_ERROR(
@@ -600,8 +649,11 @@ absl::Status CheckLocationsAgainstFiles(Storage& storage,
 }
 
 absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
-                                             const LoadOptions& options) {
-  CAIRN_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFromStorage(storage));
+                                             const LoadOptions& options,
+                                             std::string_view source_file) {
+  CAIRN_ASSIGN_OR_RETURN(
+      Metadata metadata,
+      ReadAnyMetadata(storage, source_file, options.import_names));
   // Before any tensor is allocated at its declared shape: chunks that cover
   // the shape, lie inside real files and share no bytes bound what a
   // hostile metadata.json can make this allocate by the files' total size.

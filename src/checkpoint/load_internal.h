@@ -318,6 +318,9 @@ class Loader {
     std::string what;  // the entry's name: EntryName, or an object's FQN
     DType dtype;
     const Shape* shape;  // the chunk's box sizes; null for an object
+    // `what` is a source entry that holds the chunk (Metadata::
+    // source_entries): SourceEntryMismatch checks it.
+    bool source = false;
   };
 
   Storage& storage_;

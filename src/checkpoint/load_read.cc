@@ -274,17 +274,22 @@ absl::Status Loader::CheckLocations() {
   for (const Needed& n : needed_) {
     const ByteLocation& loc = *n.location;
     const int64_t object_shape = static_cast<int64_t>(loc.nbytes);
-    const std::string wrong = internal_format::EntryMismatch(
-        files_[n.file].header,
-        {n.what, n.dtype,
-         n.shape != nullptr ? std::span<const int64_t>(*n.shape)
-                            : std::span<const int64_t>(&object_shape, 1),
-         loc.offset, loc.nbytes});
+    const internal_format::ExpectedEntry expected{
+        n.what, n.dtype,
+        n.shape != nullptr ? std::span<const int64_t>(*n.shape)
+                           : std::span<const int64_t>(&object_shape, 1),
+        loc.offset, loc.nbytes};
+    const std::string wrong =
+        n.source
+            ? internal_format::SourceEntryMismatch(files_[n.file].header,
+                                                   expected)
+            : internal_format::EntryMismatch(files_[n.file].header, expected);
     if (!wrong.empty()) {
       return absl::DataLossError(absl::StrFormat(
           "header mismatch for %s (%s, offset %d, %d bytes): %s; "
-          "metadata.json and the data file disagree",
-          n.what, loc.file, loc.offset, loc.nbytes, wrong));
+          "%s and the data file disagree",
+          n.what, loc.file, loc.offset, loc.nbytes, wrong,
+          n.source ? "the file's header as first read" : "metadata.json"));
     }
     if (loc.nbytes == 0) continue;
     auto [it, inserted] = claimed.try_emplace({n.file, loc.offset}, &n);

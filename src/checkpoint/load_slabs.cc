@@ -236,10 +236,15 @@ absl::Status Loader::PlanRegion(const std::string& fqn,
                                 std::span<const Target> targets) {
   const size_t es = DTypeSize(tm.dtype);
   const bool whole_chunk = overlap == chunk.box;
-  const std::string what = internal_format::EntryName(
-      fqn, chunk.box, chunk.box == Box::Full(tm.shape));
+  // A chunk of a Hugging Face file is named by the entry that holds it.
+  const bool source = !tm.source_entries.empty();
+  const std::string what =
+      source ? tm.source_entries[static_cast<size_t>(&chunk - tm.chunks.data())]
+             : internal_format::EntryName(fqn, chunk.box,
+                                          chunk.box == Box::Full(tm.shape));
   const int file = FileIndex(chunk.location.file);
-  needed_.push_back({file, &chunk.location, what, tm.dtype, &chunk.box.sizes});
+  needed_.push_back(
+      {file, &chunk.location, what, tm.dtype, &chunk.box.sizes, source});
   if (whole_chunk) carried_.erase(&chunk.location);  // checked here
   // A part of a chunk read in pieces over several Reads (every slab of
   // such a part is contiguous in the file, as a whole chunk's are); else

@@ -18,6 +18,7 @@ namespace {
 constexpr uint8_t kDLBoolCode = 6;
 constexpr uint8_t kDLFloat8E4M3FnCode = 10;
 constexpr uint8_t kDLFloat8E5M2Code = 12;
+constexpr uint8_t kDLFloat8E8M0FnuCode = 14;
 
 struct DLTypeMapping {
   DType dtype;
@@ -41,6 +42,8 @@ constexpr DLTypeMapping kDLTypes[] = {
     {DType::kU16, kDLUInt, 16},
     {DType::kU8, kDLUInt, 8},
     {DType::kBool, kDLBoolCode, 8},
+    {DType::kF8_E8M0, kDLFloat8E8M0FnuCode, 8},
+    {DType::kC64, kDLComplex, 64},
 };
 
 absl::StatusOr<DType> DTypeFromDL(DLDataType t) {

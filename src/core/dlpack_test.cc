@@ -36,7 +36,8 @@ TEST(DLPackTest, DTypeMapping) {
       {kDLInt, 16, DType::kI16},   {kDLInt, 8, DType::kI8},
       {kDLUInt, 64, DType::kU64},  {kDLUInt, 32, DType::kU32},
       {kDLUInt, 16, DType::kU16},  {kDLUInt, 8, DType::kU8},
-      {6, 8, DType::kBool},
+      {6, 8, DType::kBool},        {14, 8, DType::kF8_E8M0},
+      {kDLComplex, 64, DType::kC64},
   };
   ASSERT_EQ(std::size(cases), AllDTypes().size());
   char data[8];

@@ -18,7 +18,7 @@ struct DTypeInfo {
 };
 
 // Indexed by the enum value; order must match the enum in dtype.h.
-constexpr std::array<DTypeInfo, 15> kDTypeInfo = {{
+constexpr std::array<DTypeInfo, 17> kDTypeInfo = {{
     {DType::kF64, 8, "F64"},
     {DType::kF32, 4, "F32"},
     {DType::kF16, 2, "F16"},
@@ -34,7 +34,13 @@ constexpr std::array<DTypeInfo, 15> kDTypeInfo = {{
     {DType::kU16, 2, "U16"},
     {DType::kU8, 1, "U8"},
     {DType::kBool, 1, "BOOL"},
+    {DType::kF8_E8M0, 1, "F8_E8M0"},
+    {DType::kC64, 8, "C64"},
 }};
+
+// Safetensors dtypes of fewer than 8 bits an element, packed: no cairn
+// DType (a box's bytes would not start on a byte).
+constexpr std::string_view kSubByteNames[] = {"F4", "F6_E2M3", "F6_E3M2"};
 
 constexpr bool TableMatchesEnum() {
   for (size_t i = 0; i < kDTypeInfo.size(); ++i) {
@@ -74,6 +80,14 @@ std::string_view DTypeName(DType dtype) {
 absl::StatusOr<DType> DTypeFromName(std::string_view name) {
   for (const DTypeInfo& info : kDTypeInfo) {
     if (info.name == name) return info.dtype;
+  }
+  for (std::string_view sub : kSubByteNames) {
+    if (sub == name) {
+      return absl::UnimplementedError(absl::StrCat(
+          "dtype \"", std::string(name),
+          "\" packs elements of fewer than 8 bits, which cairn does not "
+          "support"));
+    }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype name \"", std::string(name), "\""));

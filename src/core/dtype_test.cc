@@ -3,6 +3,7 @@
 #include <set>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cairn {
@@ -23,6 +24,7 @@ TEST(DTypeTest, SizesAndNames) {
       {DType::kU64, 8, "U64"},         {DType::kU32, 4, "U32"},
       {DType::kU16, 2, "U16"},         {DType::kU8, 1, "U8"},
       {DType::kBool, 1, "BOOL"},
+      {DType::kF8_E8M0, 1, "F8_E8M0"}, {DType::kC64, 8, "C64"},
   };
   ASSERT_EQ(std::size(cases), AllDTypes().size());
   for (const Case& c : cases) {
@@ -48,6 +50,16 @@ TEST(DTypeTest, UnknownNameIsInvalidArgument) {
     auto parsed = DTypeFromName(name);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
         << "\"" << name << "\"";
+  }
+}
+
+TEST(DTypeTest, SubByteDTypesAreUnimplementedNotUnknown) {
+  for (const char* name : {"F4", "F6_E2M3", "F6_E3M2"}) {
+    auto parsed = DTypeFromName(name);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kUnimplemented)
+        << name;
+    EXPECT_THAT(std::string(parsed.status().message()),
+                testing::HasSubstr(name));
   }
 }
 

@@ -1551,14 +1551,29 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
 
 }  // namespace
 
+namespace {
+
+// Metadata made from files cairn did not write never becomes a
+// metadata.json: the file would claim checksums it does not have.
+absl::Status CheckNotImported(const Metadata& metadata) {
+  if (metadata.has_checksums) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "metadata of files without checksums (", metadata.created_by,
+      ") cannot be written as metadata.json; save the tensors instead"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
                                            uint64_t max_bytes) {
+  CAIRN_RETURN_IF_ERROR(CheckNotImported(metadata));
   return Encode(metadata, nullptr, max_bytes);
 }
 
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata,
                                            const FlatChunks& flat,
                                            uint64_t max_bytes) {
+  CAIRN_RETURN_IF_ERROR(CheckNotImported(metadata));
   return Encode(metadata, &flat, max_bytes);
 }
 

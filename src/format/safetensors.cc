@@ -445,4 +445,62 @@ std::string EntryMismatch(const SafetensorsHeader& header,
   return std::string();
 }
 
+std::string SourceEntryMismatch(const SafetensorsHeader& header,
+                                const ExpectedEntry& expected) {
+  const std::vector<SafetensorsEntry>& entries = header.entries;
+  const auto quoted = [](std::string_view name) {
+    return absl::StrCat("'", absl::CHexEscape(AsAbsl(name.substr(0, 256))), "'");
+  };
+  if (expected.offset < header.data_start) {
+    return absl::StrFormat("it lies in the safetensors header (%d bytes)",
+                           header.data_start);
+  }
+  const uint64_t begin = expected.offset - header.data_start;
+  // The entry of that name whose bytes hold `begin` (entries are sorted by
+  // begin; zero-length ones share it with the next).
+  const SafetensorsEntry* e = nullptr;
+  auto it = std::upper_bound(
+      entries.begin(), entries.end(), begin,
+      [](uint64_t b, const SafetensorsEntry& x) { return b < x.begin; });
+  while (it != entries.begin()) {
+    --it;
+    if (it->name == expected.name) {
+      e = &*it;
+      break;
+    }
+    if (it->end <= begin && it->end != it->begin) break;
+  }
+  if (e == nullptr) {
+    return absl::StrFormat("the file has no entry %s at that offset",
+                           quoted(expected.name));
+  }
+  if (begin + expected.nbytes > e->end) {
+    return absl::StrFormat("it runs past the end of entry %s (%d bytes)",
+                           quoted(e->name), e->end - e->begin);
+  }
+  const bool rank_ok = e->shape.size() == expected.shape.size();
+  const bool rest_ok =
+      rank_ok && std::equal(e->shape.begin() + (e->shape.empty() ? 0 : 1),
+                            e->shape.end(),
+                            expected.shape.begin() +
+                                (expected.shape.empty() ? 0 : 1));
+  if (e->dtype != expected.dtype || !rest_ok) {
+    return absl::StrFormat(
+        "its safetensors entry %s is %s [%s], which has no run of rows %s "
+        "[%s]",
+        quoted(e->name), AsAbsl(DTypeName(e->dtype)),
+        absl::StrJoin(e->shape, ", "), AsAbsl(DTypeName(expected.dtype)),
+        absl::StrJoin(expected.shape, ", "));
+  }
+  uint64_t row = DTypeSize(e->dtype);
+  for (size_t d = 1; d < e->shape.size(); ++d) {
+    row *= static_cast<uint64_t>(e->shape[d]);
+  }
+  if (row != 0 && (begin - e->begin) % row != 0) {
+    return absl::StrFormat("it starts inside a row of entry %s",
+                           quoted(e->name));
+  }
+  return std::string();
+}
+
 }  // namespace cairn::internal_format

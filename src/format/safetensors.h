@@ -95,6 +95,14 @@ struct ExpectedEntry {
 std::string EntryMismatch(const SafetensorsHeader& header,
                           const ExpectedEntry& expected);
 
+// The same for a chunk of metadata made from files cairn did not write
+// (Metadata::source_entries): "" when the entry named `expected.name`
+// holds [offset, offset + nbytes) of the file, of its dtype, as a run of
+// its leading rows (`expected.shape` is the entry's shape but for dim 0,
+// and the run starts on a row); else what differs.
+std::string SourceEntryMismatch(const SafetensorsHeader& header,
+                                const ExpectedEntry& expected);
+
 }  // namespace cairn::internal_format
 
 #endif  // CAIRN_FORMAT_SAFETENSORS_H_

@@ -171,7 +171,7 @@ absl::StatusOr<ColumnarPlans> ColumnarPlans::Decode(
           const uint64_t nbytes = rd.U64();
           rd.I64();
           if (rd.failed() || kind > static_cast<uint8_t>(ItemKind::kObject) ||
-              dtype > static_cast<uint8_t>(DType::kBool) ||
+              dtype >= AllDTypes().size() ||
               num_offsets != num_sizes) {
             return Unsupported("a malformed local plan");
           }

@@ -95,7 +95,7 @@ absl::StatusOr<SavePlan> DecodeSavePlan(std::string_view data,
     if (kind > static_cast<uint8_t>(ItemKind::kObject)) r.Fail("bad item kind");
     item.kind = static_cast<ItemKind>(kind);
     const uint8_t dtype = r.U8();
-    if (dtype > static_cast<uint8_t>(DType::kBool)) r.Fail("bad dtype");
+    if (dtype >= AllDTypes().size()) r.Fail("bad dtype");
     item.dtype = static_cast<DType>(dtype);
     item.global_shape = r.Ints();
     item.box = ReadBox(r);

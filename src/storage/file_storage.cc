@@ -73,6 +73,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -1193,6 +1194,16 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenFileUrl(
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> LocalPathOf(std::string_view url) {
+  const size_t scheme = url.find("://");
+  if (scheme != std::string_view::npos &&
+      absl::AsciiStrToLower(std::string(url.substr(0, scheme))) != "file") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "\"%s\" is not a local path or file:// URL", url));
+  }
+  return PathFromUrl(url);
+}
 
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorage(
     std::string path, const StorageOptions& options) {

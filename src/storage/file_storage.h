@@ -22,6 +22,10 @@ namespace cairn::internal_storage {
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorage(
     std::string path, const StorageOptions& options);
 
+// The absolute local path (no trailing slash) that a "file" URL or a bare
+// path names; kInvalidArgument for another scheme or a malformed URL.
+absl::StatusOr<std::string> LocalPathOf(std::string_view url);
+
 // Test seams of the file backend; production code never sets them.
 struct FileStorageTestOptions {
   // Create's open(O_DIRECT) fails with EINVAL without being tried, as on a
