@@ -22,12 +22,9 @@
 #include "cairn/cairn.h"
 #include "format/metadata_codec.h"
 #include "gmock/gmock.h"
+#include "cli_fixture.h"
 #include "gtest/gtest.h"
 #include "synthetic_model.h"
-
-#ifndef CAIRN_BINARY
-#error "CAIRN_BINARY must name the cairn executable"
-#endif
 
 namespace {
 
@@ -35,72 +32,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int rc = -1;
-  std::string out;
-  std::string err;
-  std::string all() const { return out + err; }
-};
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ =
-        std::string(tmp && *tmp ? tmp : "/tmp") + "/cairn-cli-test-XXXXXX";
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    root_ = templ;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-
-  // Runs `cairn args` with stdout and stderr captured separately. The
-  // demo's temporary directories go under this test's root.
-  Result Run(const std::string& args) {
-    const fs::path out = root_ / "stdout", err = root_ / "stderr";
-    // Open MPI leaks at exit in ways LeakSanitizer cannot attribute (see
-    // cairn_add_mpi_test), so sanitized runs that start MPI skip leak checks.
-    const std::string env =
-        args.find("--comm mpi") != std::string::npos
-            ? "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" "
-            : "";
-    const std::string cmd = env + "TMPDIR='" + root_.string() +
-                            "' '" CAIRN_BINARY "' " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    r.out = ReadFile(out);
-    r.err = ReadFile(err);
-    return r;
-  }
-
-  // A small demo checkpoint at root_/ckpt, saved at step 42.
-  fs::path SaveDemo() {
-    const fs::path dir = root_ / "ckpt";
-    Result r = Run("demo -q --size 4MiB --phase save --step 42 --dir '" +
-                   dir.string() + "'");
-    EXPECT_EQ(r.rc, 0) << r.all();
-    return dir;
-  }
-
-  fs::path root_;
-};
-
-nlohmann::json ParseJson(const Result& r) {
-  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r.out;
-  return j;
-}
+using namespace cairn_cli_test;  // NOLINT
 
 // The key-value demo saves on 4 ranks, loads on 3 twice (saved and other
 // bucketing), every row checked, and a kept checkpoint that inspect and

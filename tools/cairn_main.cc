@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "cairn " CAIRN_VERSION_STRING
       ": distributed checkpoints of sharded tensor state.\n"
-      "Inspect, verify and merge checkpoints, run a synthetic save/load "
+      "Inspect, verify, merge and convert checkpoints (and Hugging Face\n"
+      "folders), run a synthetic save/load "
       "demo, or benchmark save and load on your storage.",
       "cairn"};
   app.set_version_flag("--version", "cairn " CAIRN_VERSION_STRING);
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
       "  cairn verify /ckpt/step-100        recompute every checksum\n"
       "  cairn merge /ckpt/step-100         rank-local folders -> global\n"
       "  cairn bench --dir /mnt/nvme/tmp    time save, async save and loads\n"
+      "  cairn convert ~/models/x /ckpt/x   Hugging Face folder <-> checkpoint\n"
       "Run 'cairn <command> --help' for a command's options.");
 
   cairn::tools::RegisterInspect(app);
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   cairn::tools::RegisterDemo(app);
   cairn::tools::RegisterMerge(app);
   cairn::tools::RegisterBench(app);
+  cairn::tools::RegisterConvert(app);
 
   try {
     app.parse(argc, argv);

@@ -29,7 +29,8 @@ void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
 void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]
 void RegisterDemo(CLI::App& app);     // cairn demo [--size ...] [--phase ...]
 void RegisterMerge(CLI::App& app);    // cairn merge CKPT [--overwrite] [--json]
-void RegisterBench(CLI::App& app);    // cairn bench --dir DIR [--size ...]
+void RegisterBench(CLI::App& app);
+void RegisterConvert(CLI::App& app);  // cairn convert SRC DST [--dtype ...]    // cairn bench --dir DIR [--size ...]
 
 }  // namespace cairn::tools
 

@@ -90,6 +90,7 @@ int RunInspect(const InspectOptions& o) {
     j["url"] = o.url;
     j["version"] = md->version;
     j["created_by"] = md->created_by;
+    j["has_checksums"] = md->has_checksums;
     j["world_size"] = md->world_size;
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& [fqn, t] : md->tensors) {
@@ -107,7 +108,10 @@ int RunInspect(const InspectOptions& o) {
                {"file", c.location.file},
                {"offset", c.location.offset},
                {"nbytes", c.location.nbytes},
-               {"crc32c", absl::StrFormat("%08x", c.location.crc32c)}});
+               {"crc32c", md->has_checksums
+                              ? nlohmann::json(absl::StrFormat(
+                                    "%08x", c.location.crc32c))
+                              : nlohmann::json()}});
         }
         e["chunk_list"] = std::move(cs);
       }
@@ -156,10 +160,17 @@ int RunInspect(const InspectOptions& o) {
     return 0;
   }
 
-  std::cout << absl::StrFormat(
-      "checkpoint %s: format v%d, %s, world size %d\n", o.url, md->version,
-      md->created_by.empty() ? "(unknown writer)" : md->created_by,
-      md->world_size);
+  if (md->has_checksums) {
+    std::cout << absl::StrFormat(
+        "checkpoint %s: format v%d, %s, world size %d\n", o.url, md->version,
+        md->created_by.empty() ? "(unknown writer)" : md->created_by,
+        md->world_size);
+  } else {
+    std::cout << absl::StrFormat(
+        "Hugging Face model %s: safetensors files without checksums (cairn "
+        "convert makes a checkpoint with them)\n",
+        o.url);
+  }
   if (!md->tensors.empty()) {
     size_t w_fqn = 6, w_shape = 5;
     for (const auto& [fqn, t] : md->tensors) {

@@ -37,6 +37,7 @@ void PrintJson(const std::string& url, const VerifyReport& r, double gbps) {
   j["objects"] = r.objects;
   j["format_version"] = r.format_version;
   j["metadata_checksum"] = r.metadata_checksum;
+  j["has_checksums"] = r.has_checksums;
   j["files"] = r.files;
   j["bytes"] = r.bytes_checked;
   j["seconds"] = r.seconds;
@@ -56,7 +57,14 @@ void PrintJson(const std::string& url, const VerifyReport& r, double gbps) {
 
 void PrintText(const VerifyReport& r, double gbps) {
   for (const VerifyProblem& p : r.problems) std::cout << p.message << "\n";
-  if (r.ok()) {
+  if (r.ok() && !r.has_checksums) {
+    std::cout << absl::StrFormat(
+        "OK (structure only): a Hugging Face model, %s in %s, index and "
+        "headers consistent; it holds no checksums to check (cairn convert "
+        "makes a checkpoint with them)\n",
+        Plural(r.tensors, "tensor"),
+        Plural(static_cast<uint64_t>(r.files), "file"));
+  } else if (r.ok()) {
     std::cout << absl::StrFormat(
         "OK: metadata.json (%s), %s and %s in %s, %s (%d bytes) checked "
         "in %.3f s (%.2f GB/s)\n",
@@ -143,6 +151,9 @@ void RegisterVerify(CLI::App& app) {
       "files, checks that each data file's safetensors header lists every\n"
       "chunk and object at the metadata's offset with its name, dtype and\n"
       "shape, and reports missing or truncated files.\n"
+      "A Hugging Face folder or .safetensors file gets every check but the\n"
+      "checksums, which it does not have: its index and headers (entries\n"
+      "tiling each file, sizes matching shapes and dtypes).\n"
       "Reports every problem (FQN, file, offset) and exits 1 if there is\n"
       "any; otherwise prints a one-line summary and exits 0.\n\n"
       "Examples:\n"

@@ -70,8 +70,12 @@ struct VerifyProblem {
 };
 
 struct VerifyReport {
-  // From metadata.json.
+  // From metadata.json (0 for a Hugging Face source).
   int format_version = 0;
+  // False for a Hugging Face folder or .safetensors file: its index and
+  // headers were checked (every step but 5), but it holds no checksums to
+  // recompute, so bytes_checked is 0.
+  bool has_checksums = true;
   // Whether metadata.json opens with its own checksum (which then matched;
   // format version 2 and later always do, version 1 may).
   bool metadata_checksum = false;

@@ -44,6 +44,7 @@
 #include "cairn/metadata.h"
 #include "cairn/storage.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/kv_save.h"
 #include "core/buffer_pool.h"
 #include "core/parallel.h"
@@ -71,6 +72,8 @@ struct Item {
   DType dtype = DType::kU8;
   Shape shape;
   bool is_object = false;
+  // entry_name is a source entry holding it (Metadata::source_entries).
+  bool source = false;
 };
 
 std::string Where(const Item& item) {
@@ -113,12 +116,16 @@ std::vector<Item> CollectItems(const Metadata& md) {
   std::vector<Item> items;
   for (const auto& [fqn, t] : md.tensors) {
     const Box full = Box::Full(t.shape);
-    for (const ChunkMetadata& c : t.chunks) {
+    for (size_t k = 0; k < t.chunks.size(); ++k) {
+      const ChunkMetadata& c = t.chunks[k];
       const bool whole = c.box == full;
+      const bool source = !t.source_entries.empty();
       items.push_back(
           {fqn, whole ? fqn : absl::StrCat(fqn, "@", c.box.ToString()),
-           &c.location, internal_format::EntryName(fqn, c.box, whole), t.dtype,
-           c.box.sizes, false});
+           &c.location,
+           source ? t.source_entries[k]
+                  : internal_format::EntryName(fqn, c.box, whole),
+           t.dtype, c.box.sizes, false, source});
     }
   }
   for (const auto& [fqn, loc] : md.objects) {
@@ -255,9 +262,11 @@ void CheckHeader(const ReadableFile& file, const std::string& name,
   for (const Item* item : items) {
     const ByteLocation& loc = *item->location;
     if (loc.nbytes == 0) continue;  // nothing stored, nothing to list
-    const std::string wrong = internal_format::EntryMismatch(
-        *header,
-        {item->entry_name, item->dtype, item->shape, loc.offset, loc.nbytes});
+    const internal_format::ExpectedEntry expected{
+        item->entry_name, item->dtype, item->shape, loc.offset, loc.nbytes};
+    const std::string wrong =
+        item->source ? internal_format::SourceEntryMismatch(*header, expected)
+                     : internal_format::EntryMismatch(*header, expected);
     if (!wrong.empty()) {
       problems.push_back(
           {"header", item->fqn, name, loc.offset,
@@ -416,13 +425,16 @@ absl::Status ValidateOptions(const VerifyOptions& options) {
 
 // Steps 1-5 on `storage`; every check but the options'.
 absl::StatusOr<VerifyReport> VerifyInStorage(Storage& storage,
+                                             std::string_view source_file,
                                              const VerifyOptions& options) {
-  // Step 1, as ReadMetadata.
-  CAIRN_ASSIGN_OR_RETURN(const Metadata md, ReadMetadataFromStorage(storage));
+  // Step 1, as ReadMetadata (a Hugging Face source: its index and headers).
+  CAIRN_ASSIGN_OR_RETURN(const Metadata md,
+                         ReadAnyMetadata(storage, source_file, {}));
   Verification v{md, storage, CollectItems(md)};
   VerifyReport report;
   report.format_version = md.version;
-  report.metadata_checksum = MetadataSealed(storage, md);
+  report.metadata_checksum = md.has_checksums && MetadataSealed(storage, md);
+  report.has_checksums = md.has_checksums;
   report.tensors = md.tensors.size();
   for (const auto& [fqn, t] : md.tensors) report.chunks += t.chunks.size();
   report.objects = md.objects.size();
@@ -433,8 +445,9 @@ absl::StatusOr<VerifyReport> VerifyInStorage(Storage& storage,
   for (const auto& [name, file] : v.files) {  // step 4
     CheckHeader(*file, name, v.by_file[name], v.problems);
   }
-  CAIRN_RETURN_IF_ERROR(
-      CheckChecksums(v, options, &report.bytes_checked));  // step 5
+  if (md.has_checksums) {  // step 5
+    CAIRN_RETURN_IF_ERROR(CheckChecksums(v, options, &report.bytes_checked));
+  }
   report.problems = std::move(v.problems);
   return report;
 }
@@ -446,10 +459,12 @@ absl::StatusOr<VerifyReport> Verify(std::string_view url,
                                     const VerifyOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   CAIRN_RETURN_IF_ERROR(internal_checkpoint::ValidateOptions(options));
-  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage, Storage::Open(url));
+  CAIRN_ASSIGN_OR_RETURN(internal_checkpoint::OpenedSource opened,
+                         internal_checkpoint::OpenSourceUrl(url));
   CAIRN_ASSIGN_OR_RETURN(
       VerifyReport report,
-      internal_checkpoint::VerifyInStorage(*storage, options));
+      internal_checkpoint::VerifyInStorage(*opened.storage, opened.file,
+                                           options));
   report.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - start)
                        .count();

@@ -60,7 +60,7 @@ TEST(DLPackTest, UnsupportedDTypeIsInvalidArgument) {
   char data[16];
   std::vector<int64_t> shape = {1};
   const DLDataType bad[] = {
-      {kDLComplex, 64, 1}, {kDLOpaqueHandle, 64, 1}, {kDLFloat, 8, 1},
+      {kDLComplex, 128, 1}, {kDLOpaqueHandle, 64, 1}, {kDLFloat, 8, 1},
       {kDLInt, 4, 1},      {kDLBfloat, 32, 1},       {6, 1, 1},  // 1-bit bool
       {7, 8, 1},                                                 // float8_e3m4
   };
