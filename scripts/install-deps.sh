@@ -33,4 +33,6 @@ if [ "${CAIRN_SKIP_PYTHON:-0}" != 1 ]; then
   PYTHON="${PYTHON:-python3}"
   echo "install-deps: Python packages for $($PYTHON --version 2>&1) ($(command -v "$PYTHON"))"
   $PYTHON -m pip install -q --disable-pip-version-check -r python/requirements.txt
+  $PYTHON -m pip install -q --disable-pip-version-check --no-deps \
+    -r python/requirements-nodeps.txt
 fi

@@ -5,6 +5,10 @@
     cairn.load(state_dict, "/ckpt/step-100")          # in place, resharded
     sd = cairn.load_all("/ckpt/step-100")             # everything, one process
 
+Hugging Face folders: load(), load_all() and read_metadata() read them
+(strip_prefix, add_prefix, name_map rename and fuse tensors); save_hf()
+and export_hf() write them; convert_to_checkpoint() adds checksums.
+
 Key-value embedding tables go beside the state dict: save(...,
 kv_tables=[cairn.KvTableToSave(...)]), load(..., kv_tables=[...]).
 
@@ -17,6 +21,8 @@ from . import _cairn
 from ._api import (AsyncSaver, CheckpointManager, LoadResult, SaveFuture,
                    SavePlanCache, SaveResult, VerifyReport, load, load_all,
                    merge, read_metadata, save, verify)
+from ._hf import (convert_to_checkpoint, export_hf, fuse_tensors,
+                  is_safetensors_source, save_hf, split_rows)
 from ._comm import TorchCommunicator, in_process, local, mpi_world
 from ._kv import (InMemoryKvTable, KvColumn, KvTableSource, KvTableSpec,
                   KvTableToLoad, KvTableToSave, RocksDbKvTable, kv_bucket_of,
@@ -45,6 +51,8 @@ __all__ = [
     "ResourceExhaustedError", "RocksDbKvTable", "SaveFuture",
     "SavePlanCache", "SaveResult",
     "TorchCommunicator", "UnavailableError", "UnimplementedError",
+    "convert_to_checkpoint", "export_hf", "fuse_tensors",
+    "is_safetensors_source", "save_hf", "split_rows",
     "has_mpi", "in_process", "kv_bucket_of", "kv_buckets_of_rank", "load",
     "load_all", "local", "merge", "mpi_world",
     "read_metadata", "save", "ShardedTensor", "verify", "VerifyReport",

@@ -92,6 +92,15 @@ def load(state_dict, path, *, comm=None, strict=True, allow_pickle=True,
     (io_threads, rank_local, broadcast_replicas, memory_budget_bytes, ...)
     are LoadOptions'. Returns a cairn.LoadResult (`kv_rows`: the table
     rows this rank's sinks took).
+
+    `path` may be a Hugging Face folder (model.safetensors, or
+    model.safetensors.index.json and its files) or a .safetensors file:
+    each stored tensor is one chunk, read in the byte ranges the shards
+    need. Such files have no checksums: the result's source_has_checksums
+    is False and bytes_unverified counts every byte. `strip_prefix` and
+    `add_prefix` rename its tensors; `name_map(tensors)` gets them as a
+    list of dicts (fqn, dtype, shape, parts) and returns the list to load
+    (see cairn.fuse_tensors and cairn.split_rows).
     """
     prepared = _state.Prepared(state_dict, for_load=True)
     entries, sinks = _kv.load_entries(kv_tables)

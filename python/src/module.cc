@@ -17,6 +17,7 @@
 #include "convert.h"
 #include "core/flatten.h"
 #include "kv.h"
+#include "huggingface.h"
 #include "prepare.h"
 #include "py_communicator.h"
 
@@ -112,6 +113,7 @@ py::dict MetadataToDict(const Metadata& m) {
   d["structure"] = m.structure;
   d["user"] = m.user;
   d["total_bytes"] = m.total_bytes();
+  d["has_checksums"] = m.has_checksums;
   return d;
 }
 
@@ -178,6 +180,7 @@ LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
     else if (key == "device_batch_bytes") o.device_batch_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "memory_budget_bytes") o.memory_budget_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
+    else if (ImportNameOption(key, v, o.import_names)) continue;
     else throw py::type_error(absl::StrCat("unexpected load option '", key, "'"));
   }
   return o;
@@ -375,6 +378,7 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("chunks_verified", &LoadResult::chunks_verified)
       .def_readonly("bytes_verified", &LoadResult::bytes_verified)
       .def_readonly("bytes_unverified", &LoadResult::bytes_unverified)
+      .def_readonly("source_has_checksums", &LoadResult::source_has_checksums)
       .def_readonly("device_bytes", &LoadResult::device_bytes)
       .def_readonly("kv_rows", &LoadResult::kv_rows)
       .def_readonly("world_size", &LoadResult::world_size)
@@ -428,6 +432,28 @@ PYBIND11_MODULE(_cairn, m) {
       },
       py::arg("prepared"), py::arg("url"), py::arg("comm") = py::none(),
       py::arg("kv_tables") = py::none());
+
+  m.def(
+      "save_hf",
+      [](py::handle prepared, const std::string& dir, std::optional<Comm> comm,
+         uint64_t max_shard_size, py::handle dtype, bool overwrite,
+         py::handle progress) {
+        HfExportOptions options =
+            HfExportOptionsFrom(max_shard_size, dtype, overwrite, progress);
+        options.comm = CommOf(comm);
+        KeepAlive keep;
+        StateDict state = StateOf(prepared, /*writable=*/false, keep);
+        absl::StatusOr<HfExportResult> result;
+        {
+          py::gil_scoped_release release;
+          result = SaveHuggingFace(state, dir, options);
+        }
+        return HfExportResultToDict(Unwrap(std::move(result)));
+      },
+      py::arg("prepared"), py::arg("dir"), py::arg("comm"),
+      py::arg("max_shard_size"), py::arg("dtype"), py::arg("overwrite"),
+      py::arg("progress"));
+  RegisterHuggingFace(m);
 
   m.def(
       "load_all",
@@ -484,6 +510,7 @@ PYBIND11_MODULE(_cairn, m) {
   py::class_<VerifyReport>(m, "VerifyReport")
       .def_readonly("format_version", &VerifyReport::format_version)
       .def_readonly("metadata_checksum", &VerifyReport::metadata_checksum)
+      .def_readonly("has_checksums", &VerifyReport::has_checksums)
       .def_readonly("tensors", &VerifyReport::tensors)
       .def_readonly("chunks", &VerifyReport::chunks)
       .def_readonly("objects", &VerifyReport::objects)

