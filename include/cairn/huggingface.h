@@ -78,8 +78,10 @@ struct HfExportOptions {
   bool overwrite = false;
   // The ranks exporting together (SaveHuggingFace); null: this process.
   Communicator* comm = nullptr;
-  // Called on the coordinator, on its own thread, now and then during the
-  // write: tensor bytes written so far by this rank, and of all ranks.
+  // Called as tensors are written, on the coordinator (SaveHuggingFace) or
+  // the one process (ExportToHuggingFace), from its writing threads, one
+  // call at a time: tensor bytes it has written so far, and the total it
+  // writes. Default: none.
   std::function<void(uint64_t done, uint64_t total)> progress;
   // ExportToHuggingFace: how the checkpoint is read.
   LoadOptions load = {};

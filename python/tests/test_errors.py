@@ -93,7 +93,7 @@ def test_missing_key_strict_and_not(saved):
 
 def test_unsupported_values_name_the_fqn(ckpt):
     with pytest.raises(cairn.InvalidArgumentError, match="'m.z'.*complex"):
-        cairn.save({"m": {"z": torch.zeros(2, dtype=torch.complex64)}}, ckpt)
+        cairn.save({"m": {"z": torch.zeros(2, dtype=torch.complex128)}}, ckpt)
     with pytest.raises(cairn.InvalidArgumentError, match="keys must be str"):
         cairn.save({"m": {1: torch.zeros(2)}}, ckpt)
     with pytest.raises(cairn.InvalidArgumentError, match="sparse|strided"):
@@ -120,7 +120,7 @@ def test_bad_sharded_tensors_name_the_fqn(ckpt):
         cairn.save({"s": cairn.ShardedTensor([4, 4], [((0, 0), [1, 2])])}, ckpt)
     with pytest.raises(cairn.InvalidArgumentError, match="'s'.*complex"):
         cairn.save({"s": cairn.ShardedTensor(
-            [4], [((0,), torch.zeros(4, dtype=torch.complex64))])}, ckpt)
+            [4], [((0,), torch.zeros(4, dtype=torch.complex128))])}, ckpt)
     assert not (ckpt / "metadata.json").exists()
 
 

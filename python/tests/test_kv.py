@@ -47,7 +47,7 @@ def test_spec_normalizes_dtypes_and_is_checked():
     with pytest.raises(cairn.InvalidArgumentError, match="dtype"):
         cairn.KvColumn("w", "float128", 1)
     with pytest.raises(cairn.InvalidArgumentError):
-        cairn.KvColumn("w", torch.complex64, 1)
+        cairn.KvColumn("w", torch.complex128, 1)
 
 
 def test_bucketing():

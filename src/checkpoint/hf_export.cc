@@ -21,12 +21,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -529,9 +529,16 @@ absl::Status WriteAssigned(const std::string& dir,
         mapped[f], MappedFile::Open(absl::StrCat(dir, "/", a.files[f], kPartialSuffix),
                                     /*write=*/true));
   }
-  std::atomic<uint64_t> done{0};
+  // Bytes written (in the folder's dtypes), and the calls of `progress`,
+  // one at a time.
+  auto out_bytes = [&](const ShardedTensor& t, const Shard& s) {
+    return static_cast<uint64_t>(s.box.num_elements()) *
+           DTypeSize(ExportedDType(t.dtype(), options.dtype));
+  };
+  std::mutex progress_mu;
+  uint64_t done = 0;
   uint64_t mine = 0;
-  for (const auto& [t, s] : jobs) mine += t->shards()[s].view.nbytes();
+  for (const auto& [t, s] : jobs) mine += out_bytes(*t, t->shards()[s]);
   CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
       static_cast<int64_t>(jobs.size()), std::max(1, options.load.io_threads / 2),
       [&](int64_t j) -> absl::Status {
@@ -550,12 +557,13 @@ absl::Status WriteAssigned(const std::string& dir,
             Annotate(WriteBox(shard.view, shard.box, t->global_shape(), to,
                               mapped.at(f)->data() + offset),
                      fqns[static_cast<size_t>(j)]));
-        const uint64_t now = done += shard.view.nbytes();
-        if (report && options.progress) options.progress(now, mine);
+        std::lock_guard<std::mutex> lock(progress_mu);
+        done += out_bytes(*t, shard);
+        if (report && options.progress) options.progress(done, mine);
         return absl::OkStatus();
       }));
   for (auto& [f, m] : mapped) CAIRN_RETURN_IF_ERROR(m->Sync());
-  written = done.load();
+  written = done;
   return absl::OkStatus();
 }
 
