@@ -447,72 +447,80 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   // coordinator combines the CRC32Cs of their parts (one gather of a few
   // bytes per part, and the verdict to every rank).
   absl::Status read = result.status();
-  std::string mine_pieces;
-  if (read.ok()) {
-    absl::StatusOr<std::string> encoded = EncodeSharedPieces(metadata, shared);
-    read = encoded.status();
-    if (encoded.ok()) mine_pieces = *std::move(encoded);
-  }
-  absl::StatusOr<std::vector<std::string>> pieces =
-      GatherOrError(*comm, read, mine_pieces, kOperation, "reading");
-  absl::Status verdict = pieces.status();
   uint64_t shared_checked = 0;
-  // The chunks that ranks returned parts of and that the parts do not
-  // tile (a slice of a chunk), which the coordinator could not check: the
-  // verdict carries them to every rank (the tensor's index, chunk index).
-  std::string unchecked_message;
-  if (coordinator && verdict.ok()) {
-    std::vector<std::pair<uint32_t, uint64_t>> unchecked;
-    absl::StatusOr<uint64_t> checked =
-        CheckSharedPieces(metadata, *pieces, &unchecked);
-    verdict = Annotate(checked.status(),
-                       absl::StrCat(kOperation, " failed in checking the "
-                                                "chunks ranks read parts of"));
-    if (checked.ok()) {
-      shared_checked = *checked;
-      internal_core::ByteWriter w;
-      // Whether any rank read parts of chunks (so holds items that wait).
-      w.U8(shared_checked > 0 || !unchecked.empty() ? 1 : 0);
-      w.U64(unchecked.size());
-      for (const auto& [t, c] : unchecked) {
-        w.U32(t);
-        w.U64(c);
-      }
-      unchecked_message = w.Take();
-    }
-  }
-  pieces = std::vector<std::string>();
-  CAIRN_ASSIGN_OR_RETURN(
-      unchecked_message,
-      BroadcastOutcome(*comm, verdict, std::move(unchecked_message)));
   std::vector<std::pair<uint32_t, uint64_t>> unchecked;
   bool parts = false;
-  {
-    internal_core::ByteReader in(unchecked_message,
-                                 "unchecked chunks from the coordinator");
-    parts = in.U8() != 0;
-    const uint64_t n = in.Count(12);
-    for (uint64_t i = 0; i < n && !in.failed(); ++i) {
-      const uint32_t t = in.U32();
-      const uint64_t c = in.U64();
-      unchecked.emplace_back(t, c);
+  if (!metadata.has_checksums) {
+    // A source without checksums (a Hugging Face folder) has no parts
+    // to combine: the ranks only agree on their reads, with one
+    // AllReduce instead of a gather and a broadcast. Every rank has the
+    // same metadata, so every rank takes this branch.
+    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(*comm, read, kOperation, "reading"));
+  } else {
+    std::string mine_pieces;
+    if (read.ok()) {
+      absl::StatusOr<std::string> encoded = EncodeSharedPieces(metadata, shared);
+      read = encoded.status();
+      if (encoded.ok()) mine_pieces = *std::move(encoded);
     }
-    CAIRN_RETURN_IF_ERROR(in.status());
-  }
-  // 5. Only when some chunk was returned in part and stayed unchecked:
-  // every rank that read parts of such a chunk checks them itself (the
-  // blocks around them, or, without block checksums, the whole chunk),
-  // and the ranks agree, so that every rank returns the same verdict. A
-  // load whose parts tile every chunk they touch skips this.
-  if (!unchecked.empty()) {
-    uint64_t extra = 0;
-    absl::Status mine =
-        VerifyUncheckedParts(**storage, metadata, shared, unchecked, &extra);
-    CAIRN_RETURN_IF_ERROR(AgreeOnStatus(
-        *comm, mine, kOperation,
-        "checking the parts of chunks that were not read whole"));
-    result->bytes_read += extra;
-    result->chunks_verified += unchecked.size();
+    absl::StatusOr<std::vector<std::string>> pieces =
+        GatherOrError(*comm, read, mine_pieces, kOperation, "reading");
+    absl::Status verdict = pieces.status();
+    // The chunks that ranks returned parts of and that the parts do not
+    // tile (a slice of a chunk), which the coordinator could not check: the
+    // verdict carries them to every rank (the tensor's index, chunk index).
+    std::string unchecked_message;
+    if (coordinator && verdict.ok()) {
+      std::vector<std::pair<uint32_t, uint64_t>> unchecked;
+      absl::StatusOr<uint64_t> checked =
+          CheckSharedPieces(metadata, *pieces, &unchecked);
+      verdict = Annotate(checked.status(),
+                         absl::StrCat(kOperation, " failed in checking the "
+                                                  "chunks ranks read parts of"));
+      if (checked.ok()) {
+        shared_checked = *checked;
+        internal_core::ByteWriter w;
+        // Whether any rank read parts of chunks (so holds items that wait).
+        w.U8(shared_checked > 0 || !unchecked.empty() ? 1 : 0);
+        w.U64(unchecked.size());
+        for (const auto& [t, c] : unchecked) {
+          w.U32(t);
+          w.U64(c);
+        }
+        unchecked_message = w.Take();
+      }
+    }
+    pieces = std::vector<std::string>();
+    CAIRN_ASSIGN_OR_RETURN(
+        unchecked_message,
+        BroadcastOutcome(*comm, verdict, std::move(unchecked_message)));
+    {
+      internal_core::ByteReader in(unchecked_message,
+                                   "unchecked chunks from the coordinator");
+      parts = in.U8() != 0;
+      const uint64_t n = in.Count(12);
+      for (uint64_t i = 0; i < n && !in.failed(); ++i) {
+        const uint32_t t = in.U32();
+        const uint64_t c = in.U64();
+        unchecked.emplace_back(t, c);
+      }
+      CAIRN_RETURN_IF_ERROR(in.status());
+    }
+    // 5. Only when some chunk was returned in part and stayed unchecked:
+    // every rank that read parts of such a chunk checks them itself (the
+    // blocks around them, or, without block checksums, the whole chunk),
+    // and the ranks agree, so that every rank returns the same verdict. A
+    // load whose parts tile every chunk they touch skips this.
+    if (!unchecked.empty()) {
+      uint64_t extra = 0;
+      absl::Status mine =
+          VerifyUncheckedParts(**storage, metadata, shared, unchecked, &extra);
+      CAIRN_RETURN_IF_ERROR(AgreeOnStatus(
+          *comm, mine, kOperation,
+          "checking the parts of chunks that were not read whole"));
+      result->bytes_read += extra;
+      result->chunks_verified += unchecked.size();
+    }
   }
   // 6. The items that are parts of chunks commit now that the checks of
   // their bytes passed; where there were parts, the ranks agree on their
