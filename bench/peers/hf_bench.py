@@ -10,6 +10,8 @@ them. Rows, each timed as the slowest rank (an AllReduce of MAX):
   load_cols_cairn        cairn.load into each rank's column shards
   load_cols_cairn_runs   the same, reading only the needed runs
                          (coalesce_gap_bytes=0)
+  load_cols_cairn_local  the same with rank_local=True: every rank reads
+                         the headers itself, no collective at all
   load_cols_safetensors  safetensors.torch.load_file, then each rank
                          copies its columns out of the whole tensors
   load_cols_dcp          DCP 2.x: dcp.load of DTensors (Shard(-1)) with
@@ -24,6 +26,10 @@ them. Rows, each timed as the slowest rank (an AllReduce of MAX):
                          the I64 position_ids (4 KiB); cairn's write all
   save_cols_dcp_fsync    the same, then fsync of its output files (which
                          DCP does not do), for a like-for-like durability
+
+Before the ranks start, one process loads every tensor whole, warm:
+load_whole_cairn (cairn.load) against load_whole_safetensors (load_file,
+then a copy into the same tensors): the same work without collectives.
 
 Loads run cold (the folder's pages evicted with posix_fadvise DONTNEED
 before each sample, by rank 0, between barriers) and warm. Samples of the
@@ -80,6 +86,43 @@ def columns(t, rank, world):
     return n * rank // world, n * (rank + 1) // world
 
 
+def single_process(folder, repeat):
+    """Warm loads of every tensor whole in this process, cairn and
+    safetensors alternating; medians in seconds."""
+    import cairn
+    files = sorted(pathlib.Path(folder).glob("*.safetensors"))
+    reference = {}
+    for f in files:
+        reference.update({k: v.clone() for k, v in load_file(f).items()})
+    dst = {k: torch.empty_like(v) for k, v in reference.items()}
+
+    def with_cairn():
+        cairn.load(dst, folder)
+
+    def with_safetensors():
+        for f in files:
+            for k, v in load_file(f).items():
+                dst[k].copy_(v)
+
+    samples = {"load_whole_cairn": [], "load_whole_safetensors": []}
+    for fn, name in ((with_cairn, "load_whole_cairn"),
+                     (with_safetensors, "load_whole_safetensors")):
+        fn()  # warm the page cache, and check
+        for k, v in reference.items():
+            if not torch.equal(dst[k], v):
+                raise AssertionError(f"{name}: wrong bytes in {k}")
+            dst[k].zero_()
+    for i in range(repeat):
+        pairs = list(samples.items())
+        for name, ss in (pairs if i % 2 == 0 else reversed(pairs)):
+            fn = with_cairn if name == "load_whole_cairn" else with_safetensors
+            start = time.perf_counter()
+            fn()
+            ss.append(time.perf_counter() - start)
+    return {name: {"median_s": statistics.median(ss), "samples_s": sorted(ss)}
+            for name, ss in samples.items()}
+
+
 def worker(rank, world, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, os.cpu_count() // world))
@@ -128,8 +171,10 @@ def worker(rank, world, port, args):
 
     stats = {}
 
-    def load_cairn(coalesce=None):
+    def load_cairn(coalesce=None, rank_local=False):
         opts = {} if coalesce is None else {"coalesce_gap_bytes": coalesce}
+        if rank_local:
+            opts["rank_local"] = True
         r = cairn.load(cairn_sd(), folder, **opts)
         stats["read"] = r.bytes_read
 
@@ -180,6 +225,7 @@ def worker(rank, world, port, args):
 
     loads = {"load_cols_cairn": lambda: load_cairn(),
              "load_cols_cairn_runs": lambda: load_cairn(0),
+             "load_cols_cairn_local": lambda: load_cairn(rank_local=True),
              "load_cols_safetensors": load_st,
              "load_cols_dcp": load_dcp}
     saves = {"save_cols_cairn": save_cairn,
@@ -288,13 +334,19 @@ def main():
     scratch.mkdir(parents=True, exist_ok=True)
     args = {"model": str(model), "dir": str(scratch), "out": str(out),
             "repeat": a.repeat}
+    torch.set_num_threads(max(1, os.cpu_count() // a.ranks))
+    single = single_process(model, a.repeat)
     try:
         mp.spawn(worker, args=(a.ranks, free_port(), args), nprocs=a.ranks,
                  join=True)
     finally:
         if not a.dir:
             shutil.rmtree(scratch, ignore_errors=True)
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    result["single_process"] = single
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    rows = dict(single)
+    rows.update(result["rows"])
     for name, row in rows.items():
         extra = ""
         if row.get("bytes_read"):

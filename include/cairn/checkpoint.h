@@ -261,7 +261,9 @@ struct LoadOptions {
   // applied. A sink that fails fails the load on every rank.
   std::vector<KvTableToLoad> kv_tables = {};
   // Rank-local mode: no collective at all. Each rank reads its own
-  // rank-NNNNN/metadata.json when it exists, else the global metadata.json.
+  // rank-NNNNN/metadata.json when it exists, else the global metadata.json,
+  // else a Hugging Face source's index and headers (huggingface.h): an
+  // inference worker's load with no coordinator and no collective.
   // A destination box that the rank's own folder does not fully hold is an
   // error (merge the checkpoint to reshard it). Default: false.
   bool rank_local = false;

@@ -113,10 +113,14 @@ TEST(HfImportTest, ShardedFolderLoadsIntoAnySharding) {
               {v.name, "model-00002-of-00002.safetensors"}});
   ExpectLoadsWhole(tmp.path(), {w, v, b});
   ExpectLoadsWhole(tmp.Sub("model.safetensors.index.json"), {w, v, b});
-  // 4 ranks, columns; 3 ranks, rows (each reads only its rows).
-  for (const bool cols : {true, false}) {
+  // 4 ranks, columns; 3 ranks, rows (each reads only its rows); each also
+  // rank-local (no collective: every rank reads the headers itself).
+  for (const auto& [cols, rank_local] : {std::pair{true, false},
+                                        std::pair{false, false},
+                                        std::pair{true, true}}) {
     const int world = cols ? 4 : 3;
-    SCOPED_TRACE(cols ? "columns on 4 ranks" : "rows on 3 ranks");
+    SCOPED_TRACE(absl::StrCat(cols ? "columns on 4 ranks" : "rows on 3 ranks",
+                              rank_local ? ", rank-local" : ""));
     std::vector<absl::Status> statuses =
         RunInProcess(world, [&](Communicator& comm) -> absl::Status {
           StateDict sd;
@@ -146,6 +150,7 @@ TEST(HfImportTest, ShardedFolderLoadsIntoAnySharding) {
           LoadOptions o;
           o.comm = &comm;
           o.strict = false;
+          o.rank_local = rank_local;
           absl::StatusOr<LoadResult> r = Load(sd, tmp.path(), o);
           if (!r.ok()) return r.status();
           if (out[0] != BoxBytes(HfBytes(w), w.shape, boxes[0], 4) ||
@@ -160,6 +165,7 @@ TEST(HfImportTest, ShardedFolderLoadsIntoAnySharding) {
             return absl::InternalError(
                 absl::StrCat("read ", r->bytes_read, " bytes"));
           }
+          // Rank-local: each rank lists what it did not ask for itself.
           if (r->unexpected != std::vector<std::string>{b.name}) {
             return absl::InternalError("unexpected leaves");
           }

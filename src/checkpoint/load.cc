@@ -212,10 +212,12 @@ absl::Status CheckSameSave(Storage& storage, const Metadata& mine, int rank,
 }
 
 // Rank-local load: this rank's folder when it has one, else the global
-// metadata; no collective either way.
+// metadata, else a Hugging Face source (whose index and headers each rank
+// then reads itself); no collective in any case.
 absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
                                          absl::StatusOr<Storage*> storage,
-                                         const LoadOptions& options) {
+                                         const LoadOptions& options,
+                                         std::string_view source_file) {
   const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
   const int rank = ranks.rank();
@@ -224,7 +226,10 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
   Storage& st = **storage;
   const std::string folder = internal_format::RankFolderName(rank);
   const std::string local_name = absl::StrCat(folder, "/", kMetadataFileName);
-  absl::StatusOr<Metadata> metadata = ReadAndValidate(st, local_name);
+  absl::StatusOr<Metadata> metadata =
+      source_file.empty() ? ReadAndValidate(st, local_name)
+                          : absl::NotFoundError("");
+  bool imported = false;
   if (metadata.ok()) {
     if (metadata->rank != rank) {
       return absl::DataLossError(absl::StrFormat(
@@ -242,8 +247,16 @@ absl::StatusOr<LoadResult> LoadRankLocal(StateDict& state,
     for (auto& [fqn, loc] : metadata->objects) relocate(loc);
     PrefixKvFiles(metadata->kv_tables, folder);
   } else if (absl::IsNotFound(metadata.status())) {
-    metadata = ReadAndValidate(st);
+    metadata = source_file.empty() ? ReadAndValidate(st)
+                                   : absl::NotFoundError("");
     if (absl::IsNotFound(metadata.status())) {
+      absl::StatusOr<bool> source = HasImportSource(st, source_file);
+      CAIRN_RETURN_IF_ERROR(Annotate(source.status(), context));
+      imported = *source;
+    }
+    if (imported) {
+      metadata = ReadAnyMetadata(st, source_file, options.import_names);
+    } else if (absl::IsNotFound(metadata.status())) {
       return absl::NotFoundError(absl::StrFormat(
           "%s: neither %s/%s nor a global %s exists (was the checkpoint "
           "saved by fewer ranks, or not committed?)",
@@ -555,7 +568,9 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options,
                                            std::string_view source_file) {
-  if (options.rank_local) return LoadRankLocal(state, storage, options);
+  if (options.rank_local) {
+    return LoadRankLocal(state, storage, options, source_file);
+  }
   const auto start = std::chrono::steady_clock::now();
   const Ranks ranks(options.comm);
   LoadOptions opts = options;
