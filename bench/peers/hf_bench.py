@@ -35,9 +35,11 @@ Loads run cold (the folder's pages evicted with posix_fadvise DONTNEED
 before each sample, by rank 0, between barriers) and warm. Samples of the
 rows alternate; medians are reported. Every load is compared with the
 file's bytes once, and every export read back with safetensors, before
-the timed samples: a wrong byte stops the run. Storage bytes: cairn's own
-count of bytes it read (LoadResult.bytes_read, all ranks) against the bytes
-the shards need; the peers read whole files through mmap on every rank.
+the timed samples: a wrong byte stops the run. Bytes, against those the
+shards need: "requested", cairn's own count of bytes it asked storage for
+(LoadResult.bytes_read, all ranks; the peers map whole files on every
+rank); "device", what all ranks together made the kernel fetch from
+storage (/proc/self/io read_bytes; meaningful cold).
 
 Usage:
   python3 bench/peers/hf_bench.py --out RESULT.json [--ranks 4]
@@ -79,6 +81,17 @@ def evict(folder):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def device_bytes_read():
+    """Bytes this process caused to be fetched from storage
+    (/proc/self/io read_bytes): with the page cache shared, the first
+    process to need a page pays for it."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
 
 
 def columns(t, rank, world):
@@ -238,11 +251,16 @@ def worker(rank, world, port, args):
             if rank == 0:
                 evict(folder)
         dist.barrier()
+        device = device_bytes_read()
         start = time.perf_counter()
         fn()
         elapsed = torch.tensor([time.perf_counter() - start],
                                dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        device = torch.tensor([device_bytes_read() - device],
+                              dtype=torch.float64)
+        dist.all_reduce(device)
+        stats["device"] = int(device.item())
         return elapsed.item()
 
     # Correctness first, untimed.
@@ -279,7 +297,8 @@ def worker(rank, world, port, args):
                 samples.setdefault(name, []).append(
                     {"seconds": s,
                      "bytes_read": int(total[0]) if read is not None else None,
-                     "bytes_needed": int(total[1])})
+                     "bytes_needed": int(total[1]),
+                     "device_bytes": stats["device"]})
         refill()  # the loads wrote the same bytes; a save reads them
         order = list(saves) if i % 2 == 0 else list(reversed(saves))
         for row in order:
@@ -298,6 +317,8 @@ def worker(rank, world, port, args):
             if "bytes_needed" in ss[0]:
                 row["bytes_needed"] = ss[0]["bytes_needed"]
                 row["bytes_read"] = ss[0]["bytes_read"]
+                row["device_bytes_median"] = statistics.median(
+                    x["device_bytes"] for x in ss)
             rows[name] = row
         total = sum(v.numel() * v.element_size() for v in reference.values())
         out = {"model": str(folder), "model_bytes": total,
@@ -350,7 +371,10 @@ def main():
     for name, row in rows.items():
         extra = ""
         if row.get("bytes_read"):
-            extra = f"  read {row['bytes_read'] / row['bytes_needed']:.2f}x needed"
+            extra = f"  requested {row['bytes_read'] / row['bytes_needed']:.2f}x"
+        if "device_bytes_median" in row:
+            extra += (f"  device {row['device_bytes_median'] / row['bytes_needed']:.2f}x"
+                      " of needed")
         print(f"{name:32s} {row['median_s'] * 1000:9.1f} ms{extra}")
 
 
