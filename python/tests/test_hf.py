@@ -49,8 +49,11 @@ def test_loads_bit_exact_and_says_there_are_no_checksums(reference):
 
 def column_job(rank, world, port, out):
     """Each rank loads its columns (last dim) of every tensor as a
-    cairn.ShardedTensor, and compares them with the file's."""
+    cairn.ShardedTensor, and compares them with the file's; `out` names
+    the mode ("rank_local": every rank reads the headers itself, with no
+    collective)."""
     init(rank, world, port)
+    rank_local = pathlib.Path(out).name == "rank_local"
     reference = load_file(WEIGHTS)
     sd, want = {}, {}
     for k, v in reference.items():
@@ -60,15 +63,19 @@ def column_job(rank, world, port, out):
         offsets = (0,) * (v.dim() - 1) + (lo,)
         sd[k] = cairn.ShardedTensor(list(v.shape), [(offsets, local)])
         want[k] = (local, v[..., lo:hi])
-    result = cairn.load(sd, FOLDER)
+    result = cairn.load(sd, FOLDER, rank_local=rank_local)
     for k, (local, expected) in want.items():
         assert torch.equal(local, expected), k
-    assert result.world_size == world and not result.source_has_checksums
+    assert result.world_size == (1 if rank_local else world)
+    assert not result.source_has_checksums
     torch.distributed.destroy_process_group()
 
 
-def test_column_shards_on_four_gloo_ranks(tmp_path):
-    run(column_job, 4, tmp_path)
+@pytest.mark.parametrize("mode", ["coordinated", "rank_local"])
+def test_column_shards_on_four_gloo_ranks(tmp_path, mode):
+    out = tmp_path / mode
+    out.mkdir()
+    run(column_job, 4, out)
 
 
 def test_name_map_fuses_qkv_and_strips_a_prefix(reference):
