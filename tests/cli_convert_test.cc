@@ -64,7 +64,10 @@ TEST_F(CliTest, ConvertRoundTripsThroughAHuggingFaceFolder) {
   EXPECT_THAT(r.out, HasSubstr("OK (structure only)"));
   r = Run("verify --json '" + hf.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.all();
-  EXPECT_EQ(ParseJson(r)["has_checksums"], false);
+  nlohmann::json report = ParseJson(r);
+  EXPECT_EQ(report["has_checksums"], false);
+  EXPECT_EQ(report["format_version"], 0);
+  EXPECT_EQ(report["ok"], true);
 
   const fs::path back = root_ / "back";
   r = Run("convert '" + hf.string() + "' '" + back.string() + "'");

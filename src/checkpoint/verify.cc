@@ -432,7 +432,7 @@ absl::StatusOr<VerifyReport> VerifyInStorage(Storage& storage,
                          ReadAnyMetadata(storage, source_file, {}));
   Verification v{md, storage, CollectItems(md)};
   VerifyReport report;
-  report.format_version = md.version;
+  report.format_version = md.has_checksums ? md.version : 0;
   report.metadata_checksum = md.has_checksums && MetadataSealed(storage, md);
   report.has_checksums = md.has_checksums;
   report.tensors = md.tensors.size();
