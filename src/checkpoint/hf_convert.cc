@@ -135,7 +135,9 @@ absl::StatusOr<SaveResult> ConvertToCheckpoint(std::string_view source_url,
         std::string(folder.status().message())));
   }
   // The source files, mapped: a save reads each chunk straight from them.
-  std::map<std::string, std::shared_ptr<MappedFile>> files;
+  // They, and the cast buffers, outlive the Save below.
+  std::map<std::string, std::unique_ptr<MappedFile>> files;
+  std::vector<Tensor> owned;
   for (const auto& [fqn, t] : md.tensors) {
     for (const ChunkMetadata& c : t.chunks) {
       if (files.contains(c.location.file)) continue;
@@ -150,7 +152,6 @@ absl::StatusOr<SaveResult> ConvertToCheckpoint(std::string_view source_url,
   for (const auto& [fqn, t] : md.tensors) {
     const DType to = ExportedDType(t.dtype, options.dtype);
     std::vector<Shard> shards;
-    std::vector<Tensor> owned;
     for (const ChunkMetadata& c : t.chunks) {
       const MappedFile& m = *files.at(c.location.file);
       if (c.location.offset + c.location.nbytes > m.size()) {
@@ -170,10 +171,7 @@ absl::StatusOr<SaveResult> ConvertToCheckpoint(std::string_view source_url,
         owned.push_back(std::move(cast));
       }
     }
-    // The shards' memory: the mappings (shared), or the cast buffers.
-    auto keep = std::make_shared<std::pair<decltype(files), std::vector<Tensor>>>(
-        files, std::move(owned));
-    state[fqn] = ShardedTensor(to, t.shape, std::move(shards), keep);
+    state[fqn] = ShardedTensor(to, t.shape, std::move(shards));
   }
   SaveOptions save = options.save;
   save.comm = nullptr;

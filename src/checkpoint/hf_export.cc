@@ -290,17 +290,21 @@ absl::Status WriteBox(const TensorView& src, const Box& box, const Shape& shape,
     internal_core::CopyView(src, TensorView(at, to, box.sizes, strides));
     return absl::OkStatus();
   }
-  // Cast through packed buffers, a slab of rows at a time.
-  CAIRN_ASSIGN_OR_RETURN(Tensor packed, Tensor::Empty(src.dtype(), box.sizes));
-  internal_core::CopyView(src, packed.view());
+  // Cast through a packed buffer of the whole box (and a packed copy of
+  // the source first, when it is strided).
+  Tensor packed;
+  const void* from = src.data();
+  if (!src.is_contiguous()) {
+    CAIRN_ASSIGN_OR_RETURN(packed, Tensor::Empty(src.dtype(), box.sizes));
+    internal_core::CopyView(src, packed.view());
+    from = packed.view().data();
+  }
   CAIRN_ASSIGN_OR_RETURN(Tensor cast, Tensor::Empty(to, box.sizes));
   CAIRN_RETURN_IF_ERROR(internal_core::Cast(
-      src.dtype(), packed.view().data(), to, cast.view().data(),
+      src.dtype(), from, to, cast.view().data(),
       static_cast<uint64_t>(box.num_elements())));
   internal_core::CopyView(cast.view(), TensorView(at, to, box.sizes, strides));
   return absl::OkStatus();
 }
-
-// What a rank holds of one tensor.
 
 }  // namespace cairn::internal_checkpoint

@@ -159,6 +159,45 @@ TEST(HfExportTest, LiveStateOnFourRanksWritesOneFolder) {
   }
 }
 
+// Live ranks casting on the way: strided column shards (packed before the
+// cast) and contiguous row shards (cast in place).
+TEST(HfExportTest, LiveRanksCastStridedAndPackedShards) {
+  TempDir tmp;
+  const HfTensor& a = Model()[0];  // F32 [16, 12]
+  const std::string full = HfBytes(a);
+  std::vector<absl::Status> statuses =
+      RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+        const int r = comm.rank();
+        auto* data = const_cast<char*>(full.data());
+        StateDict sd;
+        sd["cols"] = ShardedTensor(
+            a.dtype, a.shape,
+            {Shard{Box{{0, 6 * r}, {16, 6}},
+                   TensorView(data + 24 * r, a.dtype, {16, 6}, {12, 1})}});
+        sd["rows"] = ShardedTensor(
+            a.dtype, a.shape,
+            {Shard{Box{{8 * r, 0}, {8, 12}},
+                   TensorView(data + 8 * 48 * r, a.dtype, {8, 12})}});
+        HfExportOptions o;
+        o.comm = &comm;
+        o.dtype = DType::kBF16;
+        return SaveHuggingFace(sd, tmp.Sub("hf"), o).status();
+      });
+  for (const absl::Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<StateDict> all = LoadAll(tmp.Sub("hf"));
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (const char* name : {"cols", "rows"}) {
+    const TensorView& v = all->Find(name)->tensor()->shards()[0].view;
+    ASSERT_EQ(v.dtype(), DType::kBF16) << name;
+    const auto* got = static_cast<const uint16_t*>(v.data());
+    for (int i = 0; i < 16 * 12; ++i) {
+      float f;
+      std::memcpy(&f, full.data() + 4 * i, 4);
+      ASSERT_EQ(got[i], internal_core::FloatToBFloat16(f)) << name << " " << i;
+    }
+  }
+}
+
 TEST(HfExportTest, CheckpointToFolderAndBackWithCast) {
   TempDir tmp;
   WriteSafetensors(tmp.Sub("model.safetensors"), Model());

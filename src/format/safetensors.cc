@@ -56,6 +56,12 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
     return BadEntry(file, name, "\"dtype\" missing or not a string");
   }
   auto parsed_dtype = DTypeFromName(dtype->get_ref<const std::string&>());
+  if (absl::IsUnimplemented(parsed_dtype.status())) {
+    // A dtype safetensors defines and cairn does not hold (F4, F6): not
+    // damage, so not kDataLoss.
+    const absl::Status s = BadEntry(file, name, parsed_dtype.status().message());
+    return absl::UnimplementedError(s.message());
+  }
   if (!parsed_dtype.ok()) {
     return BadEntry(
         file, name,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -442,6 +443,22 @@ TEST(SafetensorsTest, BadEntriesNameFileAndEntry) {
     auto status = ParseHeaderText("{\"w\":" + c.entry + "}", c.buffer).status();
     ExpectDataLoss(status, c.mention);
     EXPECT_THAT(std::string(status.message()), HasSubstr("\"w\""));
+  }
+}
+
+// Dtypes safetensors defines with elements of fewer than 8 bits: not
+// damage but unsupported, named with the entry.
+TEST(SafetensorsTest, SubByteDTypesAreUnimplemented) {
+  for (const char* dtype : {"F4", "F6_E2M3", "F6_E3M2"}) {
+    SCOPED_TRACE(dtype);
+    auto status =
+        ParseHeaderText(absl::StrCat(R"({"w":{"dtype":")", dtype,
+                                     R"(","shape":[2],"data_offsets":[0,1]}})"),
+                        1)
+            .status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("\"w\""));
+    EXPECT_THAT(std::string(status.message()), HasSubstr(dtype));
   }
 }
 
