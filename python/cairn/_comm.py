@@ -67,11 +67,23 @@ def _job():
 class TorchCommunicator:
     """cairn's collectives over a torch.distributed gloo group.
 
-    Messages are bytes; each variable-size collective first exchanges the
-    sizes, then the bytes padded to the largest. ``broadcast_into`` moves a
-    large buffer in place without a copy (torch.frombuffer on cairn's
-    memory).
+    Messages are bytes. Every collective is one gloo operation when its
+    messages are small (the common case: plan summaries, statuses,
+    headers): each message travels in a fixed-size slot with its length in
+    front. The part of a message that does not fit its slot follows in a
+    second operation that only the ranks concerned take part in (a
+    point-to-point send for gather and scatter; a broadcast or all_gather
+    that every rank knows to expect from the lengths). On a node with more
+    ranks than cores every collective waits for descheduled ranks, so the
+    count matters more than the bytes. ``broadcast_into`` moves a large
+    buffer in place without a copy (torch.frombuffer on cairn's memory).
     """
+
+    # Slot sizes in bytes, the 8-byte length included: a broadcast's
+    # (one message, metadata headers fit) and each rank's in gather,
+    # all_gather and scatter (the root holds world x this).
+    BROADCAST_SLOT = 64 << 10
+    SLOT = 4 << 10
 
     def __init__(self, group):
         import torch
@@ -107,19 +119,24 @@ class TorchCommunicator:
         a[n:] = 0
         return t
 
-    def _largest(self, n):
-        """The largest `n` of all ranks: one allreduce, which gloo runs in
-        about a third of the time of an allgather of the sizes."""
-        t = self._i64([n])
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._group)
-        return int(t.item())
+    def _slot(self, data, slot):
+        """A `slot`-byte tensor: len(data), then as much of data as fits."""
+        return self._u8(memoryview(data)[:slot - 8], slot,
+                        np.int64(len(data)).tobytes())
 
     @staticmethod
-    def _unprefixed(t):
-        """The payload of a tensor that _u8 filled with a length prefix."""
-        a = t.numpy()
-        n = int(a[:8].view(np.int64)[0])
-        return a[8:8 + n].tobytes()
+    def _length(t):
+        """The length in front of a slot."""
+        return int(t.numpy()[:8].view(np.int64)[0])
+
+    @staticmethod
+    def _head(t, n):
+        """The first min(n, slot) bytes of a slot's message."""
+        return t.numpy()[8:8 + n].tobytes()
+
+    def _rest(self, n, slot):
+        """A tensor for the part of an `n`-byte message past its slot."""
+        return self._torch.empty(n - (slot - 8), dtype=self._torch.uint8)
 
     def _i64(self, values):
         return self._torch.tensor(values, dtype=self._torch.int64)
@@ -128,57 +145,87 @@ class TorchCommunicator:
         self._dist.barrier(group=self._group)
 
     def broadcast(self, data, root):
-        n = self._i64([len(data)])
-        self._dist.broadcast(n, group=self._group, group_src=root)
-        n = int(n.item())
-        if n == 0:
-            return b""
-        buf = self._u8(data if self._rank == root else b"", n)
-        self._dist.broadcast(buf, group=self._group, group_src=root)
-        return buf.numpy().tobytes()
+        slot = self.BROADCAST_SLOT
+        t = self._slot(data if self._rank == root else b"", slot)
+        self._dist.broadcast(t, group=self._group, group_src=root)
+        n = self._length(t)
+        if n <= slot - 8:
+            return bytes(data) if self._rank == root else self._head(t, n)
+        if self._rank == root:
+            self._dist.broadcast(self._u8(memoryview(data)[slot - 8:]),
+                                 group=self._group, group_src=root)
+            return bytes(data)
+        rest = self._rest(n, slot)
+        self._dist.broadcast(rest, group=self._group, group_src=root)
+        return self._head(t, n) + rest.numpy().tobytes()
 
-    # Variable-size messages: every rank learns the largest size (so all
-    # pad alike), and each message carries its own length in front.
     def all_gather(self, data):
-        top = self._largest(len(data))
-        if top == 0:
-            return [b""] * self._size
-        out = [self._torch.empty(top + 8, dtype=self._torch.uint8)
+        slot = self.SLOT
+        out = [self._torch.empty(slot, dtype=self._torch.uint8)
                for _ in range(self._size)]
-        self._dist.all_gather(
-            out, self._u8(data, top + 8, np.int64(len(data)).tobytes()),
-            group=self._group)
-        return [self._unprefixed(t) for t in out]
+        self._dist.all_gather(out, self._slot(data, slot), group=self._group)
+        lengths = [self._length(t) for t in out]
+        over = max(lengths) - (slot - 8)
+        if over <= 0:
+            return [self._head(t, n) for t, n in zip(out, lengths)]
+        # Every rank saw the lengths: the rest, padded to the longest.
+        mine = memoryview(data)[slot - 8:]
+        rests = [self._torch.empty(over, dtype=self._torch.uint8)
+                 for _ in range(self._size)]
+        self._dist.all_gather(rests, self._u8(mine, over), group=self._group)
+        return [self._head(t, n) + r.numpy()[:max(0, n - (slot - 8))].tobytes()
+                for t, n, r in zip(out, lengths, rests)]
 
     def gather(self, data, root):
-        top = self._largest(len(data))
-        if top == 0:
-            return [b""] * self._size if self._rank == root else []
+        slot = self.SLOT
         out = None
         if self._rank == root:
-            out = [self._torch.empty(top + 8, dtype=self._torch.uint8)
+            out = [self._torch.empty(slot, dtype=self._torch.uint8)
                    for _ in range(self._size)]
-        self._dist.gather(self._u8(data, top + 8, np.int64(len(data)).tobytes()),
-                          gather_list=out, group=self._group, group_dst=root)
+        self._dist.gather(self._slot(data, slot), gather_list=out,
+                          group=self._group, group_dst=root)
         if self._rank != root:
+            if len(data) > slot - 8:
+                self._dist.send(self._u8(memoryview(data)[slot - 8:]),
+                                group=self._group, group_dst=root)
             return []
-        return [self._unprefixed(t) for t in out]
+        messages = []
+        for r, t in enumerate(out):
+            n = self._length(t)
+            if r == root:
+                messages.append(bytes(data))
+            elif n <= slot - 8:
+                messages.append(self._head(t, n))
+            else:
+                rest = self._rest(n, slot)
+                self._dist.recv(rest, group=self._group, group_src=r)
+                messages.append(self._head(t, n) + rest.numpy().tobytes())
+        return messages
 
     def scatter(self, data, root):
-        sizes = self._i64([len(d) for d in data] if self._rank == root
-                          else [0] * self._size)
-        self._dist.broadcast(sizes, group=self._group, group_src=root)
-        sizes = [int(v) for v in sizes.tolist()]
-        top = max(sizes)
-        if top == 0:
-            return b""
+        slot = self.SLOT
         chunks = None
         if self._rank == root:
-            chunks = [self._u8(d, top) for d in data]
-        out = self._torch.empty(top, dtype=self._torch.uint8)
+            if len(data) != self._size:
+                raise ValueError(f"scatter: {len(data)} messages for "
+                                 f"{self._size} ranks")
+            chunks = [self._slot(d, slot) for d in data]
+        out = self._torch.empty(slot, dtype=self._torch.uint8)
         self._dist.scatter(out, scatter_list=chunks, group=self._group,
                            group_src=root)
-        return out[:sizes[self._rank]].numpy().tobytes()
+        if self._rank == root:
+            for r, d in enumerate(data):
+                if r != root and len(d) > slot - 8:
+                    self._dist.send(self._u8(memoryview(d)[slot - 8:]),
+                                    group=self._group, group_dst=r)
+            return bytes(data[root])
+        n = self._length(out)
+        head = self._head(out, n)
+        if n <= slot - 8:
+            return head
+        rest = self._rest(n, slot)
+        self._dist.recv(rest, group=self._group, group_src=root)
+        return head + rest.numpy().tobytes()
 
     def all_reduce(self, values, op):
         if not values:
