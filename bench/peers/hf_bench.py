@@ -137,7 +137,10 @@ def single_process(folder, repeat):
 
 
 def worker(rank, world, port, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # What torchrun sets for a job of `world` ranks on one node (cairn
+    # splits the cores among them for loads from the page cache).
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(max(1, os.cpu_count() // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     import cairn

@@ -314,9 +314,12 @@ struct LoadResult {
   int world_size = 1;
   // Ranks in this rank's replica group (1: it read everything itself).
   int replica_group_size = 1;
-  // Threads this rank's reads ran on: LoadOptions::io_threads, or one per
-  // core (when fewer) if everything it read was in memory already (the
-  // page cache), where more threads than cores only take turns.
+  // Threads this rank's reads ran on: LoadOptions::io_threads, or if
+  // everything it read was in memory already (the page cache) its share
+  // of the cores when fewer: the cores it may run on divided by the ranks
+  // on its node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or
+  // MPI_LOCALNRANKS, as the launcher sets them), where more threads than
+  // cores only take turns.
   int io_threads = 0;
   LoadPhaseTimes phases;
   double seconds = 0;            // wall time of the whole load

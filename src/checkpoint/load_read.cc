@@ -322,15 +322,15 @@ bool Loader::AllInMemory() const {
   return true;
 }
 
-// LoadOptions::io_threads, or one per core (when fewer) when everything
-// is `in_memory`: such reads are copies, and threads beyond the cores
-// only take turns (on a 2-core VM, 4 in-process ranks of 8 threads each
-// loaded a cached 256 MiB checkpoint's same-split rows 10-20% slower
-// than of 2 each).
+// LoadOptions::io_threads, or when everything is `in_memory` this rank's
+// share of the cores (when fewer; SharedCpuThreads: the ranks the
+// launcher says share the node split them): such reads are copies, and
+// threads beyond the cores only take turns (on a 2-core VM, 4 in-process
+// ranks of 8 threads each loaded a cached 256 MiB checkpoint's same-split
+// rows 10-20% slower than of 2 each).
 int Loader::ReadThreads(bool in_memory) const {
   const int threads = std::max(1, options_.io_threads);
-  return in_memory ? std::min(threads, internal_core::CpuThreads(threads))
-                   : threads;
+  return in_memory ? internal_core::SharedCpuThreads(threads) : threads;
 }
 
 // Runs one read task; sets *crc to the CRC32C of the bytes read when the

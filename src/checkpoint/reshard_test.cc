@@ -3,6 +3,7 @@
 // (fixed seed), so every read mode (direct, coalesced span, per-run) and
 // both contiguous and strided sources and destinations are exercised.
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1033,8 +1034,9 @@ TEST_F(FourRowChunksTest, CoordinatorChecksStridedPartsFromMessages) {
 }
 
 // A load whose bytes are all in the page cache reads on one thread per core
-// (copies gain nothing from more); one that needs the device reads on
-// LoadOptions::io_threads, its queue depth. Both bit-exact.
+// of its affinity mask, shared among the ranks the launcher says its node
+// runs (copies gain nothing from more); one that needs the device reads on
+// LoadOptions::io_threads, its queue depth. All bit-exact.
 TEST(ReshardTest, CachedLoadsReadOnOneThreadPerCore) {
   TempDir tmp;
   constexpr int64_t kRows = 256, kCols = 1024;
@@ -1049,8 +1051,14 @@ TEST(ReshardTest, CachedLoadsReadOnOneThreadPerCore) {
   ASSERT_TRUE(f.ok()) << f.status();
   const uint64_t size = (*f)->size();
   constexpr int kThreads = 64;
-  const int cores =
-      std::max(1, std::min<int>(kThreads, std::thread::hardware_concurrency()));
+  const char* const kLaunchers[] = {"LOCAL_WORLD_SIZE",
+                                    "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                    "MPI_LOCALNRANKS"};
+  for (const char* name : kLaunchers) ::unsetenv(name);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = std::max(1, std::min<int>(kThreads, CPU_COUNT(&set)));
   auto load = [&]() -> absl::StatusOr<LoadResult> {
     std::vector<float> out(full.size(), -1.0f);
     StateDict sd;
@@ -1080,6 +1088,26 @@ TEST(ReshardTest, CachedLoadsReadOnOneThreadPerCore) {
   absl::StatusOr<LoadResult> warm = load();
   ASSERT_TRUE(warm.ok()) << warm.status();
   EXPECT_EQ(warm->io_threads, cores);
+  // Ranks sharing the node share its cores; a value that is no count is
+  // ignored.
+  const struct {
+    const char* name;
+    const char* value;
+    int want;
+  } launchers[] = {
+      {"LOCAL_WORLD_SIZE", "2", std::max(1, cores / 2)},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "4096", 1},
+      {"MPI_LOCALNRANKS", "3", std::max(1, cores / 3)},
+      {"LOCAL_WORLD_SIZE", "two", cores},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "0", cores},
+  };
+  for (const auto& l : launchers) {
+    ::setenv(l.name, l.value, 1);
+    absl::StatusOr<LoadResult> shared = load();
+    ::unsetenv(l.name);
+    ASSERT_TRUE(shared.ok()) << shared.status();
+    EXPECT_EQ(shared->io_threads, l.want) << l.name << "=" << l.value;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 #include "core/parallel.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <atomic>
 #include <mutex>
 #include <system_error>
@@ -130,6 +134,29 @@ void WorkerPool::Serve() {
 
 int ThreadsFor(size_t items) {
   return items >= (size_t{1} << 16) ? CpuThreads() : 1;
+}
+
+int LocalRanks() {
+  for (const char* name :
+       {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(value, &end, 10);
+    if (errno == 0 && *end == '\0' && n >= 1 && n <= (1 << 20)) {
+      return static_cast<int>(n);
+    }
+  }
+  return 1;
+}
+
+int SharedCpuThreads(int cap) {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  return std::max(1, std::min(cap, cores / LocalRanks()));
 }
 
 int CpuThreads(int cap) {
