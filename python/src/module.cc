@@ -18,6 +18,7 @@
 #include "core/flatten.h"
 #include "kv.h"
 #include "huggingface.h"
+#include "s3.h"
 #include "prepare.h"
 #include "py_communicator.h"
 
@@ -454,6 +455,7 @@ PYBIND11_MODULE(_cairn, m) {
       py::arg("max_shard_size"), py::arg("dtype"), py::arg("overwrite"),
       py::arg("progress"));
   RegisterHuggingFace(m);
+  RegisterS3(m);
 
   m.def(
       "load_all",
