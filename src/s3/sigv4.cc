@@ -21,21 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/status.h"
 
 namespace cairn::internal_s3 {
 namespace {
 
 using Digest = std::array<unsigned char, SHA256_DIGEST_LENGTH>;
-
-std::string Hex(const unsigned char* p, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[p[i] >> 4];
-    out[2 * i + 1] = kDigits[p[i] & 15];
-  }
-  return out;
-}
 
 Digest Hmac(std::string_view key, std::string_view data) {
   Digest out{};
@@ -109,7 +100,7 @@ std::string Sha256Hex(std::span<const std::byte> data) {
   Digest d{};
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(),
          d.data());
-  return Hex(d.data(), d.size());
+  return absl::BytesToHexString(std::string(AsView(d)));
 }
 
 std::string Sha256Hex(std::string_view data) {
@@ -185,27 +176,19 @@ absl::StatusOr<Headers> SignV4(const SigningRequest& request,
       return absl::InvalidArgumentError(absl::StrFormat(
           "SigV4: header %s is the signer's to set", name));
     }
-    if (absl::Status s = add(name, value); !s.ok()) return s;
+    CAIRN_RETURN_IF_ERROR(add(name, value));
   }
   Headers out;
   auto own = [&](std::string name, std::string value) -> absl::Status {
     out.emplace_back(name, value);
     return add(name, value);
   };
-  if (absl::Status s = own("host", request.host); !s.ok()) return s;
-  if (absl::Status s = own("x-amz-content-sha256", request.payload_sha256);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = own("x-amz-date", std::string(amz_date)); !s.ok()) {
-    return s;
-  }
+  CAIRN_RETURN_IF_ERROR(own("host", request.host));
+  CAIRN_RETURN_IF_ERROR(own("x-amz-content-sha256", request.payload_sha256));
+  CAIRN_RETURN_IF_ERROR(own("x-amz-date", std::string(amz_date)));
   if (!credentials.session_token.empty()) {
-    if (absl::Status s =
-            own("x-amz-security-token", credentials.session_token);
-        !s.ok()) {
-      return s;
-    }
+    CAIRN_RETURN_IF_ERROR(
+        own("x-amz-security-token", credentials.session_token));
   }
   const Headers signed_headers(canonical.begin(), canonical.end());
   const std::string canonical_request =
@@ -228,7 +211,8 @@ absl::StatusOr<Headers> SignV4(const SigningRequest& request,
       "authorization",
       absl::StrCat("AWS4-HMAC-SHA256 Credential=", credentials.access_key_id,
                    "/", scope, ", SignedHeaders=", absl::StrJoin(names, ";"),
-                   ", Signature=", Hex(signature.data(), signature.size())));
+                   ", Signature=",
+                   absl::BytesToHexString(std::string(AsView(signature)))));
   return out;
 }
 
