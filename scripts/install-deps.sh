@@ -4,7 +4,8 @@
 # into the Python first on PATH; torch is the local CPU wheel of 2.13.0).
 # Run as root (or with sudo). Safe to run again: both skip what is there.
 # librocksdb-dev is the RocksDB key-value table's (src/kv); libssl-dev
-# signs object storage requests (src/s3). fio is the
+# and libcurl4-openssl-dev sign and send object storage requests
+# (src/storage/s3). fio is the
 # benchmark harness's (bench/run.sh), whose end-to-end test
 # (bench_run_test) runs with the suite. Set CAIRN_SKIP_PYTHON=1 to install
 # only the C++ dependencies.
@@ -17,6 +18,7 @@ PKGS="build-essential cmake ninja-build pkg-config \
   libabsl-dev nlohmann-json3-dev libisal-dev libcli11-dev \
   libopenmpi-dev openmpi-bin liburing-dev libdlpack-dev \
   libgtest-dev libgmock-dev libbenchmark-dev librocksdb-dev libssl-dev \
+  libcurl4-openssl-dev \
   fio"
 missing=""
 for p in $PKGS; do

@@ -1,6 +1,9 @@
 // Storage: where one checkpoint's files live, reached by URL.
 //
 //   /abs/path or file:///abs/path   the local file backend (POSIX files)
+//   s3://bucket/prefix              S3 and S3-compatible object stores
+//                                   (StorageOptions::s3; docs/format.md,
+//                                   "Object storage")
 //
 // The interface is narrow and byte-oriented: create a file and write it at
 // positions, read byte ranges, list, remove, and replace a file atomically.
@@ -35,6 +38,40 @@
 
 namespace cairn {
 
+// How to reach an S3-compatible store. Every empty field is taken from the
+// environment, as the AWS tools do; what is set here wins.
+struct S3Options {
+  // "http://127.0.0.1:9000"; else $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL,
+  // else https://s3.<region>.amazonaws.com.
+  std::string endpoint;
+  // Else $AWS_REGION, $AWS_DEFAULT_REGION, else "us-east-1".
+  std::string region;
+  // Else $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY, $AWS_SESSION_TOKEN.
+  // With no access key, requests go unsigned (a public bucket).
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;
+  // kAuto: path style (endpoint/bucket/key) for a custom endpoint,
+  // virtual-host style (bucket.endpoint/key) for AWS's own; else
+  // $CAIRN_S3_ADDRESSING_STYLE ("path" or "virtual").
+  enum class Addressing { kAuto, kPath, kVirtualHost };
+  Addressing addressing = Addressing::kAuto;
+  // Multipart upload part size (raised to 8 MiB at least, and as far as a
+  // file needs to fit S3's 10,000 parts) and the size of the ranges one
+  // large read is split into.
+  uint64_t part_bytes = 16ull << 20;
+  // Requests in flight at once per storage (part uploads, read ranges).
+  int threads = 8;
+  // Attempts per request (retried on transport errors, 5xx, 429, SlowDown
+  // and short bodies, with exponential backoff and full jitter from
+  // retry_base_delay_ms), and the timeouts: connecting, and a transfer
+  // that moves no byte for stall_timeout_ms.
+  int max_attempts = 6;
+  int retry_base_delay_ms = 100;
+  int connect_timeout_ms = 5000;
+  int stall_timeout_ms = 30000;
+};
+
 struct StorageOptions {
   // Write data files with O_DIRECT where the filesystem allows it (the file
   // then reports an alignment > 1), and read the parts of files that are
@@ -48,6 +85,8 @@ struct StorageOptions {
   // (another process truncating one then would end this one with SIGBUS).
   // Default: true.
   bool map_cached_reads = true;
+  // For s3:// URLs.
+  S3Options s3{};
 };
 
 // A file being written. Not durable until Finish() returns OK.
@@ -174,6 +213,16 @@ class Storage {
   // holds either its old contents (or is absent) or all of `contents`.
   virtual absl::Status WriteAtomically(std::string_view name,
                                        std::string_view contents) = 0;
+
+  // As WriteAtomically, but only when `name` does not exist: kAlreadyExists
+  // naming it when it does, and then nothing is written. A save commits
+  // its metadata.json this way, so a committed checkpoint is never
+  // replaced by accident (an overwrite un-commits first). The file backend
+  // links the synced temporary file into place (link(2) never replaces);
+  // object storage sends a conditional PUT (If-None-Match: *). The default
+  // checks, then writes: correct without a concurrent writer only.
+  virtual absl::Status CreateAtomically(std::string_view name,
+                                        std::string_view contents);
 
   // Removes `name`; OK if it does not exist. Not durable until Sync().
   virtual absl::Status Remove(std::string_view name) = 0;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "s3/sigv4.h"
+#include "storage/s3/sigv4.h"
 
 namespace cairn::python {
 

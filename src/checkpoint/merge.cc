@@ -247,7 +247,11 @@ absl::StatusOr<MergeResult> MergeInStorage(Storage& storage,
         storage.url(), kMetadataFileName));
   }
   CAIRN_ASSIGN_OR_RETURN(std::string json, internal_format::EncodeMetadata(out));
-  CAIRN_RETURN_IF_ERROR(storage.WriteAtomically(kMetadataFileName, json));
+  // Without overwrite, only if still absent (another merge or save may
+  // have committed since the check above).
+  CAIRN_RETURN_IF_ERROR(
+      exists ? storage.WriteAtomically(kMetadataFileName, json)
+             : storage.CreateAtomically(kMetadataFileName, json));
   return result;
 }
 

@@ -556,7 +556,14 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
           internal_plan::EncodeSkeleton(*skeleton);
       committed = json.status();
       if (committed.ok()) {
-        committed = (*storage)->WriteAtomically(where.metadata_name(), *json);
+        // An overwrite replaces the committed checkpoint in one step (it
+        // stays committed until then); any other save commits only if no
+        // metadata.json appeared since step 3 (a conditional PUT on object
+        // storage), so a committed checkpoint is never replaced by accident.
+        committed =
+            options.overwrite
+                ? (*storage)->WriteAtomically(where.metadata_name(), *json)
+                : (*storage)->CreateAtomically(where.metadata_name(), *json);
       }
     }
     if (!committed.ok()) {

@@ -183,6 +183,12 @@ absl::Status FaultInjectionStorage::WriteAtomically(std::string_view name,
   return base_->WriteAtomically(name, contents);
 }
 
+absl::Status FaultInjectionStorage::CreateAtomically(
+    std::string_view name, std::string_view contents) {
+  CAIRN_RETURN_IF_ERROR(MaybeFail(StorageOp::kWriteAtomically));
+  return base_->CreateAtomically(name, contents);
+}
+
 absl::Status FaultInjectionStorage::Remove(std::string_view name) {
   CAIRN_RETURN_IF_ERROR(MaybeFail(StorageOp::kRemove));
   return base_->Remove(name);

@@ -65,6 +65,9 @@ class FaultInjectionStorage : public Storage {
       std::string_view name) override;
   absl::Status WriteAtomically(std::string_view name,
                                std::string_view contents) override;
+  // Fails as kWriteAtomically: both are a commit.
+  absl::Status CreateAtomically(std::string_view name,
+                                std::string_view contents) override;
   absl::Status Remove(std::string_view name) override;
   absl::Status Sync() override;
   absl::StatusOr<std::vector<std::string>> List() override;

@@ -17,6 +17,9 @@
 //      or the complete new one, never a mix.
 //   7. fsync the directory holding `name`: the rename itself survives a
 //      crash.
+//   CreateAtomically takes the same steps, but step 6 is linkat(2) of the
+//   temporary file to `name` (which fails with EEXIST rather than replace
+//   anything), then unlinking the temporary name.
 //   If any step before 6 fails, the temporary file is unlinked (best effort)
 //   and `name` is untouched.
 //
@@ -739,6 +742,18 @@ class FileStorage final : public Storage {
 
   absl::Status WriteAtomically(std::string_view name,
                                std::string_view contents) override {
+    return WriteThroughTemporary(name, contents, /*replace=*/true);
+  }
+
+  absl::Status CreateAtomically(std::string_view name,
+                                std::string_view contents) override {
+    return WriteThroughTemporary(name, contents, /*replace=*/false);
+  }
+
+  // WriteAtomically's steps; without `replace`, step 6 links the temporary
+  // file in (linkat never replaces an entry: EEXIST) and then unlinks it.
+  absl::Status WriteThroughTemporary(std::string_view name,
+                                     std::string_view contents, bool replace) {
     // Step 1.
     CAIRN_ASSIGN_OR_RETURN(Parent parent, OpenParent(name, /*create=*/true));
     const std::string path = PathOf(name);
@@ -764,10 +779,22 @@ class FileStorage final : public Storage {
     if (status.ok()) status = closed;
     // Step 6: renameat replaces the entry `name` itself, never what a link
     // there points at.
-    if (status.ok() && ::renameat(parent.dir.get(), temp_last.c_str(),
-                                  parent.dir.get(), parent.last.c_str()) != 0) {
+    if (status.ok() && replace &&
+        ::renameat(parent.dir.get(), temp_last.c_str(), parent.dir.get(),
+                   parent.last.c_str()) != 0) {
       status =
           StatusFromErrno(errno, absl::StrCat("rename ", temp, " to"), path);
+    }
+    if (status.ok() && !replace) {
+      if (::linkat(parent.dir.get(), temp_last.c_str(), parent.dir.get(),
+                   parent.last.c_str(), 0) != 0) {
+        status = errno == EEXIST
+                     ? absl::AlreadyExistsError(absl::StrFormat(
+                           "%s already exists; not replaced", path))
+                     : StatusFromErrno(errno,
+                                       absl::StrCat("link ", temp, " to"), path);
+      }
+      (void)::unlinkat(parent.dir.get(), temp_last.c_str(), 0);
     }
     if (!status.ok()) {
       (void)::unlinkat(parent.dir.get(), temp_last.c_str(), 0);

@@ -20,6 +20,7 @@
 #include "core/status.h"
 #include "storage/file_storage.h"
 #include "storage/read_all.h"
+#include "storage/s3/s3_storage.h"
 
 namespace cairn {
 namespace {
@@ -58,6 +59,7 @@ std::string_view SchemeOf(std::string_view url) {
 absl::StatusOr<std::unique_ptr<Storage>> Storage::Open(
     std::string_view url, const StorageOptions& options) {
   internal_storage::RegisterFileStorage();
+  internal_s3::RegisterS3Storage();
   if (url.empty()) return absl::InvalidArgumentError("empty storage URL");
   std::string_view scheme = SchemeOf(url);
   if (scheme.empty()) {
@@ -94,6 +96,16 @@ void Storage::RegisterScheme(std::string scheme, Factory factory) {
   absl::MutexLock lock(&registry.mu);
   // A later registration replaces an earlier one (tests can stub a scheme).
   registry.factories[absl::AsciiStrToLower(scheme)] = std::move(factory);
+}
+
+absl::Status Storage::CreateAtomically(std::string_view name,
+                                       std::string_view contents) {
+  CAIRN_ASSIGN_OR_RETURN(bool exists, Exists(name));
+  if (exists) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("%s/%s already exists; not replaced", url(), name));
+  }
+  return WriteAtomically(name, contents);
 }
 
 absl::StatusOr<std::string> Storage::ReadAll(std::string_view name,

@@ -26,6 +26,7 @@
 #include "storage/fault_injection.h"
 #include "storage/file_storage.h"
 #include "storage/read_all.h"
+#include "storage/s3/moto_test_util.h"
 
 namespace cairn::internal_storage {
 namespace {
@@ -42,6 +43,10 @@ struct StorageCase {
   // Opens a storage for `path` (which may not exist yet).
   std::function<absl::StatusOr<std::unique_ptr<Storage>>(const std::string&)>
       open;
+  // Object storage: the per-test root is an s3:// URL on the test's moto
+  // server (temp_parent unused); it has no folders, so a location without
+  // files lists as empty, and a file appears only once Finish commits it.
+  bool object_store = false;
 };
 
 std::string PrintCase(const ::testing::TestParamInfo<StorageCase>& info) {
@@ -65,6 +70,25 @@ StorageCase RefusedDirectIoCase() {
                 path, StorageOptions{.direct_io = true},
                 FileStorageTestOptions{.refuse_direct_io = true});
           }};
+}
+
+// S3 through a real server (moto), with the smallest parts, so that a
+// 24 MiB file is a 3-part multipart upload read back in 3 ranges.
+StorageCase S3Case() {
+  StorageCase c{"S3Moto", "", [](const std::string& url) {
+                  StorageOptions options;
+                  absl::StatusOr<const internal_s3::MotoServer*> server =
+                      internal_s3::MotoServer::Shared();
+                  if (!server.ok()) return absl::StatusOr<std::unique_ptr<Storage>>(server.status());
+                  options.s3.endpoint = (*server)->endpoint();
+                  options.s3.access_key_id = "testing";
+                  options.s3.secret_access_key = "testing";
+                  options.s3.part_bytes = 8 << 20;
+                  options.s3.retry_base_delay_ms = 1;
+                  return Storage::Open(url, options);
+                }};
+  c.object_store = true;
+  return c;
 }
 
 StorageCase FaultInjectionCase() {
@@ -108,6 +132,20 @@ class StorageConformanceTest : public ::testing::TestWithParam<StorageCase> {
  protected:
   void SetUp() override {
     const StorageCase& c = GetParam();
+    if (c.object_store) {
+      CAIRN_MOTO_OR_SKIP(server);
+      auto client = server->Client("cairn-conformance");
+      ASSERT_TRUE(client.ok()) << client.status();
+      static std::atomic<int> counter{0};
+      temp_ = absl::StrFormat("s3://cairn-conformance/%d-%d", ::getpid(),
+                              counter.fetch_add(1));
+      location_ = temp_ + "/ckpt/step-100";
+      auto storage = c.open(location_);
+      ASSERT_TRUE(storage.ok()) << storage.status();
+      storage_ = *std::move(storage);
+      ASSERT_TRUE(storage_->CreateLocation().ok());
+      return;
+    }
     struct stat st;
     if (::stat(c.temp_parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       GTEST_SKIP() << c.temp_parent << " is absent: skipping " << c.name;
@@ -125,7 +163,7 @@ class StorageConformanceTest : public ::testing::TestWithParam<StorageCase> {
 
   void TearDown() override {
     storage_.reset();
-    if (!temp_.empty()) {
+    if (!temp_.empty() && !GetParam().object_store) {
       std::error_code ec;
       std::filesystem::remove_all(temp_, ec);
     }
@@ -206,7 +244,8 @@ TEST_P(StorageConformanceTest, WriteAtAlignedPositionsOutOfOrderAndReadBack) {
   EXPECT_EQ(std::memcmp(got.data(), expected.data.get(), got.size()), 0);
   // An unaligned sub-range.
   std::vector<std::byte> part(1000);
-  ASSERT_TRUE((*reader)->ReadAt(block + 17, part).ok());
+  absl::Status read = (*reader)->ReadAt(block + 17, part);
+  ASSERT_TRUE(read.ok()) << read;
   EXPECT_EQ(std::memcmp(part.data(), expected.data.get() + block + 17, 1000),
             0);
   // An empty read at EOF.
@@ -280,7 +319,8 @@ TEST_P(StorageConformanceTest, LargeFileRoundTrips) {
   auto reader = storage_->OpenForRead("large");
   ASSERT_TRUE(reader.ok()) << reader.status();
   std::vector<std::byte> got(data.size);
-  ASSERT_TRUE((*reader)->ReadAt(0, got).ok());
+  absl::Status read = (*reader)->ReadAt(0, got);
+  ASSERT_TRUE(read.ok()) << read;
   EXPECT_EQ(std::memcmp(got.data(), data.data.get(), data.size), 0);
 }
 
@@ -297,8 +337,50 @@ TEST_P(StorageConformanceTest, UnfinishedFileIsClosedOnDestruction) {
   {
     auto file = storage_->Create("unfinished");
     ASSERT_TRUE(file.ok()) << file.status();
+    // Past one part, so that an object store has an upload to abort.
+    AlignedBytes block(9 << 20);
+    Fill(block.span(), 5);
+    ASSERT_TRUE((*file)->WriteAt(0, block.span()).ok());
   }
-  EXPECT_EQ(ExistsText("unfinished"), "yes");
+  // A file exists from Create on; an object only once Finish commits it.
+  EXPECT_EQ(ExistsText("unfinished"), GetParam().object_store ? "no" : "yes");
+}
+
+TEST_P(StorageConformanceTest, CreateAtomicallyNeverReplaces) {
+  ASSERT_TRUE(storage_->CreateAtomically("metadata.json", "first").ok());
+  absl::Status again = storage_->CreateAtomically("metadata.json", "second");
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  EXPECT_THAT(again.message(), HasSubstr("metadata.json"));
+  EXPECT_EQ(ReadString("metadata.json"), "first");
+  // Once removed (an un-commit), it can be created again; no temporary
+  // file is left either way.
+  ASSERT_TRUE(storage_->Remove("metadata.json").ok());
+  ASSERT_TRUE(storage_->CreateAtomically("metadata.json", "third").ok());
+  EXPECT_EQ(ReadString("metadata.json"), "third");
+  auto names = storage_->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("metadata.json"));
+}
+
+TEST_P(StorageConformanceTest, ConcurrentCreateAtomicallyHasOneWinner) {
+  std::vector<std::thread> threads;
+  std::atomic<int> winners{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      absl::Status s = storage_->CreateAtomically(
+          "m", std::string(1000 + t, static_cast<char>('a' + t)));
+      if (s.ok()) {
+        winners.fetch_add(1);
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(winners.load(), 1);
+  const std::string m = ReadString("m");
+  ASSERT_GE(m.size(), 1000u);
+  EXPECT_EQ(m, std::string(m.size(), m[0]));
 }
 
 TEST_P(StorageConformanceTest, ReadPastEndIsDataLossNamingFileAndOffset) {
@@ -348,6 +430,11 @@ TEST_P(StorageConformanceTest, ListOfMissingLocationIsNotFound) {
   auto missing = GetParam().open(temp_ + "/never-created");
   ASSERT_TRUE(missing.ok()) << missing.status();
   auto names = (*missing)->List();
+  if (GetParam().object_store) {  // no folders: just no files
+    ASSERT_TRUE(names.ok()) << names.status();
+    EXPECT_THAT(*names, IsEmpty());
+    return;
+  }
   EXPECT_EQ(names.status().code(), absl::StatusCode::kNotFound)
       << names.status();
 }
@@ -483,7 +570,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // this exercises the buffered fallback.
                       FileCase("FileDirectIoOnTmpfs", "/dev/shm",
                                /*direct_io=*/true),
-                      RefusedDirectIoCase(), FaultInjectionCase()),
+                      RefusedDirectIoCase(), FaultInjectionCase(),
+                      S3Case()),
     PrintCase);
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "s3/sigv4.h"
+#include "storage/s3/sigv4.h"
 
 #include <string>
 

@@ -4,8 +4,8 @@
 // header, with OpenSSL's SHA-256 and HMAC. Tested against botocore's
 // signer (python/tests/test_s3_sigv4.py). Not finished: nothing sends
 // requests yet (the HTTP client and the s3:// Storage come next).
-#ifndef CAIRN_S3_SIGV4_H_
-#define CAIRN_S3_SIGV4_H_
+#ifndef CAIRN_STORAGE_S3_SIGV4_H_
+#define CAIRN_STORAGE_S3_SIGV4_H_
 
 #include <cstddef>
 #include <span>
@@ -54,7 +54,7 @@ std::string Sha256Hex(std::string_view data);
 std::string CanonicalRequest(const SigningRequest& request,
                              const Headers& signed_headers);
 
-// The headers to send with `request`, its own included: host,
+// The headers to add to `request`'s own: host,
 // x-amz-content-sha256, x-amz-date, x-amz-security-token (with a session
 // token) and Authorization, signed for `region` and `service` ("s3") at
 // `amz_date` ("20261127T213357Z"). kInvalidArgument for a malformed date,
@@ -68,4 +68,4 @@ absl::StatusOr<Headers> SignV4(const SigningRequest& request,
 
 }  // namespace cairn::internal_s3
 
-#endif  // CAIRN_S3_SIGV4_H_
+#endif  // CAIRN_STORAGE_S3_SIGV4_H_
