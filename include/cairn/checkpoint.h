@@ -51,6 +51,7 @@
 #include "cairn/metadata.h"
 #include "cairn/planner.h"
 #include "cairn/state_dict.h"
+#include "cairn/storage.h"
 
 namespace cairn {
 
@@ -100,6 +101,9 @@ struct SaveOptions {
   // Write data files with O_DIRECT through aligned buffers where the
   // filesystem allows it; else buffered writes and fdatasync. Default: true.
   bool direct_io = true;
+  // How to reach an s3:// URL (endpoint, credentials, part size, retries);
+  // empty fields come from the AWS_* environment variables.
+  S3Options s3{};
   // Bytes per aligned write buffer; one buffer per IO thread. Default: 8 MiB.
   size_t write_buffer_bytes = size_t{8} << 20;
   // Block checksums: besides each chunk's (and object's) CRC32C, the
@@ -183,6 +187,8 @@ struct LoadOptions {
   bool strict = true;
   // Concurrent reads in flight per process. Default: 8.
   int io_threads = 8;
+  // How to reach an s3:// URL, as SaveOptions::s3.
+  S3Options s3{};
   // Check every byte the load returns. A chunk or object read whole has
   // its CRC32C checked. A part of a chunk of any shape (rows, columns, a
   // 2-d block) is checksummed or signed as it is read, from its own bytes,

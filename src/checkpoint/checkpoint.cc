@@ -14,6 +14,7 @@ absl::StatusOr<SaveResult> Save(const StateDict& state, std::string_view url,
                                 const SaveOptions& options) {
   StorageOptions storage_options;
   storage_options.direct_io = options.direct_io;
+  storage_options.s3 = options.s3;
   // A rank that cannot open the URL still takes part in the protocol.
   absl::StatusOr<std::unique_ptr<Storage>> storage =
       Storage::Open(url, storage_options);
@@ -27,7 +28,7 @@ absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
                                 const LoadOptions& options) {
   // A URL may name a Hugging Face file (hf_import.h) in a folder.
   absl::StatusOr<internal_checkpoint::OpenedSource> opened =
-      internal_checkpoint::OpenSourceUrl(url);
+      internal_checkpoint::OpenSourceUrl(url, StorageOptions{.s3 = options.s3});
   return internal_checkpoint::LoadFromStorage(
       state,
       opened.ok() ? absl::StatusOr<Storage*>(opened->storage.get())
@@ -37,8 +38,9 @@ absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
 
 absl::StatusOr<StateDict> LoadAll(std::string_view url,
                                   const LoadOptions& options) {
-  CAIRN_ASSIGN_OR_RETURN(internal_checkpoint::OpenedSource opened,
-                         internal_checkpoint::OpenSourceUrl(url));
+  CAIRN_ASSIGN_OR_RETURN(
+      internal_checkpoint::OpenedSource opened,
+      internal_checkpoint::OpenSourceUrl(url, StorageOptions{.s3 = options.s3}));
   return internal_checkpoint::LoadAllFromStorage(*opened.storage, options,
                                                  opened.file);
 }
