@@ -65,7 +65,8 @@ struct S3Options {
   // Attempts per request (retried on transport errors, 5xx, 429, SlowDown
   // and short bodies, with exponential backoff and full jitter from
   // retry_base_delay_ms), and the timeouts: connecting, and a transfer
-  // that moves no byte for stall_timeout_ms.
+  // that moves no byte for stall_timeout_ms (libcurl averages speed over
+  // a few seconds, so a stall is noticed up to ~5 s later than this).
   int max_attempts = 6;
   int retry_base_delay_ms = 100;
   int connect_timeout_ms = 5000;

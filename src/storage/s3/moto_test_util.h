@@ -21,7 +21,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +53,77 @@ inline int FreeLocalPort() {
   return port;
 }
 
+// A child process serving HTTP on 127.0.0.1:port, killed when this object
+// goes (and by the kernel when this process dies: PR_SET_PDEATHSIG).
+class ChildServer {
+ public:
+  // Runs `argv` (argv[0] looked up on PATH) with output to `log`, then
+  // waits up to 60 s until GET `ready_path` answers below 500.
+  static absl::StatusOr<std::unique_ptr<ChildServer>> Start(
+      std::vector<std::string> argv, int port, const std::string& ready_path,
+      const std::string& log) {
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) _exit(1);
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      _exit(127);
+    }
+    if (pid < 0) return absl::InternalError("fork failed");
+    auto child = std::unique_ptr<ChildServer>(
+        new ChildServer(pid, absl::StrCat("http://127.0.0.1:", port)));
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      HttpRequest ping;
+      ping.method = "GET";
+      ping.url = child->endpoint() + ready_path;
+      ping.connect_timeout_ms = 500;
+      ping.stall_timeout_ms = 2000;
+      absl::StatusOr<HttpResponse> r = SendHttp(ping);
+      if (r.ok() && r->status < 500) return child;
+      int status;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        child->pid_ = -1;
+        return absl::UnavailableError(absl::StrFormat(
+            "%s exited at start; see %s", argv[0], log));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "%s did not answer on %s within 60 s; see %s", argv[0],
+        child->endpoint(), log));
+  }
+
+  ~ChildServer() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  ChildServer(pid_t pid, std::string endpoint)
+      : pid_(pid), endpoint_(std::move(endpoint)) {}
+  pid_t pid_;
+  std::string endpoint_;
+};
+
+inline std::string TestPython() {
+  const char* python = std::getenv("CAIRN_PYTHON");
+  return python != nullptr && *python ? python : "python3";
+}
+
 class MotoServer {
  public:
   // The process-wide server, started on first use; an error says why
@@ -62,13 +135,13 @@ class MotoServer {
     return server->get();
   }
 
-  const std::string& endpoint() const { return endpoint_; }
+  const std::string& endpoint() const { return child_->endpoint(); }
 
   // A client of `bucket` on this server (created if need be), with short
-  // timeouts and retry delays for tests.
+  // retry delays for tests.
   absl::StatusOr<S3Client> Client(const std::string& bucket) const {
     S3Config config;
-    config.endpoint = endpoint_;
+    config.endpoint = endpoint();
     config.bucket = bucket;
     config.credentials = {"testing", "testing", ""};
     config.retry_base_delay_ms = 1;
@@ -78,21 +151,14 @@ class MotoServer {
     return client;
   }
 
-  ~MotoServer() {
-    ::kill(pid_, SIGTERM);
-    int status;
-    ::waitpid(pid_, &status, 0);
-  }
-
  private:
-  MotoServer(pid_t pid, std::string endpoint)
-      : pid_(pid), endpoint_(std::move(endpoint)) {}
+  explicit MotoServer(std::unique_ptr<ChildServer> child)
+      : child_(std::move(child)) {}
 
   static absl::StatusOr<std::unique_ptr<MotoServer>> Start() {
-    const char* python_env = std::getenv("CAIRN_PYTHON");
-    const std::string python = python_env ? python_env : "python3";
-    const std::string probe = absl::StrCat(
-        python, " -c 'import moto.server' > /dev/null 2>&1");
+    const std::string python = TestPython();
+    const std::string probe =
+        absl::StrCat(python, " -c 'import moto.server' > /dev/null 2>&1");
     if (std::system(probe.c_str()) != 0) {
       return absl::UnavailableError(absl::StrFormat(
           "moto is not installed for %s (pip install -r "
@@ -100,52 +166,69 @@ class MotoServer {
           python));
     }
     const int port = FreeLocalPort();
-    const std::string log =
-        absl::StrFormat("/tmp/cairn-moto-%d-%d.log", ::getpid(), port);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != parent) _exit(1);
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      const std::string port_text = std::to_string(port);
-      ::execlp(python.c_str(), python.c_str(), "-m", "moto.server", "-H",
-               "127.0.0.1", "-p", port_text.c_str(), (char*)nullptr);
-      _exit(127);
-    }
-    if (pid < 0) return absl::InternalError("fork failed");
-    const std::string endpoint = absl::StrCat("http://127.0.0.1:", port);
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < deadline) {
-      HttpRequest ping;
-      ping.method = "GET";
-      ping.url = endpoint + "/moto-api/";
-      ping.connect_timeout_ms = 500;
-      ping.stall_timeout_ms = 2000;
-      absl::StatusOr<HttpResponse> r = SendHttp(ping);
-      if (r.ok() && r->status < 500) {
-        return std::unique_ptr<MotoServer>(new MotoServer(pid, endpoint));
-      }
-      int status;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        return absl::UnavailableError(absl::StrFormat(
-            "moto server exited at start; see %s", log));
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    ::kill(pid, SIGKILL);
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "moto server did not answer on %s within 60 s; see %s", endpoint,
-        log));
+    absl::StatusOr<std::unique_ptr<ChildServer>> child = ChildServer::Start(
+        {python, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+         std::to_string(port)},
+        port, "/moto-api/",
+        absl::StrFormat("/tmp/cairn-moto-%d-%d.log", ::getpid(), port));
+    if (!child.ok()) return child.status();
+    return std::unique_ptr<MotoServer>(new MotoServer(*std::move(child)));
   }
 
-  pid_t pid_;
-  std::string endpoint_;
+  std::unique_ptr<ChildServer> child_;
 };
+
+#ifdef CAIRN_SOURCE_DIR
+// tests/s3_fault_proxy.py in front of `upstream`: Arm() makes the next
+// requests fail in one of its ways.
+class FaultProxy {
+ public:
+  static absl::StatusOr<std::unique_ptr<FaultProxy>> Start(
+      const std::string& upstream) {
+    const int port = FreeLocalPort();
+    absl::StatusOr<std::unique_ptr<ChildServer>> child = ChildServer::Start(
+        {TestPython(), CAIRN_SOURCE_DIR "/tests/s3_fault_proxy.py",
+         "--upstream", upstream, "--port", std::to_string(port)},
+        port, "/__stats__",
+        absl::StrFormat("/tmp/cairn-fault-proxy-%d-%d.log", ::getpid(), port));
+    if (!child.ok()) return child.status();
+    return std::unique_ptr<FaultProxy>(new FaultProxy(*std::move(child)));
+  }
+
+  const std::string& endpoint() const { return child_->endpoint(); }
+
+  // `json` as s3_fault_proxy.py documents: {"fault": "status", ...}.
+  absl::Status Arm(const std::string& json) const {
+    HttpRequest r;
+    r.method = "POST";
+    r.url = endpoint() + "/__fault__";
+    r.body = std::as_bytes(std::span(json));
+    absl::StatusOr<HttpResponse> response = SendHttp(r);
+    if (!response.ok()) return response.status();
+    if (response->status != 200) {
+      return absl::InternalError(absl::StrCat("arming failed: ", response->body));
+    }
+    return absl::OkStatus();
+  }
+
+  // The number of faults injected so far.
+  absl::StatusOr<int> Faults() const {
+    HttpRequest r;
+    r.method = "GET";
+    r.url = endpoint() + "/__stats__";
+    absl::StatusOr<HttpResponse> response = SendHttp(r);
+    if (!response.ok()) return response.status();
+    const size_t at = response->body.find("\"faults\": ");
+    if (at == std::string::npos) return absl::InternalError(response->body);
+    return std::atoi(response->body.c_str() + at + 10);
+  }
+
+ private:
+  explicit FaultProxy(std::unique_ptr<ChildServer> child)
+      : child_(std::move(child)) {}
+  std::unique_ptr<ChildServer> child_;
+};
+#endif  // CAIRN_SOURCE_DIR
 
 // In a test body or SetUp: the shared server, or skip (fail when
 // CAIRN_REQUIRE_S3_SERVER=1).
