@@ -20,7 +20,11 @@
 // un-committing it first (metadata.json removed, directory synced), so a
 // crash mid-delete never leaves a committed, partial checkpoint.
 //
-// The root is a local (POSIX) directory. Every rank calls Create, Save,
+// The root is a local directory or an object storage URL
+// ("s3://bucket/run"; save_options.s3 says how to reach it): there a step
+// is the keys under "step-NNNNNNNNNN/", committed by its metadata.json,
+// and deleting one removes metadata.json first, then the rest. Every rank
+// calls Create, Save,
 // Restore and Wait in the same order. Thread safety: one thread at a time.
 #ifndef CAIRN_MANAGER_H_
 #define CAIRN_MANAGER_H_

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <system_error>
 
@@ -37,10 +38,21 @@ struct Folder {
   bool committed;
 };
 
-absl::StatusOr<std::vector<Folder>> ListFolders(const std::string& root) {
+// Whether `root` is a local directory (a path or file:// URL), where
+// folders exist of their own; object storage has only keys.
+bool IsLocal(const std::string& root) {
+  return root.find("://") == std::string::npos || root.starts_with("file://");
+}
+
+std::string LocalPath(const std::string& root) {
+  return root.starts_with("file://") ? root.substr(7) : root;
+}
+
+absl::StatusOr<std::vector<Folder>> ListLocalFolders(const std::string& root) {
   std::vector<Folder> out;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+  for (const fs::directory_entry& e :
+       fs::directory_iterator(LocalPath(root), ec)) {
     if (!e.is_directory()) continue;
     std::optional<int64_t> step = StepOfName(e.path().filename().string());
     if (!step) continue;
@@ -55,22 +67,61 @@ absl::StatusOr<std::vector<Folder>> ListFolders(const std::string& root) {
   return out;
 }
 
-// Un-commits (metadata.json removed, directory synced), then removes.
-absl::Status DeleteStep(const std::string& dir) {
-  absl::StatusOr<std::unique_ptr<Storage>> storage = Storage::Open(dir);
+// Object storage: one listing of the root; a step "folder" is the keys
+// under "step-NNNNNNNNNN/", committed when one of them is its metadata.json.
+absl::StatusOr<std::vector<Folder>> ListFolders(
+    const std::string& root, const StorageOptions& storage_options) {
+  if (IsLocal(root)) return ListLocalFolders(root);
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage,
+                         Storage::Open(root, storage_options));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage->List());
+  std::map<int64_t, bool> steps;
+  for (const std::string& name : names) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) continue;
+    std::optional<int64_t> step = StepOfName(name.substr(0, slash));
+    if (!step) continue;
+    steps[*step] |= name.substr(slash + 1) == kMetadataFileName;
+  }
+  std::vector<Folder> out;
+  for (const auto& [step, committed] : steps) out.push_back({step, committed});
+  return out;
+}
+
+// Un-commits (metadata.json removed, durably), then removes the rest: the
+// directory on local files, every object under the prefix on object
+// storage. A crash midway leaves an uncommitted folder, which the next
+// retention removes.
+absl::Status DeleteStep(const std::string& dir,
+                        const StorageOptions& storage_options) {
+  absl::StatusOr<std::unique_ptr<Storage>> storage =
+      Storage::Open(dir, storage_options);
   CAIRN_RETURN_IF_ERROR(storage.status());
   CAIRN_ASSIGN_OR_RETURN(bool committed, (*storage)->Exists(kMetadataFileName));
   if (committed) {
     CAIRN_RETURN_IF_ERROR((*storage)->Remove(kMetadataFileName));
     CAIRN_RETURN_IF_ERROR((*storage)->Sync());
   }
+  if (!IsLocal(dir)) {
+    CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, (*storage)->List());
+    for (const std::string& name : names) {
+      CAIRN_RETURN_IF_ERROR((*storage)->Remove(name));
+    }
+    return (*storage)->Sync();
+  }
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  fs::remove_all(LocalPath(dir), ec);
   if (ec) {
     return absl::UnavailableError(
         absl::StrFormat("removing %s: %s", dir, ec.message()));
   }
   return absl::OkStatus();
+}
+
+StorageOptions StorageOptionsOf(const ManagerOptions& options) {
+  StorageOptions out;
+  out.s3 = options.save_options.s3;
+  return out;
 }
 
 }  // namespace
@@ -93,7 +144,10 @@ CheckpointManager::~CheckpointManager() { (void)saver_->WaitAll(); }
 absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
     const std::string& root, Communicator* comm, const ManagerOptions& options) {
   std::error_code ec;
-  fs::create_directories(root, ec);
+  if (IsLocal(root)) {
+    fs::create_directories(root.starts_with("file://") ? root.substr(7) : root,
+                           ec);
+  }
   absl::Status made = ec ? absl::UnavailableError(absl::StrFormat(
                                "creating %s: %s", root, ec.message()))
                          : absl::OkStatus();
@@ -122,7 +176,7 @@ std::string CheckpointManager::StepDir(int64_t step) const {
 }
 
 absl::StatusOr<std::vector<int64_t>> CheckpointManager::Steps() const {
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_, StorageOptionsOf(options_)));
   std::vector<int64_t> steps;
   for (const Folder& f : folders) {
     if (f.committed) steps.push_back(f.step);
@@ -142,7 +196,7 @@ absl::Status CheckpointManager::Retain() {
   if (comm_->rank() != 0) return absl::OkStatus();
   std::set<int64_t> busy;
   for (const auto& [step, handle] : pending_) busy.insert(step);
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_, StorageOptionsOf(options_)));
   std::vector<int64_t> committed;
   for (const Folder& f : folders) {
     if (f.committed && !busy.contains(f.step)) committed.push_back(f.step);
@@ -160,7 +214,7 @@ absl::Status CheckpointManager::Retain() {
   for (const Folder& f : folders) {
     if (keep.contains(f.step)) continue;
     // Old committed steps, and folders a crash left uncommitted.
-    CAIRN_RETURN_IF_ERROR(DeleteStep(StepDir(f.step)));
+    CAIRN_RETURN_IF_ERROR(DeleteStep(StepDir(f.step), StorageOptionsOf(options_)));
   }
   return absl::OkStatus();
 }
