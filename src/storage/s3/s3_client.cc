@@ -85,6 +85,11 @@ void SleepBeforeAttempt(int attempt, const S3Config& config) {
 
 }  // namespace
 
+S3Counters& ProcessS3Counters() {
+  static S3Counters* counters = new S3Counters;
+  return *counters;
+}
+
 absl::StatusOr<S3Client> S3Client::Create(S3Config config) {
   std::string_view ep = config.endpoint;
   std::string scheme;
@@ -152,6 +157,7 @@ absl::StatusOr<HttpResponse> S3Client::Send(const Call& call) const {
   for (int attempt = 1; attempt <= config_.max_attempts; ++attempt) {
     if (attempt > 1) {
       counters_->retries.fetch_add(1, std::memory_order_relaxed);
+      ProcessS3Counters().retries.fetch_add(1, std::memory_order_relaxed);
       SleepBeforeAttempt(attempt - 1, config_);
     }
     HttpRequest request;
@@ -177,6 +183,7 @@ absl::StatusOr<HttpResponse> S3Client::Send(const Call& call) const {
       request.headers.emplace_back("x-amz-content-sha256", payload_sha256);
     }
     counters_->requests.fetch_add(1, std::memory_order_relaxed);
+    ProcessS3Counters().requests.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<HttpResponse> response = SendHttp(request);
     if (!response.ok()) {
       last = response.status();  // the transport failed: try again

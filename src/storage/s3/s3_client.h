@@ -56,6 +56,9 @@ struct S3Counters {
   std::atomic<uint64_t> retries{0};
 };
 
+// Every S3 request this process has sent, over all clients.
+S3Counters& ProcessS3Counters();
+
 class S3Client {
  public:
   // kInvalidArgument for an endpoint that is not http(s)://host[:port].
