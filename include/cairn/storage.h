@@ -62,6 +62,12 @@ struct S3Options {
   uint64_t part_bytes = 16ull << 20;
   // Requests in flight at once per storage (part uploads, read ranges).
   int threads = 8;
+  // Reads smaller than this are served from whole aligned blocks of this
+  // size, fetched once and kept per storage (the last 2 x threads of
+  // them), so that neighbouring small reads, e.g. a column-split load
+  // reading chunk after chunk of one file, cost one request instead of one
+  // each. 0: every read is its own request.
+  uint64_t read_block_bytes = 4ull << 20;
   // Attempts per request (retried on transport errors, 5xx, 429, SlowDown
   // and short bodies, with exponential backoff and full jitter from
   // retry_base_delay_ms), and the timeouts: connecting, and a transfer

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/s3/moto_test_util.h"
+#include "storage/s3/s3_client.h"
 
 namespace cairn {
 namespace {
@@ -273,6 +274,23 @@ TEST_F(S3CheckpointTest, ManagerKeepsStepsRestoresAndCleansUp) {
                 n.starts_with("step-0000000013/"))
         << n;
   }
+}
+
+// A column-split load needs a part of every chunk: with the block cache a
+// rank reads each file in a few block requests, not one per chunk.
+TEST_F(S3CheckpointTest, ColumnSplitLoadsCoalesceSmallReadsIntoBlocks) {
+  const std::string url = root_ + "/blocks";
+  ASSERT_TRUE(SaveRanks(url, Pattern::kRows, 4, 2).ok());
+  auto requests_of_load = [&](uint64_t block_bytes) -> uint64_t {
+    s3_.read_block_bytes = block_bytes;
+    const uint64_t before =
+        internal_s3::ProcessS3Counters().requests.load();
+    EXPECT_TRUE(LoadRanksAndCheck(url, Pattern::kCols, 3, 4, 2).ok());
+    return internal_s3::ProcessS3Counters().requests.load() - before;
+  };
+  const uint64_t uncached = requests_of_load(0);
+  const uint64_t cached = requests_of_load(4 << 20);
+  EXPECT_LT(2 * cached, uncached) << cached << " vs " << uncached;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -86,6 +87,112 @@ class RequestPool {
   bool stop_ = false;
 };
 
+// Aligned blocks of objects, fetched once however many threads ask for
+// them at the same time, the most recently used kept. Keys carry the
+// object's ETag, so a replaced object is never served from an old block.
+class BlockCache {
+ public:
+  BlockCache(uint64_t block_bytes, size_t capacity)
+      : block_bytes_(block_bytes), capacity_(std::max<size_t>(capacity, 1)) {}
+
+  uint64_t block_bytes() const { return block_bytes_; }
+
+  // Copies [offset, offset + out.size()) of the object `id` (key and ETag)
+  // of `size` bytes into `out`, fetching missing blocks with `fetch`.
+  absl::Status Read(
+      const std::string& id, uint64_t size, uint64_t offset,
+      std::span<std::byte> out,
+      const std::function<absl::Status(uint64_t, std::span<std::byte>)>&
+          fetch) {
+    while (!out.empty()) {
+      const uint64_t index = offset / block_bytes_;
+      const uint64_t start = index * block_bytes_;
+      std::shared_ptr<Block> block;
+      bool mine = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto key = std::make_pair(id, index);
+        auto it = blocks_.find(key);
+        if (it == blocks_.end()) {
+          block = std::make_shared<Block>();
+          blocks_.emplace(key, block);
+          mine = true;
+        } else {
+          block = it->second;
+          lru_.remove(key);
+        }
+        lru_.push_back(key);
+        Evict();
+      }
+      if (mine) {
+        std::vector<std::byte> data(std::min(block_bytes_, size - start));
+        absl::Status status = fetch(start, data);
+        {
+          std::lock_guard<std::mutex> lock(block->mu);
+          block->status = status;
+          if (status.ok()) block->data = std::move(data);
+          block->done = true;
+        }
+        block->cv.notify_all();
+        if (!status.ok()) {  // not kept: a later read tries again
+          std::lock_guard<std::mutex> lock(mu_);
+          auto key = std::make_pair(id, index);
+          auto it = blocks_.find(key);
+          if (it != blocks_.end() && it->second == block) {
+            blocks_.erase(it);
+            lru_.remove(key);
+          }
+        }
+      }
+      std::unique_lock<std::mutex> lock(block->mu);
+      block->cv.wait(lock, [&] { return block->done; });
+      CAIRN_RETURN_IF_ERROR(block->status);
+      const uint64_t within = offset - start;
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(out.size(), block->data.size() - within));
+      std::memcpy(out.data(), block->data.data() + within, n);
+      out = out.subspan(n);
+      offset += n;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Block {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+    std::vector<std::byte> data;
+  };
+  using Key = std::pair<std::string, uint64_t>;
+
+  // Drops the least recently used finished blocks beyond the capacity
+  // (their readers hold them until they are done). Called under mu_.
+  void Evict() {
+    for (auto it = lru_.begin(); blocks_.size() > capacity_ && it != lru_.end();) {
+      auto found = blocks_.find(*it);
+      bool done = false;
+      {
+        std::lock_guard<std::mutex> lock(found->second->mu);
+        done = found->second->done;
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      blocks_.erase(found);
+      it = lru_.erase(it);
+    }
+  }
+
+  const uint64_t block_bytes_;
+  const size_t capacity_;
+  std::mutex mu_;
+  std::map<Key, std::shared_ptr<Block>> blocks_;
+  std::list<Key> lru_;  // least recently used first
+};
+
 // What a storage's files share.
 struct Shared {
   S3Client client;
@@ -93,6 +200,7 @@ struct Shared {
   std::string prefix;  // "" or "a/b/"
   uint64_t part_bytes;
   RequestPool pool;
+  std::unique_ptr<BlockCache> cache;  // null: reads uncached
 
   std::string KeyOf(std::string_view name) const {
     return prefix + std::string(name);
@@ -353,6 +461,14 @@ class S3ReadableFile : public ReadableFile {
           "%s: reading %d bytes at offset %d, past its end (%d bytes)",
           shared_->Named(name_), data.size(), offset, info_.size));
     }
+    BlockCache* cache = shared_->cache.get();
+    if (cache != nullptr && data.size() < cache->block_bytes()) {
+      return cache->Read(
+          absl::StrCat(key_, "\n", info_.etag), info_.size, offset, data,
+          [this](uint64_t at, std::span<std::byte> out) {
+            return shared_->client.GetRange(key_, at, out, info_.etag);
+          });
+    }
     const uint64_t range = shared_->part_bytes;
     if (data.size() <= range) {
       return shared_->client.GetRange(key_, offset, data, info_.etag);
@@ -598,7 +714,12 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenS3Storage(
       std::move(client), std::string(url),
       where.prefix.empty() ? std::string() : absl::StrCat(where.prefix, "/"),
       std::max(kMinPartBytes, options.s3.part_bytes),
-      RequestPool(std::max(1, options.s3.threads))});
+      RequestPool(std::max(1, options.s3.threads)),
+      options.s3.read_block_bytes == 0
+          ? nullptr
+          : std::make_unique<BlockCache>(
+                options.s3.read_block_bytes,
+                2 * static_cast<size_t>(std::max(1, options.s3.threads)))});
   return std::make_unique<S3Storage>(std::move(shared));
 }
 

@@ -13,7 +13,10 @@
 //   OpenForRead/ReadAt     HEAD for the size and ETag, then ranged GETs
 //                          (If-Match the ETag, so a replaced object is
 //                          kDataLoss, never a mix); a large read is split
-//                          into part_bytes ranges fetched in parallel.
+//                          into part_bytes ranges fetched in parallel, a
+//                          small one served from a cached aligned block
+//                          (S3Options::read_block_bytes), so neighbouring
+//                          small reads cost one request.
 //   WriteAtomically        PUT (a PUT is atomic in S3).
 //   CreateAtomically       PUT with If-None-Match: * (the commit).
 //   Remove / List / Exists DELETE / ListObjectsV2 / HEAD.
