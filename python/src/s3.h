@@ -1,4 +1,4 @@
-// Object storage from Python (issue 38, in progress): the SigV4 signer as
+// Object storage from Python: the SigV4 signer as
 // cairn._cairn._sigv4_sign, so that the tests compare it with botocore's.
 #ifndef CAIRN_PYTHON_S3_H_
 #define CAIRN_PYTHON_S3_H_

@@ -1,9 +1,8 @@
-// AWS Signature Version 4 for S3 requests (the object storage backend,
-// issue 38): the canonical request, the string to sign, the signing key
-// (HMAC-SHA256 chain over date, region and service) and the Authorization
-// header, with OpenSSL's SHA-256 and HMAC. Tested against botocore's
-// signer (python/tests/test_s3_sigv4.py). Not finished: nothing sends
-// requests yet (the HTTP client and the s3:// Storage come next).
+// AWS Signature Version 4 for S3 requests (s3_client.cc signs every
+// request with it): the canonical request, the string to sign, the signing
+// key (HMAC-SHA256 chain over date, region and service) and the
+// Authorization header, with OpenSSL's SHA-256 and HMAC. Tested against
+// botocore's signer (python/tests/test_s3_sigv4.py).
 #ifndef CAIRN_STORAGE_S3_SIGV4_H_
 #define CAIRN_STORAGE_S3_SIGV4_H_
 
