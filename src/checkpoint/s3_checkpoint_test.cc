@@ -43,11 +43,7 @@ class S3CheckpointTest : public ::testing::Test {
     static std::atomic<int> counter{0};
     root_ = absl::StrFormat("s3://%s/%d-%d", kBucket, ::getpid(),
                             counter.fetch_add(1));
-    s3_.endpoint = server->endpoint();
-    s3_.access_key_id = "testing";
-    s3_.secret_access_key = "testing";
-    s3_.part_bytes = 8 << 20;
-    s3_.retry_base_delay_ms = 1;
+    s3_ = server->Options();
   }
 
   absl::StatusOr<std::unique_ptr<Storage>> Open(const std::string& url) {

@@ -45,10 +45,8 @@ class S3FaultTest : public ::testing::Test {
     static std::atomic<int> counter{0};
     url_ = absl::StrFormat("s3://%s/%d-%d/ckpt", kBucket, ::getpid(),
                            counter.fetch_add(1));
+    s3_ = server->Options();
     s3_.endpoint = proxy_->endpoint();
-    s3_.access_key_id = "testing";
-    s3_.secret_access_key = "testing";
-    s3_.retry_base_delay_ms = 1;
     s3_.max_attempts = 4;
     s3_.stall_timeout_ms = 1000;
     s3_.connect_timeout_ms = 1000;

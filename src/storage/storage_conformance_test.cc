@@ -80,11 +80,7 @@ StorageCase S3Case() {
                   absl::StatusOr<const internal_s3::MotoServer*> server =
                       internal_s3::MotoServer::Shared();
                   if (!server.ok()) return absl::StatusOr<std::unique_ptr<Storage>>(server.status());
-                  options.s3.endpoint = (*server)->endpoint();
-                  options.s3.access_key_id = "testing";
-                  options.s3.secret_access_key = "testing";
-                  options.s3.part_bytes = 8 << 20;
-                  options.s3.retry_base_delay_ms = 1;
+                  options.s3 = (*server)->Options();
                   return Storage::Open(url, options);
                 }};
   c.object_store = true;

@@ -31,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cairn/storage.h"
 #include "gtest/gtest.h"
 #include "storage/s3/http.h"
 #include "storage/s3/s3_client.h"
@@ -136,6 +137,18 @@ class MotoServer {
   }
 
   const std::string& endpoint() const { return child_->endpoint(); }
+
+  // Options that reach this server, with test credentials, the smallest
+  // parts (8 MiB) and short retry delays.
+  S3Options Options() const {
+    S3Options o;
+    o.endpoint = endpoint();
+    o.access_key_id = "testing";
+    o.secret_access_key = "testing";
+    o.part_bytes = 8 << 20;
+    o.retry_base_delay_ms = 1;
+    return o;
+  }
 
   // A client of `bucket` on this server (created if need be), with short
   // retry delays for tests.
