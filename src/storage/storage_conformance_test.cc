@@ -74,13 +74,22 @@ StorageCase RefusedDirectIoCase() {
 
 // S3 through a real server (moto), with the smallest parts, so that a
 // 24 MiB file is a 3-part multipart upload read back in 3 ranges.
-StorageCase S3Case() {
-  StorageCase c{"S3Moto", "", [](const std::string& url) {
+// With `virtual_host`, requests go to bucket.localhost:port (libcurl
+// resolves every *.localhost name to the loopback), as to AWS's own
+// endpoints.
+StorageCase S3Case(bool virtual_host) {
+  StorageCase c{virtual_host ? "S3MotoVirtualHost" : "S3Moto", "",
+                [virtual_host](const std::string& url) {
                   StorageOptions options;
                   absl::StatusOr<const internal_s3::MotoServer*> server =
                       internal_s3::MotoServer::Shared();
                   if (!server.ok()) return absl::StatusOr<std::unique_ptr<Storage>>(server.status());
                   options.s3 = (*server)->Options();
+                  if (virtual_host) {
+                    const std::string& e = options.s3.endpoint;
+                    options.s3.endpoint = "http://localhost" + e.substr(e.rfind(':'));
+                    options.s3.addressing = S3Options::Addressing::kVirtualHost;
+                  }
                   return Storage::Open(url, options);
                 }};
   c.object_store = true;
@@ -567,7 +576,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FileCase("FileDirectIoOnTmpfs", "/dev/shm",
                                /*direct_io=*/true),
                       RefusedDirectIoCase(), FaultInjectionCase(),
-                      S3Case()),
+                      S3Case(/*virtual_host=*/false),
+                      S3Case(/*virtual_host=*/true)),
     PrintCase);
 
 }  // namespace
