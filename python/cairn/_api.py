@@ -55,7 +55,9 @@ def save(state_dict, path, *, comm=None, rank_local=False, plan_cache=None,
     lists the same tables), in chunks of at most `kv_chunk_bytes` (64 MiB).
     Further options (io_threads, direct_io, write_buffer_bytes,
     crc32c_block_bytes, dedup) are SaveOptions'
-    (include/cairn/checkpoint.h).
+    (include/cairn/checkpoint.h). `path` may be an s3:// URL; `s3`, a dict
+    of S3Options' fields (endpoint, region, access_key_id, ...,
+    addressing), overrides the AWS_* environment variables.
 
     Returns a cairn.SaveResult (this rank's bytes and table rows
     (`kv_rows`), the checkpoint's bytes, seconds, and `phases`). Raises a
@@ -89,8 +91,8 @@ def load(state_dict, path, *, comm=None, strict=True, allow_pickle=True,
     (cairn.KvTableToLoad entries, or dicts of their keys), each rank's
     rows into its sink, in any world size and bucketing; with `strict` a
     table the checkpoint lacks is cairn.NotFoundError. Further options
-    (io_threads, rank_local, broadcast_replicas, memory_budget_bytes, ...)
-    are LoadOptions'. Returns a cairn.LoadResult (`kv_rows`: the table
+    (io_threads, rank_local, broadcast_replicas, memory_budget_bytes, s3,
+    ...) are LoadOptions'. Returns a cairn.LoadResult (`kv_rows`: the table
     rows this rank's sinks took).
 
     `path` may be a Hugging Face folder (model.safetensors, or

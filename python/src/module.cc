@@ -141,6 +141,7 @@ SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
     else if (key == "save_id") o.save_id = v.is_none() ? "" : OptionAs<std::string>(key, v);
     else if (key == "io_threads") o.io_threads = OptionAs<int>(key, v);
     else if (key == "direct_io") o.direct_io = OptionAs<bool>(key, v);
+    else if (key == "s3") o.s3 = S3OptionsFrom(v);
     else if (key == "write_buffer_bytes") o.write_buffer_bytes = OptionAs<size_t>(key, v);
     else if (key == "crc32c_block_bytes") o.crc32c_block_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "user_metadata") o.user_metadata = OptionAs<std::string>(key, v);
@@ -181,6 +182,7 @@ LoadOptions LoadOptionsFrom(const py::kwargs& kw) {
     else if (key == "device_batch_bytes") o.device_batch_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "memory_budget_bytes") o.memory_budget_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
+    else if (key == "s3") o.s3 = S3OptionsFrom(v);
     else if (ImportNameOption(key, v, o.import_names)) continue;
     else throw py::type_error(absl::StrCat("unexpected load option '", key, "'"));
   }

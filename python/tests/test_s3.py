@@ -193,3 +193,20 @@ def test_manager_on_an_s3_root(s3):
         Bucket=BUCKET, Prefix="run/")["Contents"]]
     assert all(k.startswith(("run/step-0000000003/", "run/step-0000000004/"))
                for k in keys), keys
+
+
+def test_s3_option_reaches_a_store_without_the_environment(s3, monkeypatch):
+    for k in ENV:
+        monkeypatch.delenv(k, raising=False)
+    opts = {"endpoint": s3, "access_key_id": "testing",
+            "secret_access_key": "testing", "addressing": "path",
+            "max_attempts": 2}
+    url = f"s3://{BUCKET}/by-option"
+    cairn.save({"w": torch.arange(5.0)}, url, s3=opts)
+    dst = {"w": torch.empty(5)}
+    cairn.load(dst, url, s3=opts)
+    assert torch.equal(dst["w"], torch.arange(5.0))
+    with pytest.raises(TypeError, match="unexpected s3 option 'endpoit'"):
+        cairn.save({"w": torch.ones(1)}, url, s3={"endpoit": s3})
+    with pytest.raises(ValueError, match="addressing"):
+        cairn.load(dst, url, s3={"addressing": "sideways"})
