@@ -144,10 +144,7 @@ CheckpointManager::~CheckpointManager() { (void)saver_->WaitAll(); }
 absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
     const std::string& root, Communicator* comm, const ManagerOptions& options) {
   std::error_code ec;
-  if (IsLocal(root)) {
-    fs::create_directories(root.starts_with("file://") ? root.substr(7) : root,
-                           ec);
-  }
+  if (IsLocal(root)) fs::create_directories(LocalPath(root), ec);
   absl::Status made = ec ? absl::UnavailableError(absl::StrFormat(
                                "creating %s: %s", root, ec.message()))
                          : absl::OkStatus();
@@ -176,7 +173,8 @@ std::string CheckpointManager::StepDir(int64_t step) const {
 }
 
 absl::StatusOr<std::vector<int64_t>> CheckpointManager::Steps() const {
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_, StorageOptionsOf(options_)));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders,
+                         ListFolders(root_, StorageOptionsOf(options_)));
   std::vector<int64_t> steps;
   for (const Folder& f : folders) {
     if (f.committed) steps.push_back(f.step);
@@ -196,7 +194,8 @@ absl::Status CheckpointManager::Retain() {
   if (comm_->rank() != 0) return absl::OkStatus();
   std::set<int64_t> busy;
   for (const auto& [step, handle] : pending_) busy.insert(step);
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders, ListFolders(root_, StorageOptionsOf(options_)));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders,
+                         ListFolders(root_, StorageOptionsOf(options_)));
   std::vector<int64_t> committed;
   for (const Folder& f : folders) {
     if (f.committed && !busy.contains(f.step)) committed.push_back(f.step);
@@ -214,7 +213,8 @@ absl::Status CheckpointManager::Retain() {
   for (const Folder& f : folders) {
     if (keep.contains(f.step)) continue;
     // Old committed steps, and folders a crash left uncommitted.
-    CAIRN_RETURN_IF_ERROR(DeleteStep(StepDir(f.step), StorageOptionsOf(options_)));
+    CAIRN_RETURN_IF_ERROR(
+        DeleteStep(StepDir(f.step), StorageOptionsOf(options_)));
   }
   return absl::OkStatus();
 }
