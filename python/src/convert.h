@@ -21,11 +21,27 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "cairn/cairn.h"
 
 namespace cairn::python {
 
 namespace py = pybind11;
+
+// An option's value as T, or a TypeError naming the option (`what`:
+// "option", "s3 option") and the type it got (pybind11's own cast error
+// names neither).
+template <typename T>
+T OptionAs(const std::string& key, py::handle v,
+           const char* what = "option") {
+  try {
+    return py::cast<T>(v);
+  } catch (const py::cast_error&) {
+    throw py::type_error(absl::StrCat(
+        what, " '", key, "' does not take a ",
+        std::string(py::str(py::type::of(v).attr("__name__")))));
+  }
+}
 
 // Raises the Python exception class that python/cairn/_errors.py registered
 // for the status's code (cairn.Error when none). Needs the GIL.

@@ -120,19 +120,6 @@ py::dict MetadataToDict(const Metadata& m) {
 
 // The keyword options of save, AsyncSaver.save and the manager, over
 // SaveOptions' own defaults (comm, planner and plan_cache are set apart).
-// An option's value as T, or a TypeError naming the option and the type
-// it got (pybind11's own cast error names neither).
-template <typename T>
-T OptionAs(const std::string& key, py::handle v) {
-  try {
-    return py::cast<T>(v);
-  } catch (const py::cast_error&) {
-    throw py::type_error(absl::StrCat(
-        "option '", key, "' does not take a ",
-        std::string(py::str(py::type::of(v).attr("__name__")))));
-  }
-}
-
 SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
   SaveOptions o;
   for (auto [k, v] : kw) {

@@ -1,5 +1,7 @@
 #include "s3.h"
 
+#include "convert.h"
+
 #include <pybind11/stl.h>
 
 #include <string>
@@ -11,21 +13,6 @@
 #include "storage/s3/sigv4.h"
 
 namespace cairn::python {
-namespace {
-
-template <typename T>
-T FieldAs(const std::string& key, py::handle v) {
-  try {
-    return py::cast<T>(v);
-  } catch (const py::cast_error&) {
-    throw py::type_error(absl::StrCat(
-        "s3 option '", key, "' does not take a ",
-        std::string(py::str(py::type::of(v).attr("__name__")))));
-  }
-}
-
-}  // namespace
-
 S3Options S3OptionsFrom(py::handle value) {
   if (!py::isinstance<py::dict>(value)) {
     throw py::type_error("option 's3' takes a dict of S3Options fields");
@@ -33,20 +20,20 @@ S3Options S3OptionsFrom(py::handle value) {
   S3Options o;
   for (auto [k, v] : py::reinterpret_borrow<py::dict>(value)) {
     const std::string key = py::cast<std::string>(k);
-    if (key == "endpoint") o.endpoint = FieldAs<std::string>(key, v);
-    else if (key == "region") o.region = FieldAs<std::string>(key, v);
-    else if (key == "access_key_id") o.access_key_id = FieldAs<std::string>(key, v);
-    else if (key == "secret_access_key") o.secret_access_key = FieldAs<std::string>(key, v);
-    else if (key == "session_token") o.session_token = FieldAs<std::string>(key, v);
-    else if (key == "part_bytes") o.part_bytes = FieldAs<uint64_t>(key, v);
-    else if (key == "threads") o.threads = FieldAs<int>(key, v);
-    else if (key == "read_block_bytes") o.read_block_bytes = FieldAs<uint64_t>(key, v);
-    else if (key == "max_attempts") o.max_attempts = FieldAs<int>(key, v);
-    else if (key == "retry_base_delay_ms") o.retry_base_delay_ms = FieldAs<int>(key, v);
-    else if (key == "connect_timeout_ms") o.connect_timeout_ms = FieldAs<int>(key, v);
-    else if (key == "stall_timeout_ms") o.stall_timeout_ms = FieldAs<int>(key, v);
+    if (key == "endpoint") o.endpoint = OptionAs<std::string>(key, v, "s3 option");
+    else if (key == "region") o.region = OptionAs<std::string>(key, v, "s3 option");
+    else if (key == "access_key_id") o.access_key_id = OptionAs<std::string>(key, v, "s3 option");
+    else if (key == "secret_access_key") o.secret_access_key = OptionAs<std::string>(key, v, "s3 option");
+    else if (key == "session_token") o.session_token = OptionAs<std::string>(key, v, "s3 option");
+    else if (key == "part_bytes") o.part_bytes = OptionAs<uint64_t>(key, v, "s3 option");
+    else if (key == "threads") o.threads = OptionAs<int>(key, v, "s3 option");
+    else if (key == "read_block_bytes") o.read_block_bytes = OptionAs<uint64_t>(key, v, "s3 option");
+    else if (key == "max_attempts") o.max_attempts = OptionAs<int>(key, v, "s3 option");
+    else if (key == "retry_base_delay_ms") o.retry_base_delay_ms = OptionAs<int>(key, v, "s3 option");
+    else if (key == "connect_timeout_ms") o.connect_timeout_ms = OptionAs<int>(key, v, "s3 option");
+    else if (key == "stall_timeout_ms") o.stall_timeout_ms = OptionAs<int>(key, v, "s3 option");
     else if (key == "addressing") {
-      const std::string a = FieldAs<std::string>(key, v);
+      const std::string a = OptionAs<std::string>(key, v, "s3 option");
       if (a == "auto") o.addressing = S3Options::Addressing::kAuto;
       else if (a == "path") o.addressing = S3Options::Addressing::kPath;
       else if (a == "virtual") o.addressing = S3Options::Addressing::kVirtualHost;

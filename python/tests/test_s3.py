@@ -208,5 +208,8 @@ def test_s3_option_reaches_a_store_without_the_environment(s3, monkeypatch):
     assert torch.equal(dst["w"], torch.arange(5.0))
     with pytest.raises(TypeError, match="unexpected s3 option 'endpoit'"):
         cairn.save({"w": torch.ones(1)}, url, s3={"endpoit": s3})
+    with pytest.raises(TypeError,
+                       match="s3 option 'max_attempts' does not take a str"):
+        cairn.load(dst, url, s3={"max_attempts": "two"})
     with pytest.raises(ValueError, match="addressing"):
         cairn.load(dst, url, s3={"addressing": "sideways"})

@@ -119,8 +119,7 @@ absl::StatusOr<S3Client> S3Client::Create(S3Config config) {
 S3Client::S3Client(S3Config config, std::string scheme, std::string host)
     : config_(std::move(config)),
       scheme_(std::move(scheme)),
-      host_(std::move(host)),
-      counters_(std::make_shared<S3Counters>()) {}
+      host_(std::move(host)) {}
 
 std::string S3Client::UrlOf(std::string_view key) const {
   return "s3://" + config_.bucket + "/" + std::string(key);
@@ -156,7 +155,6 @@ absl::StatusOr<HttpResponse> S3Client::Send(const Call& call) const {
   absl::Status last;
   for (int attempt = 1; attempt <= config_.max_attempts; ++attempt) {
     if (attempt > 1) {
-      counters_->retries.fetch_add(1, std::memory_order_relaxed);
       ProcessS3Counters().retries.fetch_add(1, std::memory_order_relaxed);
       SleepBeforeAttempt(attempt - 1, config_);
     }
@@ -182,7 +180,6 @@ absl::StatusOr<HttpResponse> S3Client::Send(const Call& call) const {
     } else {
       request.headers.emplace_back("x-amz-content-sha256", payload_sha256);
     }
-    counters_->requests.fetch_add(1, std::memory_order_relaxed);
     ProcessS3Counters().requests.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<HttpResponse> response = SendHttp(request);
     if (!response.ok()) {

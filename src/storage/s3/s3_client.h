@@ -50,7 +50,8 @@ struct ListedObject {
   uint64_t size = 0;
 };
 
-// Request counts, for the benchmark's requests per GiB.
+// Request counts, for the benchmark's requests per GiB (process-wide:
+// ProcessS3Counters).
 struct S3Counters {
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> retries{0};
@@ -100,7 +101,6 @@ class S3Client {
   // OK when this account owns it already.
   absl::Status CreateBucket() const;
 
-  S3Counters& counters() const { return *counters_; }
 
  private:
   struct Call;
@@ -111,7 +111,6 @@ class S3Client {
   S3Config config_;
   std::string scheme_;  // "http" or "https"
   std::string host_;    // "127.0.0.1:9000"
-  std::shared_ptr<S3Counters> counters_;
 };
 
 }  // namespace cairn::internal_s3

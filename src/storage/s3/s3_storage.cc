@@ -607,8 +607,6 @@ class S3Storage : public Storage {
     return std::make_unique<S3Lock>(shared_, key);
   }
 
-  const S3Counters& counters() const { return shared_->client.counters(); }
-
  private:
   std::shared_ptr<Shared> shared_;
 };
@@ -721,11 +719,6 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenS3Storage(
                 options.s3.read_block_bytes,
                 2 * static_cast<size_t>(std::max(1, options.s3.threads)))});
   return std::make_unique<S3Storage>(std::move(shared));
-}
-
-const S3Counters* CountersOf(const Storage& storage) {
-  const auto* s3 = dynamic_cast<const S3Storage*>(&storage);
-  return s3 != nullptr ? &s3->counters() : nullptr;
 }
 
 void RegisterS3Storage() {

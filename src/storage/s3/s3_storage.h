@@ -56,10 +56,6 @@ absl::StatusOr<S3Config> ResolveS3Config(const S3Options& options,
 absl::StatusOr<std::unique_ptr<Storage>> OpenS3Storage(
     std::string_view url, const StorageOptions& options);
 
-// The request counters of a storage that OpenS3Storage returned (null for
-// another backend), for the benchmark's requests per GiB.
-const S3Counters* CountersOf(const Storage& storage);
-
 // Registers "s3" with Storage::Open; idempotent.
 void RegisterS3Storage();
 
