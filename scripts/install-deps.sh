@@ -5,7 +5,8 @@
 # Run as root (or with sudo). Safe to run again: both skip what is there.
 # librocksdb-dev is the RocksDB key-value table's (src/kv); libssl-dev
 # and libcurl4-openssl-dev sign and send object storage requests
-# (src/storage/s3). fio is the
+# (src/storage/s3); libzstd-dev compresses chunks (src/format/frame_codec).
+# fio is the
 # benchmark harness's (bench/run.sh), whose end-to-end test
 # (bench_run_test) runs with the suite. Set CAIRN_SKIP_PYTHON=1 to install
 # only the C++ dependencies.
@@ -18,7 +19,7 @@ PKGS="build-essential cmake ninja-build pkg-config \
   libabsl-dev nlohmann-json3-dev libisal-dev libcli11-dev \
   libopenmpi-dev openmpi-bin liburing-dev libdlpack-dev \
   libgtest-dev libgmock-dev libbenchmark-dev librocksdb-dev libssl-dev \
-  libcurl4-openssl-dev \
+  libcurl4-openssl-dev libzstd-dev \
   fio"
 missing=""
 for p in $PKGS; do

@@ -115,6 +115,18 @@ struct SaveOptions {
   // metadata.json per block and no extra pass over the data. Default:
   // 1 MiB.
   uint64_t crc32c_block_bytes = kDefaultCrc32cBlockBytes;
+  // Compress tensor chunks (docs/format.md 4.2.1): each chunk of 4 KiB or
+  // more is cut into frames of crc32c_block_bytes, compressed on all cores
+  // while earlier frames are written, and stored as a U8 entry; a chunk
+  // whose first 64 MiB do not shrink below 0.95 of their size is stored
+  // raw. kGroupedZstd suits floating-point weights and optimizer state
+  // best; kZstd, other data. Loads of any part of a chunk read and
+  // decompress only the frames that hold it. Objects and key-value tables
+  // stay raw. Default: kNone.
+  Codec codec = Codec::kNone;
+  // zstd's level for `codec`: from its negative fast levels to 22 (else
+  // kInvalidArgument). Default: 3, zstd's own.
+  int codec_level = 3;
   // A JSON object stored in metadata.json under "user". Default: "{}".
   // Only the coordinator's is used.
   std::string user_metadata = "{}";

@@ -20,13 +20,41 @@ namespace cairn {
 // metadata file's own checksum (docs/format.md 4.0); version 3 adds block
 // checksums (CRC32Cs of fixed-size blocks of each chunk, 4.2), so a part
 // of a chunk is checked by reading the blocks that enclose it; version 4
-// adds key-value tables (4.7). Readers accept versions 1 to 4.
-inline constexpr int kFormatVersion = 4;
+// adds key-value tables (4.7); version 5 compressed chunks (4.2.1).
+// Readers accept versions 1 to 5.
+inline constexpr int kFormatVersion = 5;
 inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr char kMetadataFileName[] = "metadata.json";
 // The block size of the block checksums a save writes by default
 // (SaveOptions::crc32c_block_bytes).
 inline constexpr uint64_t kDefaultCrc32cBlockBytes = uint64_t{1} << 20;
+
+// How a chunk's bytes are stored (SaveOptions::codec; docs/format.md
+// 4.2.1). Names in metadata.json: "zstd", "grouped-zstd".
+enum class Codec : uint8_t {
+  kNone = 0,  // the raw bytes
+  kZstd = 1,  // zstd frames
+  // zstd frames of the bytes regrouped by their position in the element
+  // (for BF16: every element's low byte, then every high byte), which
+  // compresses floating-point numbers better.
+  kGroupedZstd = 2,
+};
+
+// A compressed chunk's stored form (format version 5, ByteLocation::
+// compression). Its raw bytes (the box's elements, row-major: what a load
+// returns) are cut into frames of Metadata::crc32c_block_bytes, the last
+// one shorter, each compressed on its own and stored one after another in
+// a U8 entry of stored_nbytes bytes at the location's offset. The
+// location's nbytes, crc32c and block_crc32c describe the raw bytes, so
+// block_crc32c (or crc32c, for one frame) checks each frame once
+// decompressed; frame_crc32c checks its stored bytes before that.
+struct Compression {
+  Codec codec = Codec::kNone;  // kNone: stored raw, the rest unused
+  uint64_t stored_nbytes = 0;
+  std::vector<uint32_t> frame_nbytes = {};  // stored bytes of each frame
+  std::vector<uint32_t> frame_crc32c = {};  // CRC32C of each stored frame
+  friend bool operator==(const Compression&, const Compression&) = default;
+};
 
 // Where a run of bytes lives: a data file of the checkpoint, the absolute
 // offset of its first byte in that file, its length and its CRC32C.
@@ -39,6 +67,14 @@ struct ByteLocation {
   // Metadata::crc32c_block_bytes bytes (the last one shorter), when it is
   // longer than one block; empty otherwise, and in versions 1 and 2.
   std::vector<uint32_t> block_crc32c = {};
+  // Format version 5: how a tensor chunk's bytes are stored (never set
+  // for objects and key-value table entries).
+  Compression compression = {};
+  bool compressed() const { return compression.codec != Codec::kNone; }
+  // The bytes it takes in its file: nbytes, or stored_nbytes compressed.
+  uint64_t stored_nbytes() const {
+    return compressed() ? compression.stored_nbytes : nbytes;
+  }
   friend bool operator==(const ByteLocation&, const ByteLocation&) = default;
 };
 

@@ -121,7 +121,7 @@ struct CarriedCheck {
 };
 
 struct ReadTask {
-  enum class Mode : uint8_t { kDirect, kSpan, kRuns, kObject };
+  enum class Mode : uint8_t { kDirect, kSpan, kRuns, kObject, kFrames };
   Mode mode = Mode::kDirect;
   int file = 0;              // index into the data files
   uint64_t file_offset = 0;  // absolute offset of the first byte to read
@@ -154,6 +154,16 @@ struct ReadTask {
   // The shift between two runs of a row (sign_runs.strides.back()), when
   // the slab has enough runs to be worth a table (shared by the loader).
   const internal_format::Crc32cShifter* sign_step = nullptr;
+  // kFrames (a compressed chunk, load_frames.cc): frames [first_frame,
+  // first_frame + frame_count) of `frames_of`, whose stored bytes `span`
+  // bytes from file_offset hold; each is checked, decompressed into a
+  // buffer and checked again, then the copies are made from the slab's
+  // first raw byte (check_offset bytes into the chunk), which lies
+  // check_offset - first_frame * frame_bytes bytes into that buffer.
+  const ByteLocation* frames_of = nullptr;
+  uint64_t first_frame = 0;
+  uint64_t frame_count = 0;
+  uint64_t frame_bytes = 0;
 };
 
 // The byte strides of a row-major block of `sizes`, elements of `es` bytes.
@@ -269,6 +279,12 @@ class Loader {
   absl::Status PlanRegion(const std::string& fqn, const TensorMetadata& tm,
                           const ChunkMetadata& chunk, const Box& overlap,
                           std::span<const Target> targets);
+  absl::Status AddCopies(ReadTask& task, std::span<const Target> targets,
+                        const Box& slab, const std::vector<int64_t>& cs,
+                        size_t es, std::vector<std::vector<int64_t>>* within);
+  absl::Status PlanFrames(const std::string& what, const TensorMetadata& tm,
+                          const ChunkMetadata& chunk, const Box& overlap,
+                          std::span<const Target> targets, int file);
   absl::Status AddSlabTask(const ChunkMetadata& chunk,
                            std::span<const Target> targets, const Box& slab,
                            int file, int check, const std::string& what,
@@ -284,6 +300,7 @@ class Loader {
   int ReadThreads(bool in_memory) const;
   absl::Status RunTask(const ReadTask& t, internal_core::BufferPool& pool,
                        uint32_t* crc);
+  absl::Status RunFramesTask(const ReadTask& t);
 
   // Smaller groups are not formed: reads that small gain little from
   // being one request, and a group reads the bytes between its tasks too.

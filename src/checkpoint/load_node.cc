@@ -128,6 +128,9 @@ std::vector<Part> StridedParts(const Metadata& metadata,
     const TensorMetadata& tm = it->second;
     if (item.chunk >= tm.chunks.size()) continue;
     const Box& box = tm.chunks[item.chunk].box;
+    // (A compressed chunk's reader decompresses only the frames its part
+    // needs, and checks each: nothing to gain from reading it once.)
+    if (tm.chunks[item.chunk].location.compressed()) continue;
     if (item.overlap.rank() != box.rank() || item.overlap.empty() ||
         !Contains(box, item.overlap) || item.overlap == box) {
       continue;

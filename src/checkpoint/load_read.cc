@@ -199,7 +199,9 @@ void Loader::CheckAcrossReads(std::span<const ReadItem> items) {
       continue;  // Read reports it
     }
     const ChunkMetadata& chunk = it->second.chunks[item.chunk];
-    if (!Contains(chunk.box, item.overlap) || item.overlap == chunk.box) {
+    // (Every frame of a compressed chunk is checked as it is read.)
+    if (!Contains(chunk.box, item.overlap) || item.overlap == chunk.box ||
+        chunk.location.compressed()) {
       continue;
     }
     const size_t es = DTypeSize(it->second.dtype);
@@ -273,12 +275,14 @@ absl::Status Loader::CheckLocations() {
   absl::flat_hash_map<std::pair<int, uint64_t>, const Needed*> claimed;
   for (const Needed& n : needed_) {
     const ByteLocation& loc = *n.location;
-    const int64_t object_shape = static_cast<int64_t>(loc.nbytes);
+    // An object, or a compressed chunk: a U8 entry of its stored bytes.
+    const uint64_t stored = loc.stored_nbytes();
+    const int64_t object_shape = static_cast<int64_t>(stored);
     const internal_format::ExpectedEntry expected{
         n.what, n.dtype,
         n.shape != nullptr ? std::span<const int64_t>(*n.shape)
                            : std::span<const int64_t>(&object_shape, 1),
-        loc.offset, loc.nbytes};
+        loc.offset, stored};
     const std::string wrong =
         n.source
             ? internal_format::SourceEntryMismatch(files_[n.file].header,
@@ -288,7 +292,7 @@ absl::Status Loader::CheckLocations() {
       return absl::DataLossError(absl::StrFormat(
           "header mismatch for %s (%s, offset %d, %d bytes): %s; "
           "%s and the data file disagree",
-          n.what, loc.file, loc.offset, loc.nbytes, wrong,
+          n.what, loc.file, loc.offset, stored, wrong,
           n.source ? "the file's header as first read" : "metadata.json"));
     }
     if (loc.nbytes == 0) continue;
@@ -361,6 +365,8 @@ absl::Status Loader::RunTask(const ReadTask& t, BufferPool& pool,
           context()));
       checksum(t.dst);
       return absl::OkStatus();
+    case ReadTask::Mode::kFrames:
+      return RunFramesTask(t);
     case ReadTask::Mode::kSpan:
     case ReadTask::Mode::kRuns:
       break;
@@ -627,6 +633,13 @@ absl::Status Loader::Execute() {
   }
   for (const ByteLocation* loc : carried) {
     CAIRN_RETURN_IF_ERROR(CheckCarried(loc));
+  }
+  // Compressed chunks: every frame read was checked as it was read.
+  for (const ReadTask& t : tasks_) {
+    if (t.mode == ReadTask::Mode::kFrames && options_.verify_checksums &&
+        verified_.insert(t.frames_of).second) {
+      ++result_.chunks_verified;
+    }
   }
   for (size_t c = 0; c < checks_.size(); ++c) {
     if (checks_[c].kind != Check::Kind::kWhole) continue;

@@ -243,6 +243,9 @@ absl::Status Loader::PlanRegion(const std::string& fqn,
              : internal_format::EntryName(fqn, chunk.box,
                                           chunk.box == Box::Full(tm.shape));
   const int file = FileIndex(chunk.location.file);
+  if (chunk.location.compressed()) {
+    return PlanFrames(what, tm, chunk, overlap, targets, file);
+  }
   needed_.push_back(
       {file, &chunk.location, what, tm.dtype, &chunk.box.sizes, source});
   if (whole_chunk) carried_.erase(&chunk.location);  // checked here
@@ -268,6 +271,42 @@ absl::Status Loader::PlanRegion(const std::string& fqn,
   return ForEachSlab(overlap, cs, es, bounce, [&](const Box& slab) {
     return AddSlabTask(chunk, targets, slab, file, check, what, es, cs);
   });
+}
+
+// Adds to `task` one copy per target that meets `slab` (a box of a chunk
+// whose bytes lie with strides `cs`), its source offset measured from the
+// slab's first byte; `within`, when not null, gets where each copy's part
+// starts in the slab, per dimension.
+absl::Status Loader::AddCopies(ReadTask& task, std::span<const Target> targets,
+                               const Box& slab, const std::vector<int64_t>& cs,
+                               size_t es,
+                               std::vector<std::vector<int64_t>>* within) {
+  const int rank = slab.rank();
+  std::vector<int64_t> at(rank);
+  for (const Target& tg : targets) {
+    std::optional<Box> part =
+        rank == 0 ? std::optional<Box>(slab) : Intersect(slab, tg.overlap);
+    if (!part) continue;
+    Box local = *part;  // relative to the target's destination
+    for (int d = 0; d < rank; ++d) local.offsets[d] -= tg.overlap.offsets[d];
+    CAIRN_ASSIGN_OR_RETURN(TensorView dst, tg.dst.Slice(local));
+    ReadTask::Copy copy;
+    for (int d = 0; d < rank; ++d) {
+      at[d] = part->offsets[d] - slab.offsets[d];
+      copy.src_offset += at[d] * cs[d];
+    }
+    if (within != nullptr) within->push_back(at);
+    copy.dst = static_cast<std::byte*>(dst.data());
+    copy.shape = part->sizes;
+    for (int64_t st : dst.strides()) {
+      copy.dst_strides.push_back(st * static_cast<int64_t>(es));
+    }
+    const uint64_t bytes = static_cast<uint64_t>(part->num_elements()) * es;
+    result_.bytes_loaded += bytes;
+    task.copied += bytes;
+    task.copies.push_back(std::move(copy));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Loader::AddSlabTask(const ChunkMetadata& chunk,
@@ -312,29 +351,7 @@ absl::Status Loader::AddSlabTask(const ChunkMetadata& chunk,
   // One copy per destination box that meets the slab; `within`: where
   // each copy's part starts in the slab, per dimension.
   std::vector<std::vector<int64_t>> within;
-  for (const Target& tg : targets) {
-    std::optional<Box> part =
-        rank == 0 ? std::optional<Box>(slab) : Intersect(slab, tg.overlap);
-    if (!part) continue;
-    Box local = *part;  // relative to the target's destination
-    for (int d = 0; d < rank; ++d) local.offsets[d] -= tg.overlap.offsets[d];
-    CAIRN_ASSIGN_OR_RETURN(TensorView dst, tg.dst.Slice(local));
-    ReadTask::Copy copy;
-    std::vector<int64_t>& at = within.emplace_back(rank);
-    for (int d = 0; d < rank; ++d) {
-      at[d] = part->offsets[d] - slab.offsets[d];
-      copy.src_offset += at[d] * cs[d];
-    }
-    copy.dst = static_cast<std::byte*>(dst.data());
-    copy.shape = part->sizes;
-    for (int64_t st : dst.strides()) {
-      copy.dst_strides.push_back(st * static_cast<int64_t>(es));
-    }
-    const uint64_t bytes = static_cast<uint64_t>(part->num_elements()) * es;
-    result_.bytes_loaded += bytes;
-    task.copied += bytes;
-    task.copies.push_back(std::move(copy));
-  }
+  CAIRN_RETURN_IF_ERROR(AddCopies(task, targets, slab, cs, es, &within));
   // (A slab of a checked chunk or part that no target needs is still
   // read: its bytes are part of the chunk's CRC32C or the part's
   // signature.)

@@ -46,12 +46,15 @@ constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlignFrom = uint64_t{64} << 10;
 
-// True when `item` is a whole stored chunk: its reader checks it whole.
+// True when `item` is a whole stored chunk, or any part of a compressed
+// one: its reader checks what it reads of it.
 bool WholeChunk(const Metadata& metadata, const ReadItem& item) {
   auto it = metadata.tensors.find(item.fqn);
-  return it != metadata.tensors.end() &&
-         item.chunk < it->second.chunks.size() &&
-         it->second.chunks[item.chunk].box == item.overlap;
+  if (it == metadata.tensors.end() || item.chunk >= it->second.chunks.size()) {
+    return false;
+  }
+  const ChunkMetadata& chunk = it->second.chunks[item.chunk];
+  return chunk.box == item.overlap || chunk.location.compressed();
 }
 
 // Hands an item whose pieces are all placed to the committer, as checked

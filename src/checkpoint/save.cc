@@ -66,6 +66,7 @@
 #include "core/byte_codec.h"
 #include "core/status.h"
 #include "format/crc32c.h"
+#include "format/frame_codec.h"
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "plan/columnar_plan.h"
@@ -310,6 +311,10 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
         " is not a power of two in [", internal_format::kMinCrc32cBlockBytes,
         ", ", internal_format::kMaxCrc32cBlockBytes, "]"));
   }
+  if (local.ok() && options.codec != Codec::kNone) {
+    local = internal_core::Annotate(
+        internal_format::CheckCodecLevel(options.codec_level), "save");
+  }
   if (local.ok()) local = planner.SetUp(state, coordinator, rank, world);
   if (local.ok()) {
     absl::StatusOr<SavePlan> p = planner.CreateLocalPlan();
@@ -476,10 +481,15 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     if (write_status.ok()) {
       report.file_size = layout->file_size;
       for (const auto& e : layout->entries) {
-        report.items.push_back({layout->data_start + e->st.begin,
-                                e->st.end - e->st.begin, e->crc32c,
-                                std::move(e->block_crc32c)});
-        result.data_bytes += e->st.end - e->st.begin;
+        // A compressed entry's location describes its raw bytes; its
+        // stored size is in `compression`.
+        const bool compressed = e->compression.codec != Codec::kNone;
+        const uint64_t nbytes =
+            compressed ? e->item->nbytes : e->st.end - e->st.begin;
+        report.items.push_back({layout->data_start + e->st.begin, nbytes,
+                                e->crc32c, std::move(e->block_crc32c),
+                                std::move(e->compression)});
+        result.data_bytes += nbytes;
       }
       result.bytes_written = layout->file_size;
       result.files = 1;

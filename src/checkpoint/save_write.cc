@@ -26,37 +26,17 @@
 #include "format/safetensors.h"
 
 namespace cairn::internal_checkpoint {
-namespace {
 
 using internal_core::Annotate;
 
-constexpr uint64_t kAlignment = internal_core::kIoAlignment;
-
-// The CRC32C of bytes [offset, offset + length) of an entry; pieces never
-// cross a boundary of the entry's checksum blocks.
-struct CrcPiece {
-  size_t entry;
-  uint64_t offset;
-  uint64_t length;
-  uint32_t crc;
-};
 
 
-// Entries of at least this many bytes start at a multiple of kAlignment in
-// the byte buffer (which itself starts at one), so that a load can read
-// them with O_DIRECT straight into an aligned destination. Smaller ones
-// are packed: a direct read of them would not pay off.
-constexpr uint64_t kAlignedEntryBytes = uint64_t{64} << 10;
-
-// The name of a padding entry at buffer offset `begin`, unlike every name
-// in `taken` (a tensor's FQN could be anything).
 std::string PaddingName(uint64_t begin, const std::set<std::string>& taken) {
   std::string name = absl::StrCat("__cairn_pad_", begin);
   while (taken.contains(name)) name += "_";
   return name;
 }
 
-// The resolved bytes of `e`, resolving them on first use.
 absl::StatusOr<const ResolvedData*> Acquire(Entry& e, SavePlanner& planner) {
   std::lock_guard<std::mutex> lock(e.mu);
   if (!e.resolved_once) {
@@ -98,6 +78,17 @@ void Release(Entry& e) {
     e.data = ResolvedData{};
   }
 }
+
+namespace {
+
+// The CRC32C of bytes [offset, offset + length) of an entry; pieces never
+// cross a boundary of the entry's checksum blocks.
+struct CrcPiece {
+  size_t entry;
+  uint64_t offset;
+  uint64_t length;
+  uint32_t crc;
+};
 
 // Fills buf with file bytes [begin, end); appends the checksum pieces of the
 // entries it touched, in file order, cut where the entries' checksum blocks
@@ -205,6 +196,10 @@ absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
 absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
                            Storage& storage, const std::string& file_name,
                            const SaveOptions& options) {
+  if (options.codec != Codec::kNone) {
+    return WriteCompressedDataFile(layout, planner, storage, file_name,
+                                   options);
+  }
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
                          storage.Create(file_name));
   const uint64_t align = std::max<uint64_t>(1, file->alignment());

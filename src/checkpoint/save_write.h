@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/planner.h"
 #include "cairn/storage.h"
+#include "core/aligned_buffer.h"
 #include "format/safetensors.h"
 
 namespace cairn::internal_checkpoint {
@@ -35,7 +37,27 @@ struct Entry {
   bool resolved_once = false;
   absl::Status resolve_status;
   ResolvedData data;
+  // Written compressed (SaveOptions::codec; format version 5): st holds
+  // the stored U8 entry, block_crc32c and crc32c the raw bytes'.
+  Compression compression;
 };
+
+inline constexpr uint64_t kAlignment = internal_core::kIoAlignment;
+
+// Entries of at least this many bytes start at a multiple of kAlignment in
+// the byte buffer (which itself starts at one), so that a load can read
+// them with O_DIRECT straight into an aligned destination. Smaller ones
+// are packed: a direct read of them would not pay off.
+inline constexpr uint64_t kAlignedEntryBytes = uint64_t{64} << 10;
+
+// The name of a padding entry at buffer offset `begin`, unlike every name
+// in `taken` (a tensor's FQN could be anything).
+std::string PaddingName(uint64_t begin, const std::set<std::string>& taken);
+
+// The resolved bytes of `e`, resolving them on first use; Release drops
+// them after as many calls as e.blocks_left was set to.
+absl::StatusOr<const ResolvedData*> Acquire(Entry& e, SavePlanner& planner);
+void Release(Entry& e);
 
 struct FileLayout {
   std::vector<std::unique_ptr<Entry>> entries;
@@ -51,10 +73,23 @@ absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
                                   const std::string& file_name);
 
 // Writes the file (path `file_name` in `storage`), durably; fills each
-// entry's CRC32C and block checksums.
+// entry's CRC32C and block checksums. With SaveOptions::codec, through
+// WriteCompressedDataFile.
 absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
                            Storage& storage, const std::string& file_name,
                            const SaveOptions& options);
+
+// WriteDataFile with SaveOptions::codec (save_compress.cc): the file is
+// streamed, its header written last into room left for it, and each
+// tensor entry of 4 KiB or more compressed frame by frame (frames of
+// crc32c_block_bytes, on all cores, the next batch compressed while the
+// last is written) unless its first 64 MiB come out larger than 0.95 of
+// their raw size. Updates the layout to the stored entries: their
+// offsets, `compression`, data_start and file_size.
+absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
+                                     Storage& storage,
+                                     const std::string& file_name,
+                                     const SaveOptions& options);
 
 }  // namespace cairn::internal_checkpoint
 

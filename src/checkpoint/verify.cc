@@ -18,7 +18,10 @@
 //     io_threads threads (memory stays bounded at threads * buffer), CRC32C
 //     each piece, combine the pieces of each chunk in order and compare with
 //     the stored checksum; with block checksums (format version 3), pieces
-//     never cross a block's end, and each block's is compared too.
+//     never cross a block's end, and each block's is compared too. A
+//     compressed chunk (version 5) is read frame by frame: each frame's
+//     stored CRC32C, then its raw bytes' after decompressing, then the
+//     chunk's CRC32C from its frames' (CheckFrames).
 //
 // Every problem is reported, not only the first.
 #include "cairn/verify.h"
@@ -50,6 +53,7 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "format/crc32c.h"
+#include "format/frame_codec.h"
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "format/safetensors.h"
@@ -74,6 +78,9 @@ struct Item {
   bool is_object = false;
   // entry_name is a source entry holding it (Metadata::source_entries).
   bool source = false;
+  // A compressed chunk (its entry is U8 of its stored bytes; `dtype` is
+  // then the tensor's, for the frames' byte grouping).
+  DType tensor_dtype = DType::kU8;
 };
 
 std::string Where(const Item& item) {
@@ -120,12 +127,17 @@ std::vector<Item> CollectItems(const Metadata& md) {
       const ChunkMetadata& c = t.chunks[k];
       const bool whole = c.box == full;
       const bool source = !t.source_entries.empty();
+      const bool compressed = c.location.compressed();
       items.push_back(
           {fqn, whole ? fqn : absl::StrCat(fqn, "@", c.box.ToString()),
            &c.location,
            source ? t.source_entries[k]
                   : internal_format::EntryName(fqn, c.box, whole),
-           t.dtype, c.box.sizes, false, source});
+           compressed ? DType::kU8 : t.dtype,
+           compressed ? Shape{static_cast<int64_t>(
+                            c.location.compression.stored_nbytes)}
+                      : c.box.sizes,
+           false, source, t.dtype});
     }
   }
   for (const auto& [fqn, loc] : md.objects) {
@@ -211,7 +223,8 @@ void CheckLayout(Verification& v) {
     uint64_t needed = 0;
     size_t cut = 0;
     for (const Item* item : in_file) {
-      const uint64_t end = item->location->offset + item->location->nbytes;
+      const uint64_t end =
+          item->location->offset + item->location->stored_nbytes();
       needed = std::max(needed, end);
       cut += end > size->second;
     }
@@ -228,7 +241,8 @@ void CheckLayout(Verification& v) {
     const ByteLocation& loc = *item.location;
     auto size = v.sizes.find(loc.file);
     if (size == v.sizes.end()) continue;  // missing, reported above
-    if (loc.offset > size->second || loc.nbytes > size->second - loc.offset) {
+    if (loc.offset > size->second ||
+        loc.stored_nbytes() > size->second - loc.offset) {
       problems.push_back(
           {"truncated", item.fqn, loc.file, loc.offset,
            absl::StrFormat("truncated: %s ends past the end of %s (%d bytes)",
@@ -263,7 +277,8 @@ void CheckHeader(const ReadableFile& file, const std::string& name,
     const ByteLocation& loc = *item->location;
     if (loc.nbytes == 0) continue;  // nothing stored, nothing to list
     const internal_format::ExpectedEntry expected{
-        item->entry_name, item->dtype, item->shape, loc.offset, loc.nbytes};
+        item->entry_name, item->dtype, item->shape, loc.offset,
+        loc.stored_nbytes()};
     const std::string wrong =
         item->source ? internal_format::SourceEntryMismatch(*header, expected)
                      : internal_format::EntryMismatch(*header, expected);
@@ -297,6 +312,7 @@ absl::Status CheckChecksums(Verification& v, const VerifyOptions& options,
   uint64_t total_bytes = 0, largest = 0;
   for (size_t i = 0; i < v.readable.size(); ++i) {
     const ByteLocation& loc = *v.readable[i]->location;
+    if (loc.compressed()) continue;  // CheckFrames
     total_bytes += loc.nbytes;
     const bool blocks = !loc.block_crc32c.empty() && block_bytes > 0;
     const uint64_t step = blocks ? block_bytes : loc.nbytes;
@@ -376,6 +392,7 @@ absl::Status CheckChecksums(Verification& v, const VerifyOptions& options,
   for (size_t i = 0; i < n; ++i) {
     const Item& item = *v.readable[i];
     const ByteLocation& loc = *item.location;
+    if (loc.compressed()) continue;
     if (!item_status[i].ok()) {
       v.problems.push_back({"read", item.fqn, loc.file, loc.offset,
                             absl::StrCat("cannot read ", Where(item), ": ",
@@ -405,6 +422,109 @@ absl::Status CheckChecksums(Verification& v, const VerifyOptions& options,
           {"crc32c", item.fqn, loc.file, loc.offset,
            absl::StrFormat("block checksum mismatch in %s, %s", Where(item),
                            block)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Step 5 for compressed chunks: every frame read, its stored CRC32C
+// checked, decompressed, its raw CRC32C checked (the block's, or the
+// chunk's for one frame), and the frames' raw CRC32Cs combined and
+// compared with the chunk's. The first bad frame of a chunk is its
+// problem. Adds the stored bytes read to *bytes_checked.
+absl::Status CheckFrames(Verification& v, const VerifyOptions& options,
+                         uint64_t* bytes_checked) {
+  const uint64_t frame_bytes = v.md.crc32c_block_bytes;
+  struct Frame {
+    size_t item;
+    uint64_t index;
+    uint64_t at;  // in the file
+  };
+  std::vector<Frame> frames;
+  for (size_t i = 0; i < v.readable.size(); ++i) {
+    const ByteLocation& loc = *v.readable[i]->location;
+    if (!loc.compressed()) continue;
+    uint64_t at = loc.offset;
+    for (uint64_t f = 0; f < loc.compression.frame_nbytes.size(); ++f) {
+      frames.push_back({i, f, at});
+      at += loc.compression.frame_nbytes[f];
+    }
+  }
+  if (frames.empty()) return absl::OkStatus();
+  std::vector<std::string> problem(frames.size());
+  std::vector<uint32_t> raw_crc(frames.size(), 0);
+  CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
+      static_cast<int64_t>(frames.size()), options.io_threads,
+      [&](int64_t k) -> absl::Status {
+        const Frame& fr = frames[static_cast<size_t>(k)];
+        const Item& item = *v.readable[fr.item];
+        const ByteLocation& loc = *item.location;
+        const Compression& z = loc.compression;
+        const uint64_t n = z.frame_nbytes[fr.index];
+        std::string& out = problem[static_cast<size_t>(k)];
+        std::vector<std::byte> stored(n);
+        if (absl::Status s = v.files.at(loc.file)->ReadAt(fr.at, stored);
+            !s.ok()) {
+          out = absl::StrCat("cannot read frame ", fr.index, " of ",
+                             Where(item), ": ", s.ToString());
+          return absl::OkStatus();
+        }
+        const uint32_t crc = Crc32c(stored.data(), stored.size());
+        if (crc != z.frame_crc32c[fr.index]) {
+          out = absl::StrFormat(
+              "crc32c mismatch in %s, frame %d at offset %d (%d stored "
+              "bytes): stored %s, computed %s",
+              Where(item), fr.index, fr.at, n,
+              Crc32cToHex(z.frame_crc32c[fr.index]), Crc32cToHex(crc));
+          return absl::OkStatus();
+        }
+        const uint64_t len =
+            std::min(frame_bytes, loc.nbytes - fr.index * frame_bytes);
+        std::vector<std::byte> raw(len);
+        internal_format::FrameDecompressor d;
+        if (absl::Status s = d.Decompress(z.codec, DTypeSize(item.tensor_dtype),
+                                          stored, raw);
+            !s.ok()) {
+          out = absl::StrFormat("cannot decompress %s, frame %d at offset %d: %s",
+                                Where(item), fr.index, fr.at, s.message());
+          return absl::OkStatus();
+        }
+        raw_crc[static_cast<size_t>(k)] = Crc32c(raw.data(), raw.size());
+        const uint32_t want = loc.block_crc32c.empty()
+                                  ? loc.crc32c
+                                  : loc.block_crc32c[fr.index];
+        if (raw_crc[static_cast<size_t>(k)] != want) {
+          out = absl::StrFormat(
+              "crc32c mismatch in %s, frame %d at offset %d, after "
+              "decompressing: stored %s, computed %s",
+              Where(item), fr.index, fr.at, Crc32cToHex(want),
+              Crc32cToHex(raw_crc[static_cast<size_t>(k)]));
+        }
+        return absl::OkStatus();
+      }));
+  size_t k = 0;
+  while (k < frames.size()) {
+    const size_t i = frames[k].item;
+    const Item& item = *v.readable[i];
+    const ByteLocation& loc = *item.location;
+    std::string first;
+    uint32_t crc = 0;
+    for (; k < frames.size() && frames[k].item == i; ++k) {
+      if (first.empty()) first = problem[k];
+      const uint64_t f = frames[k].index;
+      const uint64_t len = std::min(frame_bytes, loc.nbytes - f * frame_bytes);
+      crc = f == 0 ? raw_crc[k] : Crc32cCombine(crc, raw_crc[k], len);
+      *bytes_checked += loc.compression.frame_nbytes[f];
+    }
+    if (first.empty() && crc != loc.crc32c) {
+      first = absl::StrFormat(
+          "crc32c mismatch in %s: its frames are as stored, but together "
+          "have %s, not the chunk's %s",
+          Where(item), Crc32cToHex(crc), Crc32cToHex(loc.crc32c));
+    }
+    if (!first.empty()) {
+      v.problems.push_back(
+          {"crc32c", item.fqn, loc.file, loc.offset, std::move(first)});
     }
   }
   return absl::OkStatus();
@@ -447,6 +567,7 @@ absl::StatusOr<VerifyReport> VerifyInStorage(Storage& storage,
   }
   if (md.has_checksums) {  // step 5
     CAIRN_RETURN_IF_ERROR(CheckChecksums(v, options, &report.bytes_checked));
+    CAIRN_RETURN_IF_ERROR(CheckFrames(v, options, &report.bytes_checked));
   }
   report.problems = std::move(v.problems);
   return report;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "cairn/version.h"
 #include "core/byte_codec.h"
@@ -27,6 +28,13 @@ std::string EncodeReport(const WriteReport& r) {
     w.U32(l.crc32c);
     w.U64(l.blocks.size());
     for (uint32_t b : l.blocks) w.U32(b);
+    w.U8(static_cast<uint8_t>(l.compression.codec));
+    if (l.compression.codec != Codec::kNone) {
+      w.U64(l.compression.stored_nbytes);
+      w.U64(l.compression.frame_nbytes.size());
+      for (uint32_t n : l.compression.frame_nbytes) w.U32(n);
+      for (uint32_t c : l.compression.frame_crc32c) w.U32(c);
+    }
   }
   w.U64(r.scalars.size());
   for (const auto& [fqn, v] : r.scalars) {
@@ -41,7 +49,7 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
   WriteReport out;
   out.file = r.Str();
   out.file_size = r.U64();
-  const uint64_t n = r.Count(28);
+  const uint64_t n = r.Count(29);
   out.items.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
     WriteReport::Loc l;
@@ -51,6 +59,20 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
     const uint64_t blocks = r.Count(4);
     l.blocks.resize(blocks);
     for (uint32_t& b : l.blocks) b = r.U32();
+    const uint8_t codec = r.U8();
+    if (codec > static_cast<uint8_t>(Codec::kGroupedZstd)) {
+      return absl::InternalError(absl::StrFormat(
+          "write report of rank %d: item %d has codec %d", rank, i, codec));
+    }
+    l.compression.codec = static_cast<Codec>(codec);
+    if (l.compression.codec != Codec::kNone) {
+      l.compression.stored_nbytes = r.U64();
+      const uint64_t frames = r.Count(8);
+      l.compression.frame_nbytes.resize(frames);
+      l.compression.frame_crc32c.resize(frames);
+      for (uint32_t& f : l.compression.frame_nbytes) f = r.U32();
+      for (uint32_t& c : l.compression.frame_crc32c) c = r.U32();
+    }
     out.items.push_back(std::move(l));
   }
   const uint64_t s = r.Count(9);
@@ -109,6 +131,7 @@ absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
       loc.nbytes = l.nbytes;
       loc.crc32c = l.crc32c;
       loc.block_crc32c = std::move(l.blocks);
+      loc.compression = std::move(l.compression);
     } else if (chunk_refs != nullptr && chunk_refs[i] < flat.num_chunks()) {
       const uint32_t c = chunk_refs[i];
       flat.file[c] = static_cast<uint32_t>(r + 1);
@@ -120,6 +143,12 @@ absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
           l.blocks.empty() ? internal_format::FlatChunks::kNoBlocks
                            : blocks.size();
       blocks.insert(blocks.end(), l.blocks.begin(), l.blocks.end());
+      if (l.compression.codec != Codec::kNone) {
+        // Ranks fill their locations concurrently; the map is shared.
+        static absl::Mutex mu;
+        absl::MutexLock lock(&mu);
+        flat.compression[c] = std::move(l.compression);
+      }
     } else {
       return absl::InternalError(absl::StrFormat(
           "rank %d's item %d has no place in the metadata skeleton", r, i));
@@ -162,6 +191,8 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
   std::vector<Rest> rest(static_cast<size_t>(world));
   // Each rank's block checksums go to its file's array (FillLocations).
   if (skeleton.uses_flat) {
+    // Set anew (a cached skeleton's from an earlier save are stale).
+    skeleton.flat.compression.clear();
     skeleton.flat.blocks.resize(skeleton.flat.files.size());
     if (skeleton.flat.block_at.size() != skeleton.flat.num_chunks()) {
       skeleton.flat.block_at.assign(skeleton.flat.num_chunks(),

@@ -29,6 +29,8 @@ struct WriteReport {
     // Its block checksums (format version 3): none, or as many as the
     // metadata's crc32c_block_bytes gives it.
     std::vector<uint32_t> blocks = {};
+    // Format version 5: a compressed chunk's frames (codec kNone: raw).
+    Compression compression = {};
   };
   std::vector<Loc> items;  // in final-plan order
   std::map<std::string, Scalar> scalars;

@@ -32,6 +32,7 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "format/crc32c.h"
+#include "format/frame_codec.h"
 #include "format/json_util.h"
 #include "format/kv_codec.h"
 #include "format/names.h"
@@ -159,23 +160,42 @@ template <typename Sink, typename PutFile>
 absl::Status PutLocationMembers(Sink& sink, uint32_t crc32c,
                                 std::span<const uint32_t> blocks,
                                 PutFile put_file, uint64_t nbytes,
-                                uint64_t offset) {
-  sink.Put("\"crc32c\":\"");
+                                uint64_t offset,
+                                const Compression* compression = nullptr) {
   // Crc32cToHex's "%08x", without a format call per chunk.
   static constexpr char kHex[] = "0123456789abcdef";
   char crc[8];
+  auto put_groups = [&](std::span<const uint32_t> values) {
+    for (uint32_t b : values) {
+      for (int i = 0; i < 8; ++i) crc[i] = kHex[(b >> (28 - 4 * i)) & 0xf];
+      sink.Put(std::string_view(crc, sizeof crc));
+    }
+  };
+  const bool compressed =
+      compression != nullptr && compression->codec != Codec::kNone;
+  if (compressed) {
+    // Format version 5 (4.2.1); "stored_nbytes" follows "sizes".
+    sink.Put("\"codec\":\"");
+    sink.Put(CodecName(compression->codec));
+    sink.Put("\",");
+  }
+  sink.Put("\"crc32c\":\"");
   for (int i = 0; i < 8; ++i) crc[i] = kHex[(crc32c >> (28 - 4 * i)) & 0xf];
   sink.Put(std::string_view(crc, sizeof crc));
   if (!blocks.empty()) {
     // Format version 3's block checksums, one 8-digit group each.
     sink.Put("\",\"crc32c_blocks\":\"");
-    for (uint32_t b : blocks) {
-      for (int i = 0; i < 8; ++i) crc[i] = kHex[(b >> (28 - 4 * i)) & 0xf];
-      sink.Put(std::string_view(crc, sizeof crc));
-    }
+    put_groups(blocks);
   }
   sink.Put("\",\"file\":");
   CAIRN_RETURN_IF_ERROR(put_file());
+  if (compressed) {
+    sink.Put(",\"frame_crc32c\":\"");
+    put_groups(compression->frame_crc32c);
+    sink.Put("\",\"frame_nbytes\":\"");
+    put_groups(compression->frame_nbytes);
+    sink.Put('"');
+  }
   sink.Put(",\"nbytes\":");
   PutInt(sink, nbytes);
   sink.Put(",\"offset\":");
@@ -292,15 +312,20 @@ absl::Status PutTensor(
                            std::span<const uint32_t> blocks, auto put_file,
                            uint64_t nbytes, uint64_t offset,
                            std::span<const int64_t> offsets,
-                           std::span<const int64_t> sizes) -> absl::Status {
+                           std::span<const int64_t> sizes,
+                           const Compression* compression) -> absl::Status {
     if (!first) sink.Put(',');
     sink.Put('{');
-    CAIRN_RETURN_IF_ERROR(
-        PutLocationMembers(sink, crc32c, blocks, put_file, nbytes, offset));
+    CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, crc32c, blocks, put_file,
+                                             nbytes, offset, compression));
     sink.Put(",\"offsets\":");
     PutDims(sink, offsets);
     sink.Put(",\"sizes\":");
     PutDims(sink, sizes);
+    if (compression != nullptr && compression->codec != Codec::kNone) {
+      sink.Put(",\"stored_nbytes\":");
+      PutInt(sink, compression->stored_nbytes);
+    }
     sink.Put('}');
     return absl::OkStatus();
   };
@@ -311,7 +336,8 @@ absl::Status PutTensor(
       CAIRN_RETURN_IF_ERROR(put_chunk(
           c == 0, loc.crc32c, loc.block_crc32c,
           [&] { return PutString(sink, loc.file); },
-          loc.nbytes, loc.offset, chunk.box.offsets, chunk.box.sizes));
+          loc.nbytes, loc.offset, chunk.box.offsets, chunk.box.sizes,
+          &loc.compression));
     }
   } else {
     const size_t rank = tensor.shape.size();
@@ -326,7 +352,8 @@ absl::Status PutTensor(
           },
           flat->nbytes[c], flat->offset[c],
           std::span<const int64_t>(dims, rank),
-          std::span<const int64_t>(dims + rank, rank)));
+          std::span<const int64_t>(dims + rank, rank),
+          flat->CompressionOf(c)));
       dims += 2 * rank;
     }
   }
@@ -488,8 +515,15 @@ class Decoder {
   // `block_bytes`: the metadata's crc32c_block_bytes from version 3 on
   // (block checksums are read and checked), 0 before (they are ignored).
   // Also kv_codec.cc's (DecodeLocation).
+  // `chunk`: a tensor chunk's, which may be compressed (format version
+  // 5); an object's or table entry's compression members are unknown ones.
   absl::StatusOr<ByteLocation> Location(const json& j, absl::string_view where,
-                                        uint64_t block_bytes) const;
+                                        uint64_t block_bytes,
+                                        bool chunk = false) const;
+
+  // The format version being decoded (Decode sets it first): from
+  // kCompressionFormatVersion on, a chunk's compression members are read.
+  mutable int version_ = 0;
 
  private:
   // The member `key` of `object`, required.
@@ -562,7 +596,8 @@ class Decoder {
 
 absl::StatusOr<ByteLocation> Decoder::Location(const json& j,
                                                absl::string_view where,
-                                               uint64_t block_bytes) const {
+                                               uint64_t block_bytes,
+                                               bool chunk) const {
   if (!j.is_object()) {
     return Error(where, absl::StrCat("must be an object, got ", Describe(j)));
   }
@@ -595,6 +630,34 @@ absl::StatusOr<ByteLocation> Decoder::Location(const json& j,
     loc.block_crc32c = *std::move(crcs);
   }
   if (absl::Status s = CheckBlockCount(loc, block_bytes); !s.ok()) {
+    return Error(where, s.message());
+  }
+  if (!chunk || version_ < kCompressionFormatVersion) return loc;
+  // Format version 5: a compressed chunk (4.2.1).
+  const json* codec = Find(j, "codec");
+  if (codec == nullptr) return loc;
+  CAIRN_ASSIGN_OR_RETURN(std::string name, String(j, "codec", where));
+  absl::StatusOr<Codec> c = CodecFromName(name);
+  if (!c.ok() || *c == Codec::kNone) {
+    return Error(where, absl::StrCat("\"codec\" must be \"zstd\" or "
+                                     "\"grouped-zstd\", got ",
+                                     Describe(*codec)));
+  }
+  loc.compression.codec = *c;
+  CAIRN_ASSIGN_OR_RETURN(loc.compression.stored_nbytes,
+                         Uint(j, "stored_nbytes", where));
+  for (auto [key, out] :
+       {std::pair{"frame_nbytes", &loc.compression.frame_nbytes},
+        std::pair{"frame_crc32c", &loc.compression.frame_crc32c}}) {
+    CAIRN_ASSIGN_OR_RETURN(std::string hex, String(j, key, where));
+    absl::StatusOr<std::vector<uint32_t>> groups = Crc32cBlocksFromHex(hex);
+    if (!groups.ok()) {
+      return Error(where, absl::StrCat("\"", key, "\": ",
+                                       groups.status().message()));
+    }
+    *out = *std::move(groups);
+  }
+  if (absl::Status s = CheckCompression(loc, block_bytes); !s.ok()) {
     return Error(where, s.message());
   }
   return loc;
@@ -642,7 +705,8 @@ absl::StatusOr<TensorMetadata> Decoder::Tensor(const json& j,
                                 " does not fit the shape: ", s.message()));
     }
     CAIRN_ASSIGN_OR_RETURN(chunk.location,
-                           Location(c, chunk_where, block_bytes));
+                           Location(c, chunk_where, block_bytes,
+                                    /*chunk=*/true));
     // Inside the shape, so the box's bytes cannot exceed the tensor's.
     const uint64_t expected =
         internal_core::CheckedBytes(chunk.box.sizes, tensor.dtype).value_or(0);
@@ -772,6 +836,7 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     }
     md.save_id = id->get<std::string>();
   }
+  version_ = md.version;
   uint64_t block_bytes = 0;  // version 3: block checksums
   if (md.version >= 3) {
     CAIRN_ASSIGN_OR_RETURN(const json* b,
@@ -935,6 +1000,11 @@ class FastDecoder : private PlainJsonCursor {
     std::string_view file;
     std::string_view crc;
     std::string_view blocks;  // crc32c_blocks, checked after the root
+    // Format version 5's compression members (4.2.1), checked after the
+    // root too (CheckCompression).
+    std::string_view codec;
+    std::string_view frame_crc32c;
+    std::string_view frame_nbytes;
     uint32_t seen = 0;
   };
   bool LocationMember(std::string_view key, PendingLocation* pending);
@@ -966,6 +1036,14 @@ bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending)
     bit = 8, ok = String(&pending->crc);
   } else if (key == "crc32c_blocks") {
     bit = 16, ok = String(&pending->blocks);
+  } else if (key == "codec") {
+    bit = 32, ok = String(&pending->codec);
+  } else if (key == "frame_crc32c") {
+    bit = 64, ok = String(&pending->frame_crc32c);
+  } else if (key == "frame_nbytes") {
+    bit = 128, ok = String(&pending->frame_nbytes);
+  } else if (key == "stored_nbytes") {
+    bit = 256, ok = Uint(&pending->location->compression.stored_nbytes);
   }
   if (!ok || (pending->seen & bit)) return false;
   pending->seen |= bit;
@@ -991,6 +1069,23 @@ bool FastDecoder::FinishLocation(const PendingLocation& pending) {
     if (!blocks.ok()) return false;
     loc.block_crc32c = *std::move(blocks);
   }
+  // Compression: all four members or none. Decode checks them once the
+  // version and block size are known; an object's make this text Decoder's.
+  constexpr uint32_t kCompressed = 32 | 64 | 128 | 256;
+  if (pending.seen & kCompressed) {
+    if ((pending.seen & kCompressed) != kCompressed) return false;
+    absl::StatusOr<Codec> codec = CodecFromName(pending.codec);
+    absl::StatusOr<std::vector<uint32_t>> crcs =
+        Crc32cBlocksFromHex(pending.frame_crc32c);
+    absl::StatusOr<std::vector<uint32_t>> sizes =
+        Crc32cBlocksFromHex(pending.frame_nbytes);
+    if (!codec.ok() || *codec == Codec::kNone || !crcs.ok() || !sizes.ok()) {
+      return false;
+    }
+    loc.compression.codec = *codec;
+    loc.compression.frame_crc32c = *std::move(crcs);
+    loc.compression.frame_nbytes = *std::move(sizes);
+  }
   return true;
 }
 
@@ -999,7 +1094,7 @@ bool FastDecoder::Location(ByteLocation* loc) {
   return Members([&](std::string_view key) {
            return LocationMember(key, &pending);
          }) &&
-         FinishLocation(pending);
+         FinishLocation(pending) && !loc->compressed();
 }
 
 bool FastDecoder::Chunk(ChunkMetadata* chunk) {
@@ -1265,6 +1360,13 @@ std::optional<Metadata> FastDecoder::Decode() {
   for (const auto& [fqn, tensor] : md.tensors) {
     for (const ChunkMetadata& c : tensor.chunks) {
       if (!CheckBlockCount(c.location, b).ok()) return std::nullopt;
+      // Compression members before version 5 are unknown ones, which
+      // Decoder ignores.
+      if (c.location.compressed() &&
+          (md.version < kCompressionFormatVersion ||
+           !CheckCompression(c.location, b).ok())) {
+        return std::nullopt;
+      }
     }
   }
   for (const auto& [fqn, loc] : md.objects) {
@@ -1594,6 +1696,11 @@ void FlatChunks::ResizeLocations() {
   blocks.assign(files.size(), {});
 }
 
+const Compression* FlatChunks::CompressionOf(size_t c) const {
+  auto it = compression.find(c);
+  return it == compression.end() ? nullptr : &it->second;
+}
+
 std::span<const uint32_t> FlatChunks::BlocksOf(size_t c) const {
   if (block_bytes == 0 || c >= block_at.size() || block_at[c] == kNoBlocks ||
       file[c] >= blocks.size()) {
@@ -1620,6 +1727,9 @@ Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat) {
             ByteLocation{flat.files[flat.file[c]], flat.offset[c],
                          flat.nbytes[c], flat.crc32c[c],
                          std::vector<uint32_t>(b.begin(), b.end())};
+        if (const Compression* z = flat.CompressionOf(c); z != nullptr) {
+          chunk.location.compression = *z;
+        }
       }
       tensor.chunks.push_back(std::move(chunk));
     }
@@ -1916,11 +2026,11 @@ absl::Status ValidateAgainstFileSizes(
           absl::StrCat(what, ": data file ", Quote(loc.file), " not found"));
     }
     uint64_t end = 0;
-    if (__builtin_add_overflow(loc.offset, loc.nbytes, &end) ||
+    if (__builtin_add_overflow(loc.offset, loc.stored_nbytes(), &end) ||
         end > it->second) {
       return absl::DataLossError(absl::StrCat(
           what, " (", loc.file, ", offset ", loc.offset, ", nbytes ",
-          loc.nbytes, ") runs past the end of the file (size ", it->second,
+          loc.stored_nbytes(), ") runs past the end of the file (size ", it->second,
           ")"));
     }
     return absl::OkStatus();
@@ -1998,8 +2108,9 @@ absl::Status ValidateDisjointLocations(const Metadata& metadata) {
     const uint32_t file =
         files.try_emplace(loc.file, static_cast<uint32_t>(files.size()))
             .first->second;
-    spans.push_back(
-        {file, static_cast<uint32_t>(spans.size()), loc.offset, loc.nbytes});
+    // (A compressed chunk takes its stored bytes.)
+    spans.push_back({file, static_cast<uint32_t>(spans.size()), loc.offset,
+                     loc.stored_nbytes()});
   });
   // (A metadata.json is at most 4 GiB, so far fewer locations than this;
   // the numbers above would have wrapped.)

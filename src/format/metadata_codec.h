@@ -62,6 +62,11 @@ struct FlatChunks {
   // Chunk c's block checksums (empty when it has none, or they are out of
   // range).
   std::span<const uint32_t> BlocksOf(size_t c) const;
+  // Compressed chunks' compression (format version 5), by chunk: only
+  // compressed chunks have one (filled at commit, by the rank that wrote
+  // the chunk).
+  std::map<size_t, Compression> compression;
+  const Compression* CompressionOf(size_t c) const;  // null: stored raw
 
   size_t num_tensors() const { return first.size() - 1; }
   size_t num_chunks() const { return first.back(); }

@@ -1,0 +1,121 @@
+#include "format/frame_codec.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cairn::internal_format {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Values like a layer's weights: small floats around zero, as float32.
+std::vector<std::byte> Weights(size_t count, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<std::byte> out(count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) {
+    const float v = dist(gen);
+    std::memcpy(out.data() + i * sizeof(float), &v, sizeof(float));
+  }
+  return out;
+}
+
+std::vector<std::byte> Compress(Codec codec, size_t es,
+                                const std::vector<std::byte>& raw) {
+  FrameCompressor c(codec, 3);
+  std::vector<std::byte> out(MaxFrameBytes(raw.size()));
+  absl::StatusOr<size_t> n = c.Compress(raw, es, out);
+  EXPECT_TRUE(n.ok()) << n.status();
+  out.resize(n.ok() ? *n : 0);
+  return out;
+}
+
+TEST(FrameCodecTest, NamesRoundTrip) {
+  for (Codec c : {Codec::kNone, Codec::kZstd, Codec::kGroupedZstd}) {
+    EXPECT_EQ(*CodecFromName(CodecName(c)), c);
+  }
+  EXPECT_THAT(CodecFromName("lz4").status().message(),
+              HasSubstr("unknown codec \"lz4\""));
+  EXPECT_TRUE(CheckCodecLevel(3).ok());
+  EXPECT_EQ(CheckCodecLevel(99).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FrameCodecTest, GroupingIsUndone) {
+  for (size_t es : {1, 2, 3, 4, 8}) {
+    std::vector<std::byte> src(es * 37);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(i * 7 + 1);
+    std::vector<std::byte> grouped(src.size()), back(src.size());
+    GroupBytes(src.data(), src.size(), es, grouped.data());
+    if (es == 2) {
+      // Every element's first byte, then every second byte.
+      EXPECT_EQ(grouped[1], src[2]);
+      EXPECT_EQ(grouped[37], src[1]);
+    }
+    UngroupBytes(grouped.data(), grouped.size(), es, back.data());
+    EXPECT_EQ(back, src) << es;
+  }
+}
+
+TEST(FrameCodecTest, RoundTripsEveryCodecAndElementSize) {
+  const std::vector<std::byte> raw = Weights(100000, 1);
+  for (Codec codec : {Codec::kZstd, Codec::kGroupedZstd}) {
+    for (size_t es : {1, 2, 4, 8}) {
+      const std::vector<std::byte> stored = Compress(codec, es, raw);
+      ASSERT_FALSE(stored.empty());
+      FrameDecompressor d;
+      std::vector<std::byte> back(raw.size());
+      ASSERT_TRUE(d.Decompress(codec, es, stored, back).ok());
+      EXPECT_EQ(back, raw) << CodecName(codec) << " " << es;
+    }
+  }
+}
+
+TEST(FrameCodecTest, GroupingCompressesFloatsBetter) {
+  const std::vector<std::byte> raw = Weights(1 << 18, 2);
+  const size_t plain = Compress(Codec::kZstd, 4, raw).size();
+  const size_t grouped = Compress(Codec::kGroupedZstd, 4, raw).size();
+  EXPECT_LT(grouped, plain);
+  EXPECT_LT(grouped, raw.size());
+}
+
+TEST(FrameCodecTest, DamageIsDataLossNeverAnOverrun) {
+  const std::vector<std::byte> raw = Weights(4096, 3);
+  const std::vector<std::byte> stored = Compress(Codec::kGroupedZstd, 4, raw);
+  FrameDecompressor d;
+  std::vector<std::byte> back(raw.size());
+  // Cut short.
+  absl::Status s = d.Decompress(
+      Codec::kGroupedZstd, 4,
+      std::span<const std::byte>(stored.data(), stored.size() - 3), back);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // Bytes after the frame.
+  std::vector<std::byte> longer = stored;
+  longer.push_back(std::byte{0});
+  s = d.Decompress(Codec::kGroupedZstd, 4, longer, back);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("not one zstd frame"));
+  // A raw size other than the frame's.
+  std::vector<std::byte> small(raw.size() - 4);
+  s = d.Decompress(Codec::kGroupedZstd, 4, stored, small);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("expected"));
+  // Not zstd at all.
+  std::vector<std::byte> junk(64, std::byte{0x5a});
+  s = d.Decompress(Codec::kZstd, 4, junk, back);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // Every single flipped byte of the frame: an error or (where zstd cannot
+  // tell) other bytes, never a crash; the stored CRC32C catches those.
+  for (size_t i = 0; i < stored.size(); ++i) {
+    std::vector<std::byte> bad = stored;
+    bad[i] ^= std::byte{0x40};
+    (void)d.Decompress(Codec::kGroupedZstd, 4, bad, back);
+  }
+}
+
+}  // namespace
+}  // namespace cairn::internal_format
