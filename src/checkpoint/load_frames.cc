@@ -5,8 +5,10 @@
 // before zstd sees them and its raw bytes after, so every byte a rank
 // returns of it is checked by that rank, whatever part it reads.
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/load_internal.h"
 #include "core/status.h"
+#include "core/strided.h"
 #include "format/crc32c.h"
 #include "format/frame_codec.h"
 
@@ -69,8 +72,19 @@ absl::Status Loader::PlanFrames(const std::string& what,
     task.first_frame = first;
     task.frame_count = last - first + 1;
     task.frame_bytes = frame_bytes;
+    task.raw_bytes = span;
     CAIRN_RETURN_IF_ERROR(AddCopies(task, targets, slab, cs, es, nullptr));
-    if (!task.copies.empty()) tasks_.push_back(std::move(task));
+    if (task.copies.size() == 1 && task.copies[0].shape == slab.sizes &&
+        internal_core::SubBoxRuns(chunk.box, slab, es).num_runs() == 1 &&
+        IsDense(task.copies[0].shape, task.copies[0].dst_strides, es)) {
+      // The slab is one run of the chunk, to one dense destination: its
+      // whole frames are decompressed straight into it.
+      task.dst = task.copies[0].dst;
+      task.copies.clear();
+    }
+    if (!task.copies.empty() || task.dst != nullptr) {
+      tasks_.push_back(std::move(task));
+    }
     return absl::OkStatus();
   });
 }
@@ -87,26 +101,35 @@ absl::Status Loader::RunFramesTask(const ReadTask& t) {
     return absl::StrFormat("%s (%s, offset %d), frame %d at offset %d", t.what,
                            loc.file, loc.offset, f, at);
   };
+  std::unique_ptr<FrameScratch> scratch = TakeFrameScratch();
+  struct GiveBack {
+    Loader* loader;
+    std::unique_ptr<FrameScratch>& scratch;
+    ~GiveBack() { loader->GiveFrameScratch(std::move(scratch)); }
+  } give_back{this, scratch};
   // The stored bytes: in place when the storage holds them in memory.
-  std::vector<std::byte> read;
   std::unique_ptr<ReadableFile::View> view =
       file.ViewIfInMemory(t.file_offset, t.span);
   const std::byte* stored = nullptr;
   if (view != nullptr && view->bytes().size() == t.span) {
     stored = view->bytes().data();
   } else {
-    read.resize(t.span);
+    if (scratch->stored.size() < t.span) scratch->stored.resize(t.span);
     CAIRN_RETURN_IF_ERROR(Annotate(
-        file.ReadAt(t.file_offset, read),
+        file.ReadAt(t.file_offset,
+                    std::span<std::byte>(scratch->stored.data(), t.span)),
         absl::StrFormat("reading %s (%s, offset %d)", t.what, loc.file,
                         t.file_offset)));
-    stored = read.data();
+    stored = scratch->stored.data();
   }
   const uint64_t raw_begin = t.first_frame * t.frame_bytes;
   const uint64_t raw_end =
       std::min(loc.nbytes, (t.first_frame + t.frame_count) * t.frame_bytes);
-  std::vector<std::byte> raw(raw_end - raw_begin);
-  internal_format::FrameDecompressor decompressor;
+  if (scratch->raw.size() < raw_end - raw_begin) {
+    scratch->raw.resize(raw_end - raw_begin);
+  }
+  std::byte* const raw = scratch->raw.data();
+  internal_format::FrameDecompressor& decompressor = scratch->decompressor;
   uint64_t at = 0;  // in `stored`
   for (uint64_t f = t.first_frame; f < t.first_frame + t.frame_count; ++f) {
     const uint64_t n = z.frame_nbytes[f];
@@ -122,7 +145,13 @@ absl::Status Loader::RunFramesTask(const ReadTask& t) {
     }
     const uint64_t lo = f * t.frame_bytes - raw_begin;
     const uint64_t len = std::min(t.frame_bytes, loc.nbytes - f * t.frame_bytes);
-    const std::span<std::byte> out(raw.data() + lo, len);
+    // Into the destination when the frame lies inside the slab and it
+    // has one; else into the scratch buffer.
+    const uint64_t first_byte = f * t.frame_bytes;
+    const bool direct = t.dst != nullptr && first_byte >= t.check_offset &&
+                        first_byte + len <= t.check_offset + t.span_raw();
+    const std::span<std::byte> out(
+        direct ? t.dst + (first_byte - t.check_offset) : raw + lo, len);
     CAIRN_RETURN_IF_ERROR(Annotate(
         decompressor.Decompress(z.codec, t.elem_size,
                                 std::span<const std::byte>(stored + at, n),
@@ -140,10 +169,32 @@ absl::Status Loader::RunFramesTask(const ReadTask& t) {
             where(f, file_at), len, want, crc));
       }
     }
+    if (t.dst != nullptr && !direct) {
+      // The part of an edge frame inside the slab.
+      const uint64_t b = std::max(first_byte, t.check_offset);
+      const uint64_t e = std::min(first_byte + len, t.check_offset + t.span_raw());
+      if (e > b) {
+        std::memcpy(t.dst + (b - t.check_offset), raw + (b - raw_begin), e - b);
+      }
+    }
     at += n;
   }
-  CopyOut(t, raw.data() + (t.check_offset - raw_begin));
+  if (t.dst == nullptr) CopyOut(t, raw + (t.check_offset - raw_begin));
   return absl::OkStatus();
+}
+
+std::unique_ptr<Loader::FrameScratch> Loader::TakeFrameScratch() {
+  std::lock_guard<std::mutex> lock(frame_scratch_mu_);
+  if (frame_scratch_.empty()) return std::make_unique<FrameScratch>();
+  std::unique_ptr<FrameScratch> s = std::move(frame_scratch_.back());
+  frame_scratch_.pop_back();
+  return s;
+}
+
+void Loader::GiveFrameScratch(std::unique_ptr<FrameScratch> scratch) {
+  if (scratch == nullptr) return;
+  std::lock_guard<std::mutex> lock(frame_scratch_mu_);
+  frame_scratch_.push_back(std::move(scratch));
 }
 
 }  // namespace cairn::internal_checkpoint

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +40,7 @@
 #include "core/strided.h"
 #include "cuda/device_runtime.h"
 #include "format/crc32c.h"
+#include "format/frame_codec.h"
 #include "format/safetensors.h"
 
 namespace cairn::internal_checkpoint {
@@ -160,10 +162,14 @@ struct ReadTask {
   // buffer and checked again, then the copies are made from the slab's
   // first raw byte (check_offset bytes into the chunk), which lies
   // check_offset - first_frame * frame_bytes bytes into that buffer.
+  // With `dst` set (and no copies), the slab is raw_bytes contiguous raw
+  // bytes of the chunk going to dst.
   const ByteLocation* frames_of = nullptr;
   uint64_t first_frame = 0;
   uint64_t frame_count = 0;
   uint64_t frame_bytes = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t span_raw() const { return raw_bytes; }
 };
 
 // The byte strides of a row-major block of `sizes`, elements of `es` bytes.
@@ -301,6 +307,15 @@ class Loader {
   absl::Status RunTask(const ReadTask& t, internal_core::BufferPool& pool,
                        uint32_t* crc);
   absl::Status RunFramesTask(const ReadTask& t);
+  // A kFrames task's buffers and decompressor, kept from task to task
+  // (buffers only grow, so they are not cleared again).
+  struct FrameScratch {
+    std::vector<std::byte> stored;
+    std::vector<std::byte> raw;
+    internal_format::FrameDecompressor decompressor;
+  };
+  std::unique_ptr<FrameScratch> TakeFrameScratch();
+  void GiveFrameScratch(std::unique_ptr<FrameScratch> scratch);
 
   // Smaller groups are not formed: reads that small gain little from
   // being one request, and a group reads the bytes between its tasks too.
@@ -366,6 +381,8 @@ class Loader {
   // batch, and starting the threads for every batch cost 0.34-0.47 ms a
   // batch on the 2-core VM.
   internal_core::WorkerPool pool_;
+  std::mutex frame_scratch_mu_;
+  std::vector<std::unique_ptr<FrameScratch>> frame_scratch_;
 };
 
 // ---------------------------------------------------------------------------

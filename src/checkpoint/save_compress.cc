@@ -145,24 +145,31 @@ uint64_t HeaderRoom(const FileLayout& layout) {
   for (const auto& e : layout.entries) {
     if (e->st.name.starts_with("__cairn_pad_")) ++pad_name;
   }
-  std::vector<SafetensorsEntry> st;
+  // (Entries are members of one JSON object, so each is measured alone:
+  // its text less the braces, plus a comma.)
+  auto member = [](SafetensorsEntry e) -> uint64_t {
+    return internal_format::EncodeSafetensorsHeader({std::move(e)}, {}, 1)
+               .size() -
+           8 - 2 + 1;
+  };
+  uint64_t room = internal_format::EncodeSafetensorsHeader(
+                      {},
+                      {{"format", "cairn"},
+                       {"version", std::to_string(kFormatVersion)}},
+                      1)
+                      .size();
   for (const auto& e : layout.entries) {
-    st.push_back({std::string(pad_name, 'p'), DType::kU8, Shape{kBigDim},
-                  kBig, kBig});
-    // Its raw form, and as U8 [n] when compressed: room for the longer.
+    room += member({std::string(pad_name, 'p'), DType::kU8, Shape{kBigDim},
+                    kBig, kBig});
+    // Its raw form, or as U8 [n] when compressed: room for the longer.
     SafetensorsEntry raw = e->st;
     raw.begin = raw.end = kBig;
-    st.push_back(raw);
-    raw.dtype = DType::kU8;
-    raw.shape = Shape{kBigDim};
-    st.push_back(std::move(raw));
+    SafetensorsEntry stored = raw;
+    stored.dtype = DType::kU8;
+    stored.shape = Shape{kBigDim};
+    room += std::max(member(std::move(raw)), member(std::move(stored)));
   }
-  return internal_format::EncodeSafetensorsHeader(
-             st,
-             {{"format", "cairn"},
-              {"version", std::to_string(kFormatVersion)}},
-             1)
-      .size();
+  return room;
 }
 
 }  // namespace
