@@ -104,6 +104,53 @@ TEST_F(CliTest, ConvertRoundTripsThroughAHuggingFaceFolder) {
   EXPECT_EQ(md->tensors.at("model.layers.0.attn.wq").dtype, cairn::DType::kBF16);
 }
 
+// --codec: the demo saves compressed, convert recompresses a checkpoint
+// or stores it raw, inspect shows the frames, and the bytes never change.
+TEST_F(CliTest, CodecsCompressRecompressAndDecompress) {
+  const fs::path z = root_ / "z";
+  Result r = Run("demo -q --size 4MiB --phase all --codec grouped-zstd "
+                 "--codec-level 5 --dir '" + z.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.all(), HasSubstr("verified: yes"));
+  r = Run("inspect --json '" + z.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["version"], 5);
+  EXPECT_GT(j["totals"]["compressed_chunks"].get<int>(), 0);
+  EXPECT_LT(j["totals"]["tensor_stored_bytes"].get<uint64_t>(),
+            j["totals"]["tensor_bytes"].get<uint64_t>());
+  const auto bytes = TensorBytes(z.string());
+
+  const fs::path plain = root_ / "plain";
+  r = Run("convert --json --codec none '" + z.string() + "' '" +
+          plain.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(ParseJson(r)["direction"], "cairn_to_cairn");
+  r = Run("inspect --json '" + plain.string() + "'");
+  EXPECT_EQ(ParseJson(r)["totals"]["compressed_chunks"], 0);
+  EXPECT_EQ(TensorBytes(plain.string()), bytes);
+
+  const fs::path again = root_ / "again";
+  r = Run("convert --codec zstd '" + plain.string() + "' '" + again.string() +
+          "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("codec zstd"));
+  r = Run("inspect --chunks '" + again.string() + "'");
+  EXPECT_THAT(r.out, HasSubstr("zstd, "));
+  EXPECT_THAT(r.out, HasSubstr("compressed: "));
+  EXPECT_EQ(TensorBytes(again.string()), bytes);
+  r = Run("verify '" + again.string() + "'");
+  EXPECT_EQ(r.rc, 0) << r.all();
+
+  r = Run("convert --codec lz4 '" + plain.string() + "' '" +
+          (root_ / "x").string() + "'");
+  EXPECT_EQ(r.rc, 2) << r.all();
+  EXPECT_THAT(r.err, HasSubstr("--codec"));
+  r = Run("convert --codec zstd --dtype BF16 '" + plain.string() + "' '" +
+          (root_ / "x").string() + "'");
+  EXPECT_EQ(r.rc, 2) << r.all();
+}
+
 TEST_F(CliTest, ConvertAndVerifyReportBadInput) {
   const fs::path ckpt = SaveDemo();
   const fs::path hf = root_ / "hf";

@@ -108,6 +108,7 @@ constexpr int kMemcpyIterations = 5;
 
 struct BenchOptions {
   std::string dir;
+  CodecFlags codec;  // every save's (the load rows read save_sync's)
   std::string size = "256MiB";
   int ranks = 4;
   bool json = false;
@@ -446,6 +447,7 @@ absl::StatusOr<json> SaveSample(const std::vector<SyntheticTensor>& tensors,
         options.comm = &comm;
         options.io_threads = o.io_threads;
         options.write_buffer_bytes = o.buffer_bytes;
+        ApplyCodec(o.codec, options);
         CAIRN_RETURN_IF_ERROR(comm.Barrier());
         if (rank == 0) {
           PerfControl("save", "save_sync", "enable\n");
@@ -483,6 +485,7 @@ absl::StatusOr<json> AsyncSample(const std::vector<SyntheticTensor>& tensors,
   SaveOptions save_options;
   save_options.io_threads = o.io_threads;
   save_options.write_buffer_bytes = o.buffer_bytes;
+  ApplyCodec(o.codec, save_options);
   const std::string urls[2] = {first_dir.string(), dir.string()};
   Span blocked[2] = {Span(world), Span(world)};
   Span total[2] = {Span(world), Span(world)};
@@ -1122,7 +1125,9 @@ absl::Status Bench::RunSave() {
         o_.repeat, s, GigabytesPerSecond(bytes_, s), MiB(r.peak_rss_bytes));
   }
   CAIRN_ASSIGN_OR_RETURN(LocationSize size, SizeOfLocation(dir.string()));
-  row.extra = {{"disk_bytes", size.bytes}, {"files", size.files}};
+  row.extra = {{"disk_bytes", size.bytes},
+               {"files", size.files},
+               {"codec", o_.codec.name}};
   rows_.push_back(std::move(row));
   return absl::OkStatus();
 }
@@ -1758,6 +1763,8 @@ void RegisterBench(CLI::App& app) {
       ->type_name("N")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  AddCodecOptions(cmd, &o->codec,
+                  "every save (the load rows then read compressed chunks)");
   cmd->add_option("--buffer", o->buffer,
                   "bytes per IO buffer: SaveOptions::write_buffer_bytes and "
                   "LoadOptions::bounce_buffer_bytes")

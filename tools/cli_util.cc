@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "commands.h"
+#include "format/frame_codec.h"
 
 namespace cairn::tools {
 
@@ -177,6 +178,32 @@ CLI::Validator ByteSizeValidator(uint64_t min_bytes, uint64_t max_bytes) {
         return std::string();
       },
       "SIZE", "byte size");
+}
+
+void AddCodecOptions(CLI::App* cmd, CodecFlags* flags, std::string_view what) {
+  cmd->add_option("--codec", flags->name,
+                  absl::StrCat(
+                      "compress ", std::string(what),
+                      " (SaveOptions::codec): none; zstd; grouped-zstd, zstd "
+                      "of each element's bytes grouped by position, best for "
+                      "floating-point weights and optimizer state. Chunks "
+                      "under 4 KiB, and chunks that shrink by less than 5%, "
+                      "stay raw"))
+      ->type_name("CODEC")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "zstd", "grouped-zstd"}));
+  cmd->add_option("--codec-level", flags->level,
+                  "zstd level for --codec: 1 (fast) to 22 (small), or a "
+                  "negative fast level")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(CLI::Range(-131072, 22));
+}
+
+void ApplyCodec(const CodecFlags& flags, SaveOptions& options) {
+  absl::StatusOr<Codec> codec = internal_format::CodecFromName(flags.name);
+  options.codec = codec.ok() ? *codec : Codec::kNone;  // checked by CLI11
+  options.codec_level = flags.level;
 }
 
 CLI::Validator Int64Validator() {

@@ -9,6 +9,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <string_view>
+
+#include "cairn/checkpoint.h"
 
 namespace cairn::tools {
 
@@ -24,6 +28,15 @@ CLI::Validator ByteSizeValidator(
 // integers with strtoll, which clamps 99999999999999999999 to INT64_MAX
 // without a word, and reads "010" as octal 8 and "0x10" as 16.)
 CLI::Validator Int64Validator();
+
+// --codec NAME and --codec-level N on `cmd` (SaveOptions::codec and
+// codec_level, for the saves `what` describes); ApplyCodec copies them.
+struct CodecFlags {
+  std::string name = "none";
+  int level = 1;  // SaveOptions::codec_level's default
+};
+void AddCodecOptions(CLI::App* cmd, CodecFlags* flags, std::string_view what);
+void ApplyCodec(const CodecFlags& flags, SaveOptions& options);
 
 void RegisterInspect(CLI::App& app);  // cairn inspect CKPT [--json]
 void RegisterVerify(CLI::App& app);   // cairn verify CKPT [--json]

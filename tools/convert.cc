@@ -26,6 +26,8 @@ struct ConvertFlags {
   std::string add_prefix;
   bool overwrite = false;
   bool json = false;
+  CodecFlags codec;
+  bool codec_given = false;  // --codec on the command line
 };
 
 int RunConvert(const ConvertFlags& o) {
@@ -53,7 +55,36 @@ int RunConvert(const ConvertFlags& o) {
   Stopwatch clock;
   nlohmann::json j = {{"src", o.src}, {"dst", o.dst}};
   std::string text;
-  if (*from_hf) {
+  if (!*from_hf && o.codec_given) {
+    // A checkpoint to a checkpoint: recompressed, or stored raw.
+    if (dtype || !o.strip_prefix.empty() || !o.add_prefix.empty()) {
+      PrintError("convert", absl::InvalidArgumentError(
+                                "--dtype and the prefix options do not apply "
+                                "when --codec rewrites a checkpoint"));
+      return 2;
+    }
+    SaveOptions options;
+    options.overwrite = o.overwrite;
+    ApplyCodec(o.codec, options);
+    std::cerr << absl::StrFormat(
+        "cairn convert: reading %s and saving it again with codec %s...\n",
+        o.src, o.codec.name);
+    absl::StatusOr<SaveResult> r = RewriteCheckpoint(src, dst, options);
+    if (!r.ok()) {
+      PrintError("convert", r.status());
+      return 1;
+    }
+    j["direction"] = "cairn_to_cairn";
+    j["codec"] = o.codec.name;
+    j["bytes"] = r->data_bytes;
+    j["checkpoint_bytes"] = r->checkpoint_bytes;
+    j["files"] = r->files;
+    text = absl::StrFormat(
+        "rewrote checkpoint %s as %s (codec %s): %s of data in %s on disk; "
+        "%.2f s\n",
+        o.src, o.dst, o.codec.name, HumanBytes(r->data_bytes),
+        HumanBytes(r->checkpoint_bytes), clock.Seconds());
+  } else if (*from_hf) {
     if (o.max_shard_size != "5GB") {
       std::cerr << "cairn convert: --max-shard-size applies to Hugging Face "
                    "output only; ignored\n";
@@ -63,6 +94,7 @@ int RunConvert(const ConvertFlags& o) {
     options.names.strip_prefix = o.strip_prefix;
     options.names.add_prefix = o.add_prefix;
     options.save.overwrite = o.overwrite;
+    ApplyCodec(o.codec, options.save);
     // A save reports no progress as it goes: say what it is doing.
     absl::StatusOr<Metadata> md = ReadImportedMetadata(src, options.names);
     if (!md.ok()) {
@@ -164,6 +196,11 @@ void RegisterConvert(CLI::App& app) {
                   "Hugging Face input: remove this from the front of names");
   cmd->add_option("--add-prefix", o->add_prefix,
                   "Hugging Face input: put this in front of names");
+  AddCodecOptions(cmd, &o->codec,
+                  "the checkpoint written: from a Hugging Face folder, or "
+                  "given with a checkpoint as SRC, rewrite it (recompress, "
+                  "or 'none' to store it raw). Hugging Face output is always "
+                  "raw");
   cmd->add_flag("--overwrite", o->overwrite,
                 "replace a checkpoint or model already at DST");
   cmd->add_flag("--json", o->json, "print one JSON object instead of text");
@@ -177,12 +214,16 @@ void RegisterConvert(CLI::App& app) {
       "--max-shard-size, each checked against its CRC32C as it is read,\n"
       "written in place and renamed when complete, the index last.\n"
       "Objects and scalars have no place in a Hugging Face folder and are\n"
-      "left out (listed).\n\n"
+      "left out (listed). With --codec and a checkpoint as SRC, DST is a\n"
+      "checkpoint again: every leaf read, checked and saved with that codec\n"
+      "(held in memory whole).\n\n"
       "Examples:\n"
       "  cairn convert ~/models/MiniLM /ckpt/minilm\n"
       "  cairn convert --dtype BF16 --max-shard-size 2GB /ckpt/step-100 out/\n"
-      "  cairn convert --strip-prefix model. model.safetensors /ckpt/base");
-  cmd->callback([o] {
+      "  cairn convert --strip-prefix model. model.safetensors /ckpt/base\n"
+      "  cairn convert --codec grouped-zstd /ckpt/step-100 /ckpt/step-100z");
+  cmd->callback([o, cmd] {
+    o->codec_given = cmd->count("--codec") > 0;
     if (int rc = RunConvert(*o); rc != 0) throw CLI::RuntimeError(rc);
   });
 }

@@ -132,6 +132,7 @@ constexpr int kUsageError = 2;
 
 struct DemoOptions {
   std::string dir;
+  CodecFlags codec;
   std::string size = "256MiB";
   std::string phase = "all";
   std::string comm = "inproc";
@@ -723,6 +724,7 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
   options.overwrite = o_.overwrite;
   options.comm = &comm;
   options.rank_local = o_.rank_local;
+  ApplyCodec(o_.codec, options);
   options.user_metadata =
       nlohmann::json{{kUserKey, ConfigJson(m.config, step, tp, replicas,
                                            o_.rank_local)}}
@@ -749,11 +751,17 @@ absl::Status Demo::SaveAsRank(Communicator& comm, int threads) {
     r_.checkpoint_bytes = o_.rank_local ? static_cast<uint64_t>(sums[1])
                                         : saved->checkpoint_bytes;
   }
-  Log(comm, "saved %s in %.3f s (%.2f GB/s), %s, %s on disk",
+  const uint64_t on_disk = o_.rank_local ? static_cast<uint64_t>(sums[1])
+                                         : saved->checkpoint_bytes;
+  Log(comm, "saved %s in %.3f s (%.2f GB/s), %s, %s on disk%s",
       HumanBytes(bytes), *wall, GigabytesPerSecond(bytes, *wall),
       Plural(static_cast<uint64_t>(sums[0]), "data file"),
-      HumanBytes(o_.rank_local ? static_cast<uint64_t>(sums[1])
-                               : saved->checkpoint_bytes));
+      HumanBytes(on_disk),
+      options.codec == Codec::kNone || on_disk == 0
+          ? std::string()
+          : absl::StrFormat(" (%s: %.2fx smaller)", o_.codec.name,
+                            static_cast<double>(bytes) /
+                                static_cast<double>(on_disk)));
   if (o_.async) {
     return AsyncTrainingLoop(comm, threads, m, fills, sd, options, *wall);
   }
@@ -1813,6 +1821,7 @@ void RegisterDemo(CLI::App& app) {
       "otherwise first merges the folders into a global checkpoint (rank 0, "
       "timed; like `cairn merge`) and reshards. --phase load recognizes a "
       "rank-local checkpoint without this flag");
+  AddCodecOptions(cmd, &o->codec, "the saved tensors");
   cmd->add_flag("--no-broadcast", o->no_broadcast,
                 "load without broadcast (LoadOptions::broadcast_replicas = "
                 "false): every replica reads its own copy from storage, to "

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "cairn/cairn.h"
 #include "cli_util.h"
+#include "format/frame_codec.h"
 #include "commands.h"
 
 namespace cairn::tools {
@@ -69,10 +70,17 @@ int RunInspect(const InspectOptions& o) {
   }
   std::set<std::string> files;
   uint64_t tensor_bytes = 0, object_bytes = 0, num_chunks = 0;
+  // Compressed chunks (format version 5): how many, and the bytes the
+  // tensors take in their files.
+  uint64_t compressed = 0, tensor_stored = 0;
   for (const auto& [fqn, t] : md->tensors) {
     tensor_bytes += t.nbytes();
     num_chunks += t.chunks.size();
-    for (const ChunkMetadata& c : t.chunks) files.insert(c.location.file);
+    for (const ChunkMetadata& c : t.chunks) {
+      files.insert(c.location.file);
+      compressed += c.location.compressed();
+      tensor_stored += c.location.stored_nbytes();
+    }
   }
   for (const auto& [fqn, loc] : md->objects) {
     object_bytes += loc.nbytes;
@@ -112,6 +120,11 @@ int RunInspect(const InspectOptions& o) {
                               ? nlohmann::json(absl::StrFormat(
                                     "%08x", c.location.crc32c))
                               : nlohmann::json()}});
+          if (c.location.compressed()) {
+            cs.back()["codec"] = std::string(
+                internal_format::CodecName(c.location.compression.codec));
+            cs.back()["stored_nbytes"] = c.location.compression.stored_nbytes;
+          }
         }
         e["chunk_list"] = std::move(cs);
       }
@@ -152,6 +165,8 @@ int RunInspect(const InspectOptions& o) {
         {"tensors", md->tensors.size()},        {"chunks", num_chunks},
         {"objects", md->objects.size()},        {"scalars", md->scalars.size()},
         {"tensor_bytes", tensor_bytes},         {"object_bytes", object_bytes},
+        {"compressed_chunks", compressed},
+        {"tensor_stored_bytes", tensor_stored},
         {"kv_tables", md->kv_tables.size()},   {"kv_rows", table_rows},
         {"kv_bytes", table_bytes},
         {"bytes", tensor_bytes + object_bytes + table_bytes},
@@ -188,9 +203,17 @@ int RunInspect(const InspectOptions& o) {
       if (o.chunks) {
         for (const ChunkMetadata& c : t.chunks) {
           std::cout << absl::StrFormat(
-              "    %s  %s @ %d, %d bytes, crc32c %08x\n", c.box.ToString(),
+              "    %s  %s @ %d, %d bytes, crc32c %08x%s\n", c.box.ToString(),
               c.location.file, c.location.offset, c.location.nbytes,
-              c.location.crc32c);
+              c.location.crc32c,
+              c.location.compressed()
+                  ? absl::StrFormat(
+                        "; %s, %d stored in %d frames",
+                        internal_format::CodecName(
+                            c.location.compression.codec),
+                        c.location.compression.stored_nbytes,
+                        c.location.compression.frame_nbytes.size())
+                  : std::string());
         }
       }
     }
@@ -256,6 +279,15 @@ int RunInspect(const InspectOptions& o) {
       Plural(md->objects.size(), "object"),
       Plural(md->scalars.size(), "scalar"), tables, HumanBytes(total), total,
       Plural(files.size(), "data file"));
+  if (compressed > 0) {
+    std::cout << absl::StrFormat(
+        "compressed: %d of %s; tensors take %s in their files (%.2fx "
+        "smaller)\n",
+        compressed, Plural(num_chunks, "chunk"), HumanBytes(tensor_stored),
+        tensor_stored > 0 ? static_cast<double>(tensor_bytes) /
+                                static_cast<double>(tensor_stored)
+                          : 1.0);
+  }
   return 0;
 }
 

@@ -53,8 +53,11 @@ def save(state_dict, path, *, comm=None, rank_local=False, plan_cache=None,
     metadata.json. `kv_tables`: key-value tables saved beside the state
     dict (cairn.KvTableToSave entries, or dicts of their keys; every rank
     lists the same tables), in chunks of at most `kv_chunk_bytes` (64 MiB).
-    Further options (io_threads, direct_io, write_buffer_bytes,
-    crc32c_block_bytes, dedup) are SaveOptions'
+    `codec`: compress tensor chunks, "zstd" or "grouped-zstd" (zstd of
+    each element's bytes grouped by position: best for floating-point
+    weights and optimizer state), at zstd level `codec_level` (1); loads
+    need no option. Further options (io_threads, direct_io,
+    write_buffer_bytes, crc32c_block_bytes, dedup) are SaveOptions'
     (include/cairn/checkpoint.h). `path` may be an s3:// URL; `s3`, a dict
     of S3Options' fields (endpoint, region, access_key_id, ...,
     addressing), overrides the AWS_* environment variables.

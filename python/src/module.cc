@@ -16,6 +16,7 @@
 #include "cairn/version.h"
 #include "convert.h"
 #include "core/flatten.h"
+#include "format/frame_codec.h"
 #include "kv.h"
 #include "huggingface.h"
 #include "s3.h"
@@ -77,6 +78,13 @@ py::dict MetadataToDict(const Metadata& m) {
     d["nbytes"] = l.nbytes;
     d["crc32c"] = l.crc32c;
     d["block_crc32c"] = l.block_crc32c;
+    if (l.compressed()) {
+      // Format version 5: the stored frames (docs/format.md 4.2.1).
+      d["codec"] = std::string(internal_format::CodecName(l.compression.codec));
+      d["stored_nbytes"] = l.compression.stored_nbytes;
+      d["frame_nbytes"] = l.compression.frame_nbytes;
+      d["frame_crc32c"] = l.compression.frame_crc32c;
+    }
     return d;
   };
   py::dict tensors;
@@ -131,6 +139,12 @@ SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
     else if (key == "s3") o.s3 = S3OptionsFrom(v);
     else if (key == "write_buffer_bytes") o.write_buffer_bytes = OptionAs<size_t>(key, v);
     else if (key == "crc32c_block_bytes") o.crc32c_block_bytes = OptionAs<uint64_t>(key, v);
+    else if (key == "codec") {
+      absl::StatusOr<Codec> codec = internal_format::CodecFromName(
+          v.is_none() ? "none" : OptionAs<std::string>(key, v));
+      if (!codec.ok()) Raise(codec.status());
+      o.codec = *codec;
+    } else if (key == "codec_level") o.codec_level = OptionAs<int>(key, v);
     else if (key == "user_metadata") o.user_metadata = OptionAs<std::string>(key, v);
     else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
     else if (key == "kv_chunk_bytes") o.kv_chunk_bytes = OptionAs<uint64_t>(key, v);
