@@ -359,7 +359,9 @@ absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
 // Every chunk and object is checked against its data file's size, and
 // against every other (no two may share a byte), before anything is
 // allocated: a damaged metadata.json cannot make it allocate more than the
-// data files hold.
+// data files hold, or for compressed chunks (format version 5) more than
+// the most their stored bytes can expand to (a zstd frame takes at least
+// 6 bytes and 4 per 128 KiB of content: at most about 27,000 times).
 absl::StatusOr<StateDict> LoadAll(std::string_view url,
                                   const LoadOptions& options = {});
 

@@ -179,14 +179,9 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
                                      const std::string& file_name,
                                      const SaveOptions& options) {
   CAIRN_RETURN_IF_ERROR(internal_format::CheckCodecLevel(options.codec_level));
+  uint64_t align = 1;
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
-                         storage.Create(file_name));
-  const uint64_t align = std::max<uint64_t>(1, file->alignment());
-  if (kAlignment % align != 0) {
-    return absl::InternalError(absl::StrFormat(
-        "%s: storage alignment %d is not a divisor of %d", file_name, align,
-        kAlignment));
-  }
+                         CreateDataFile(storage, file_name, &align));
   const uint64_t data_start =
       internal_core::RoundUp(HeaderRoom(layout), kAlignment);
   uint64_t block = std::max<uint64_t>(options.write_buffer_bytes, kAlignment);

@@ -193,6 +193,19 @@ absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
   return layout;
 }
 
+absl::StatusOr<std::unique_ptr<WritableFile>> CreateDataFile(
+    Storage& storage, const std::string& file_name, uint64_t* align) {
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                         storage.Create(file_name));
+  *align = std::max<uint64_t>(1, file->alignment());
+  if (kAlignment % *align != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "%s: storage alignment %d is not a divisor of %d", file_name, *align,
+        kAlignment));
+  }
+  return file;
+}
+
 absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
                            Storage& storage, const std::string& file_name,
                            const SaveOptions& options) {
@@ -200,14 +213,9 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
     return WriteCompressedDataFile(layout, planner, storage, file_name,
                                    options);
   }
+  uint64_t align = 1;
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
-                         storage.Create(file_name));
-  const uint64_t align = std::max<uint64_t>(1, file->alignment());
-  if (kAlignment % align != 0) {
-    return absl::InternalError(absl::StrFormat(
-        "%s: storage alignment %d is not a divisor of %d", file_name, align,
-        kAlignment));
-  }
+                         CreateDataFile(storage, file_name, &align));
   uint64_t block = std::max<uint64_t>(options.write_buffer_bytes, kAlignment);
   block = internal_core::RoundUp(block, kAlignment);
   const int64_t num_blocks =

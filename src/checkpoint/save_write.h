@@ -72,6 +72,11 @@ struct FileLayout {
 absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
                                   const std::string& file_name);
 
+// Creates data file `file_name` in `storage`; *align: its WriteAt
+// alignment, which must divide kAlignment (else kInternal).
+absl::StatusOr<std::unique_ptr<WritableFile>> CreateDataFile(
+    Storage& storage, const std::string& file_name, uint64_t* align);
+
 // Writes the file (path `file_name` in `storage`), durably; fills each
 // entry's CRC32C and block checksums. With SaveOptions::codec, through
 // WriteCompressedDataFile.

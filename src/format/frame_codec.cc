@@ -105,6 +105,11 @@ absl::Status CheckCodecLevel(int level) {
 
 size_t MaxFrameBytes(size_t raw_bytes) { return ZSTD_compressBound(raw_bytes); }
 
+size_t MinFrameBytes(size_t raw_bytes) {
+  constexpr size_t kBlock = size_t{128} << 10;
+  return 4 + 2 + 4 * ((raw_bytes + kBlock - 1) / kBlock);
+}
+
 uint64_t FrameCount(uint64_t nbytes, uint64_t block_bytes) {
   if (block_bytes == 0) return 0;
   return nbytes / block_bytes + (nbytes % block_bytes != 0 ? 1 : 0);
@@ -138,11 +143,11 @@ absl::Status CheckCompression(const ByteLocation& loc, uint64_t block_bytes) {
   for (uint64_t f = 0; f < frames; ++f) {
     const uint64_t raw = std::min(block_bytes, loc.nbytes - f * block_bytes);
     const uint64_t n = c.frame_nbytes[f];
-    if (n == 0 || n > MaxFrameBytes(raw)) {
+    if (n < MinFrameBytes(raw) || n > MaxFrameBytes(raw)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "frame %d has %d stored bytes; a frame of %d raw bytes takes 1 to "
-          "%d",
-          f, n, raw, MaxFrameBytes(raw)));
+          "frame %d has %d stored bytes; a zstd frame of %d raw bytes takes "
+          "%d to %d",
+          f, n, raw, MinFrameBytes(raw), MaxFrameBytes(raw)));
     }
     sum += n;
   }

@@ -45,8 +45,13 @@ uint64_t FrameCount(uint64_t nbytes, uint64_t block_bytes);
 // saying what is wrong (the caller names the chunk).
 absl::Status CheckCompression(const ByteLocation& loc, uint64_t block_bytes);
 
-// The most stored bytes a frame of `raw_bytes` can take.
+// The most stored bytes a frame of `raw_bytes` can take, and the fewest
+// (zstd's format: a 4-byte magic number, at least 2 bytes of frame header
+// with the content size, and a block of at least 4 bytes per 128 KiB of
+// content), which bounds how far a hostile metadata.json can make a
+// reader expand a chunk's stored bytes.
 size_t MaxFrameBytes(size_t raw_bytes);
+size_t MinFrameBytes(size_t raw_bytes);
 
 // Moves byte p of each `elem_size`-byte element of `src` (n bytes, a
 // multiple of elem_size) to plane p of `dst`: dst[p * (n / elem_size) + i]

@@ -75,6 +75,23 @@ TEST(FrameCodecTest, RoundTripsEveryCodecAndElementSize) {
   }
 }
 
+// zstd never writes a frame under MinFrameBytes: the bound a decoder
+// enforces on hostile metadata must hold for what zstd makes of the most
+// compressible input, at every level.
+TEST(FrameCodecTest, ZerosCompressNoSmallerThanTheBound) {
+  for (size_t n : {size_t{4096}, size_t{100000}, size_t{1} << 20,
+                   size_t{3} << 20}) {
+    const std::vector<std::byte> zeros(n, std::byte{0});
+    for (int level : {-5, 1, 3, 19}) {
+      FrameCompressor c(Codec::kZstd, level);
+      std::vector<std::byte> out(MaxFrameBytes(n));
+      absl::StatusOr<size_t> got = c.Compress(zeros, 1, out);
+      ASSERT_TRUE(got.ok());
+      EXPECT_GE(*got, MinFrameBytes(n)) << n << " bytes, level " << level;
+    }
+  }
+}
+
 TEST(FrameCodecTest, GroupingCompressesFloatsBetter) {
   const std::vector<std::byte> raw = Weights(1 << 18, 2);
   const size_t plain = Compress(Codec::kZstd, 4, raw).size();
