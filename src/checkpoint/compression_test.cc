@@ -38,7 +38,7 @@ std::byte Value(uint64_t seed, int64_t global_byte) {
   return static_cast<std::byte>((x >> 7) & 0x3);
 }
 
-// Row-major 2-d: element (r, c) of a [rows, cols] tensor of `es` bytes.
+// Shards of a [rows, cols] tensor and the memory behind them.
 struct Shards {
   std::vector<Tensor> owned;
   std::vector<Shard> shards;

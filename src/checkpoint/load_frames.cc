@@ -149,7 +149,7 @@ absl::Status Loader::RunFramesTask(const ReadTask& t) {
     // has one; else into the scratch buffer.
     const uint64_t first_byte = f * t.frame_bytes;
     const bool direct = t.dst != nullptr && first_byte >= t.check_offset &&
-                        first_byte + len <= t.check_offset + t.span_raw();
+                        first_byte + len <= t.check_offset + t.raw_bytes;
     const std::span<std::byte> out(
         direct ? t.dst + (first_byte - t.check_offset) : raw + lo, len);
     CAIRN_RETURN_IF_ERROR(Annotate(
@@ -172,7 +172,7 @@ absl::Status Loader::RunFramesTask(const ReadTask& t) {
     if (t.dst != nullptr && !direct) {
       // The part of an edge frame inside the slab.
       const uint64_t b = std::max(first_byte, t.check_offset);
-      const uint64_t e = std::min(first_byte + len, t.check_offset + t.span_raw());
+      const uint64_t e = std::min(first_byte + len, t.check_offset + t.raw_bytes);
       if (e > b) {
         std::memcpy(t.dst + (b - t.check_offset), raw + (b - raw_begin), e - b);
       }

@@ -169,7 +169,6 @@ struct ReadTask {
   uint64_t frame_count = 0;
   uint64_t frame_bytes = 0;
   uint64_t raw_bytes = 0;
-  uint64_t span_raw() const { return raw_bytes; }
 };
 
 // The byte strides of a row-major block of `sizes`, elements of `es` bytes.

@@ -46,9 +46,9 @@ constexpr uint64_t kSlot = 64;  // staging offsets aligned for copies
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlignFrom = uint64_t{64} << 10;
 
-// True when `item` is a whole stored chunk, or any part of a compressed
-// one: its reader checks what it reads of it.
-bool WholeChunk(const Metadata& metadata, const ReadItem& item) {
+// True when `item`'s reader checks every byte it reads of it: a whole
+// stored chunk, or any part of a compressed one (frame by frame).
+bool CheckedByReader(const Metadata& metadata, const ReadItem& item) {
   auto it = metadata.tensors.find(item.fqn);
   if (it == metadata.tensors.end() || item.chunk >= it->second.chunks.size()) {
     return false;
@@ -67,7 +67,8 @@ void AddPlaced(Committer& committer, const ReadItem& item,
                const Metadata& metadata) {
   const bool checked =
       sink != nullptr ||
-      (!alone && (item.kind == ItemKind::kObject || WholeChunk(metadata, item)));
+      (!alone &&
+       (item.kind == ItemKind::kObject || CheckedByReader(metadata, item)));
   committer.Add(item, sink, checked);
 }
 
@@ -656,7 +657,7 @@ absl::StatusOr<LoadResult> StagedLoad(Communicator& group,
         const bool checked =
             !options.verify_checksums ||
             (alone ? reader.Verified(LocationOf(metadata, p.item))
-                   : WholeChunk(metadata, p.item));
+                   : CheckedByReader(metadata, p.item));
         if (!checked) {
           uint64_t extra = 0;
           placed = CheckStagedPart(storage, metadata, p.item, base + p.offset,

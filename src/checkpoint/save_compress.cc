@@ -103,27 +103,43 @@ class Appender {
   uint64_t filled_ = 0;
 };
 
-// Compressors for the frame loops, one per thread at a time.
-class CompressorPool {
+// What a frame loop's thread works with: a compressor, and a raw frame
+// and its compressed form, sized once for the largest frame.
+struct FrameWork {
+  FrameWork(Codec codec, int level, uint64_t frame_bytes)
+      : compressor(codec, level),
+        raw(frame_bytes),
+        stored(internal_format::MaxFrameBytes(frame_bytes)) {}
+  FrameCompressor compressor;
+  std::vector<std::byte> raw;
+  std::vector<std::byte> stored;
+};
+
+// FrameWork for the frame loops, one per thread at a time.
+class FrameWorkPool {
  public:
-  CompressorPool(Codec codec, int level) : codec_(codec), level_(level) {}
-  std::unique_ptr<FrameCompressor> Take() {
+  FrameWorkPool(Codec codec, int level, uint64_t frame_bytes)
+      : codec_(codec), level_(level), frame_bytes_(frame_bytes) {}
+  std::unique_ptr<FrameWork> Take() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) return std::make_unique<FrameCompressor>(codec_, level_);
-    std::unique_ptr<FrameCompressor> c = std::move(free_.back());
+    if (free_.empty()) {
+      return std::make_unique<FrameWork>(codec_, level_, frame_bytes_);
+    }
+    std::unique_ptr<FrameWork> w = std::move(free_.back());
     free_.pop_back();
-    return c;
+    return w;
   }
-  void Give(std::unique_ptr<FrameCompressor> c) {
+  void Give(std::unique_ptr<FrameWork> w) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(std::move(c));
+    free_.push_back(std::move(w));
   }
 
  private:
   const Codec codec_;
   const int level_;
+  const uint64_t frame_bytes_;
   std::mutex mu_;
-  std::vector<std::unique_ptr<FrameCompressor>> free_;
+  std::vector<std::unique_ptr<FrameWork>> free_;
 };
 
 // One batch of an entry's frames, compressed.
@@ -194,7 +210,7 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
   const int threads = internal_core::CpuThreads();
   const uint64_t batch_frames =
       std::max<uint64_t>(threads, kBatchBytes / frame_bytes);
-  CompressorPool compressors(options.codec, options.codec_level);
+  FrameWorkPool work(options.codec, options.codec_level, frame_bytes);
   // The writer task appends one batch while the next is compressed; two
   // batches alternate. `pos`: where the appended bytes will end, relative
   // to the byte buffer.
@@ -233,20 +249,19 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
         static_cast<int64_t>(count), threads, [&](int64_t i) -> absl::Status {
           const uint64_t lo = (first + i) * frame_bytes;
           const uint64_t hi = std::min(raw_total, lo + frame_bytes);
-          std::vector<std::byte> raw(hi - lo);
+          std::unique_ptr<FrameWork> w = work.Take();
+          const std::span<std::byte> raw(w->raw.data(), hi - lo);
           internal_core::CopyRowMajorBytes(data.view, lo, hi, raw.data());
           b.raw_crc[i] = internal_format::Crc32c(raw.data(), raw.size());
-          std::vector<std::byte>& dst = b.stored[i];
-          dst.resize(internal_format::MaxFrameBytes(raw.size()));
-          std::unique_ptr<FrameCompressor> c = compressors.Take();
-          absl::StatusOr<size_t> n = c->Compress(raw, es, dst);
-          compressors.Give(std::move(c));
-          CAIRN_RETURN_IF_ERROR(Annotate(
-              n.status(), absl::StrFormat("compressing %s, frame %d",
-                                          e.st.name, first + i)));
-          dst.resize(*n);
-          sizes[i] = *n;
-          return absl::OkStatus();
+          absl::StatusOr<size_t> n = w->compressor.Compress(raw, es, w->stored);
+          if (n.ok()) {
+            b.stored[i].assign(w->stored.data(), w->stored.data() + *n);
+            sizes[i] = *n;
+          }
+          work.Give(std::move(w));
+          return Annotate(n.status(),
+                          absl::StrFormat("compressing %s, frame %d",
+                                          e.st.name, first + i));
         }));
     b.raw_bytes = std::min(raw_total, (first + count) * frame_bytes) -
                   first * frame_bytes;

@@ -163,17 +163,20 @@ absl::Status CheckCompression(const ByteLocation& loc, uint64_t block_bytes) {
 }
 
 void GroupBytes(const std::byte* src, size_t n, size_t elem_size,
-                std::byte* dst) {
+                std::byte* dst, std::vector<std::byte>* scratch) {
   const size_t count = elem_size == 0 ? 0 : n / elem_size;
 #if defined(__SSE2__)
   if (elem_size == 2) return SplitPairs(src, count, dst, dst + count);
   if (elem_size == 4) {
     // Bytes 0 and 2 of each element, then 1 and 3, as pairs; each split
     // again into its two planes.
-    std::vector<std::byte> halves(n);
-    SplitPairs(src, 2 * count, halves.data(), halves.data() + 2 * count);
-    SplitPairs(halves.data(), count, dst, dst + 2 * count);
-    SplitPairs(halves.data() + 2 * count, count, dst + count, dst + 3 * count);
+    std::vector<std::byte> own;
+    std::vector<std::byte>& buf = scratch != nullptr ? *scratch : own;
+    if (buf.size() < n) buf.resize(n);
+    std::byte* halves = buf.data();
+    SplitPairs(src, 2 * count, halves, halves + 2 * count);
+    SplitPairs(halves, count, dst, dst + 2 * count);
+    SplitPairs(halves + 2 * count, count, dst + count, dst + 3 * count);
     return;
   }
 #endif
@@ -194,15 +197,18 @@ void GroupBytes(const std::byte* src, size_t n, size_t elem_size,
 }
 
 void UngroupBytes(const std::byte* src, size_t n, size_t elem_size,
-                  std::byte* dst) {
+                  std::byte* dst, std::vector<std::byte>* scratch) {
   const size_t count = elem_size == 0 ? 0 : n / elem_size;
 #if defined(__SSE2__)
   if (elem_size == 2) return JoinPairs(src, src + count, count, dst);
   if (elem_size == 4) {
-    std::vector<std::byte> halves(n);
-    JoinPairs(src, src + 2 * count, count, halves.data());
-    JoinPairs(src + count, src + 3 * count, count, halves.data() + 2 * count);
-    JoinPairs(halves.data(), halves.data() + 2 * count, 2 * count, dst);
+    std::vector<std::byte> own;
+    std::vector<std::byte>& buf = scratch != nullptr ? *scratch : own;
+    if (buf.size() < n) buf.resize(n);
+    std::byte* halves = buf.data();
+    JoinPairs(src, src + 2 * count, count, halves);
+    JoinPairs(src + count, src + 3 * count, count, halves + 2 * count);
+    JoinPairs(halves, halves + 2 * count, 2 * count, dst);
     return;
   }
 #endif
@@ -238,8 +244,8 @@ absl::StatusOr<size_t> FrameCompressor::Compress(
           "a frame of %d bytes is not whole elements of %d bytes", raw.size(),
           elem_size));
     }
-    grouped_.resize(raw.size());
-    GroupBytes(raw.data(), raw.size(), elem_size, grouped_.data());
+    if (grouped_.size() < raw.size()) grouped_.resize(raw.size());
+    GroupBytes(raw.data(), raw.size(), elem_size, grouped_.data(), &scratch_);
     src = grouped_.data();
   }
   const size_t n =
@@ -283,7 +289,7 @@ absl::Status FrameDecompressor::Decompress(Codec codec, size_t elem_size,
         raw.size()));
   }
   const bool grouped = codec == Codec::kGroupedZstd && elem_size > 1;
-  if (grouped) grouped_.resize(raw.size());
+  if (grouped && grouped_.size() < raw.size()) grouped_.resize(raw.size());
   std::byte* dst = grouped ? grouped_.data() : raw.data();
   const size_t n = ZSTD_decompressDCtx(ctx_, dst, raw.size(), stored.data(),
                                        stored.size());
@@ -294,7 +300,9 @@ absl::Status FrameDecompressor::Decompress(Codec codec, size_t elem_size,
                         : absl::StrFormat("%d bytes, %d expected", n,
                                           raw.size())));
   }
-  if (grouped) UngroupBytes(grouped_.data(), raw.size(), elem_size, raw.data());
+  if (grouped) {
+    UngroupBytes(grouped_.data(), raw.size(), elem_size, raw.data(), &scratch_);
+  }
   return absl::OkStatus();
 }
 

@@ -56,10 +56,12 @@ size_t MinFrameBytes(size_t raw_bytes);
 // Moves byte p of each `elem_size`-byte element of `src` (n bytes, a
 // multiple of elem_size) to plane p of `dst`: dst[p * (n / elem_size) + i]
 // = src[i * elem_size + p]. UngroupBytes undoes it.
+// `scratch`, when given, is used (and grown) for intermediate steps
+// instead of a buffer of their own.
 void GroupBytes(const std::byte* src, size_t n, size_t elem_size,
-                std::byte* dst);
+                std::byte* dst, std::vector<std::byte>* scratch = nullptr);
 void UngroupBytes(const std::byte* src, size_t n, size_t elem_size,
-                  std::byte* dst);
+                  std::byte* dst, std::vector<std::byte>* scratch = nullptr);
 
 // Compresses frames; one per thread (it keeps zstd's context and a
 // scratch buffer between frames).
@@ -81,6 +83,7 @@ class FrameCompressor {
   int level_;
   ZSTD_CCtx_s* ctx_ = nullptr;
   std::vector<std::byte> grouped_;
+  std::vector<std::byte> scratch_;  // GroupBytes'
 };
 
 // Decompresses frames; one per thread.
@@ -101,6 +104,7 @@ class FrameDecompressor {
  private:
   ZSTD_DCtx_s* ctx_ = nullptr;
   std::vector<std::byte> grouped_;
+  std::vector<std::byte> scratch_;  // UngroupBytes'
 };
 
 }  // namespace cairn::internal_format
