@@ -19,7 +19,7 @@ PKGS="build-essential cmake ninja-build pkg-config \
   libabsl-dev nlohmann-json3-dev libisal-dev libcli11-dev \
   libopenmpi-dev openmpi-bin liburing-dev libdlpack-dev \
   libgtest-dev libgmock-dev libbenchmark-dev librocksdb-dev libssl-dev \
-  libcurl4-openssl-dev libzstd-dev \
+  libcurl4-openssl-dev libzstd-dev libxxhash-dev \
   fio"
 missing=""
 for p in $PKGS; do

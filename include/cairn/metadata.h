@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,10 @@ namespace cairn {
 // metadata file's own checksum (docs/format.md 4.0); version 3 adds block
 // checksums (CRC32Cs of fixed-size blocks of each chunk, 4.2), so a part
 // of a chunk is checked by reading the blocks that enclose it; version 4
-// adds key-value tables (4.7); version 5 compressed chunks (4.2.1).
-// Readers accept versions 1 to 5.
-inline constexpr int kFormatVersion = 5;
+// adds key-value tables (4.7); version 5 compressed chunks (4.2.1);
+// version 6 chunk digests and references to earlier checkpoints
+// (incremental checkpoints, 4.2.2). Readers accept versions 1 to 6.
+inline constexpr int kFormatVersion = 6;
 inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr char kMetadataFileName[] = "metadata.json";
 // The block size of the block checksums a save writes by default
@@ -56,6 +58,17 @@ struct Compression {
   friend bool operator==(const Compression&, const Compression&) = default;
 };
 
+// A tensor chunk's strong digest (format version 6, docs/format.md 4.2.2):
+// XXH3-128 of the XXH3-128 digests of its checksum blocks (the raw bytes,
+// Metadata::crc32c_block_bytes each), so writers compute it block by
+// block on any number of threads. An incremental save reuses a chunk of
+// its base only when box, dtype, CRC32C and this digest all match.
+struct ChunkDigest {
+  uint64_t high = 0;
+  uint64_t low = 0;
+  friend bool operator==(const ChunkDigest&, const ChunkDigest&) = default;
+};
+
 // Where a run of bytes lives: a data file of the checkpoint, the absolute
 // offset of its first byte in that file, its length and its CRC32C.
 struct ByteLocation {
@@ -70,6 +83,9 @@ struct ByteLocation {
   // Format version 5: how a tensor chunk's bytes are stored (never set
   // for objects and key-value table entries).
   Compression compression = {};
+  // Format version 6: a tensor chunk's digest (ChunkDigest); absent for
+  // objects, key-value table entries and chunks of older versions.
+  std::optional<ChunkDigest> xxh3 = std::nullopt;
   bool compressed() const { return compression.codec != Codec::kNone; }
   // The bytes it takes in its file: nbytes, or stored_nbytes compressed.
   uint64_t stored_nbytes() const {
@@ -130,6 +146,24 @@ struct KvTableMetadata {
       default;
 };
 
+// An earlier checkpoint whose chunks this one reads in place of writing
+// them again (an incremental checkpoint, SaveOptions::base; format version
+// 6, docs/format.md 4.2.2). A chunk stored there has the file name
+// `url + "/" + <the file's name in that checkpoint>`.
+struct CheckpointReference {
+  // "../<name>": a sibling of this checkpoint (the manager's steps), so a
+  // folder of steps may be moved as a whole; else an absolute URL
+  // ("/abs/path", "file:///abs/path", "s3://bucket/prefix").
+  std::string url;
+  // That checkpoint's metadata.json checksum (4.0) and save id when this
+  // one was saved: a load refuses it when either differs, as it would
+  // after that checkpoint was overwritten.
+  uint32_t checksum = 0;
+  std::string save_id;
+  friend bool operator==(const CheckpointReference&,
+                         const CheckpointReference&) = default;
+};
+
 struct Metadata {
   // The format version of the file it came from; what an encoder writes
   // (version 1 has no checksum of its own). Default: kFormatVersion.
@@ -144,6 +178,10 @@ struct Metadata {
   // one rank-local save (so folders of different saves are never mixed).
   // Empty in checkpoints written before cairn recorded it.
   std::string save_id;
+  // Version 6: the checkpoints whose chunks this one reads (each holding
+  // the chunks' bytes itself: references are never chained), in the order
+  // a save found them. Empty for a standalone checkpoint.
+  std::vector<CheckpointReference> references = {};
   // The block size of the locations' block_crc32c (a power of two, at
   // least 4096). Written in version 3 only; a version 1 or 2 file decodes
   // with the default, and no location has block checksums.

@@ -31,12 +31,14 @@
 #include "core/flatten.h"
 #include "core/parallel.h"
 #include "core/status.h"
+#include "format/chunk_digest.h"
 #include "format/crc32c.h"
 #include "format/frame_codec.h"
 #include "format/json_util.h"
 #include "format/kv_codec.h"
 #include "format/names.h"
 #include "format/plain_json.h"
+#include "format/references.h"
 #include "nlohmann/json.hpp"
 
 namespace cairn::internal_format {
@@ -313,7 +315,8 @@ absl::Status PutTensor(
                            uint64_t nbytes, uint64_t offset,
                            std::span<const int64_t> offsets,
                            std::span<const int64_t> sizes,
-                           const Compression* compression) -> absl::Status {
+                           const Compression* compression,
+                           const ChunkDigest* digest) -> absl::Status {
     if (!first) sink.Put(',');
     sink.Put('{');
     CAIRN_RETURN_IF_ERROR(PutLocationMembers(sink, crc32c, blocks, put_file,
@@ -326,6 +329,12 @@ absl::Status PutTensor(
       sink.Put(",\"stored_nbytes\":");
       PutInt(sink, compression->stored_nbytes);
     }
+    if (digest != nullptr) {
+      // Format version 6 (4.2.2).
+      sink.Put(",\"xxh3\":\"");
+      sink.Put(std::string_view(DigestToHex(*digest)));
+      sink.Put('"');
+    }
     sink.Put('}');
     return absl::OkStatus();
   };
@@ -337,7 +346,7 @@ absl::Status PutTensor(
           c == 0, loc.crc32c, loc.block_crc32c,
           [&] { return PutString(sink, loc.file); },
           loc.nbytes, loc.offset, chunk.box.offsets, chunk.box.sizes,
-          &loc.compression));
+          &loc.compression, loc.xxh3 ? &*loc.xxh3 : nullptr));
     }
   } else {
     const size_t rank = tensor.shape.size();
@@ -353,7 +362,7 @@ absl::Status PutTensor(
           flat->nbytes[c], flat->offset[c],
           std::span<const int64_t>(dims, rank),
           std::span<const int64_t>(dims + rank, rank),
-          flat->CompressionOf(c)));
+          flat->CompressionOf(c), flat->DigestOf(c)));
       dims += 2 * rank;
     }
   }
@@ -370,7 +379,8 @@ absl::Status PutTensor(
 // The document is its head, the members of "tensors" (PutTensor) and its
 // tail. Members in key order: checksum (version 2), crc32c_block_bytes
 // (version 3), created_by, format, kv_tables (version 4, when there are
-// tables), objects, rank, save_id, scalars, structure, tensors, user,
+// tables), objects, rank, references (version 6, when there are any),
+// save_id, scalars, structure, tensors, user,
 // version, world_size.
 template <typename Sink>
 absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
@@ -413,6 +423,23 @@ absl::Status PutHead(Sink& sink, const Metadata& md, const Prepared& prepared) {
     PutKey(sink, "rank");
     PutInt(sink, md.rank);
     sink.Put(',');
+  }
+  if (!md.references.empty()) {
+    // Format version 6 (4.2.2), in the order the save found them.
+    PutKey(sink, "references");
+    sink.Put('[');
+    for (size_t i = 0; i < md.references.size(); ++i) {
+      const CheckpointReference& r = md.references[i];
+      if (i > 0) sink.Put(',');
+      sink.Put("{\"checksum\":\"");
+      sink.Put(std::string_view(Crc32cToHex(r.checksum)));
+      sink.Put("\",\"save_id\":");
+      CAIRN_RETURN_IF_ERROR(PutString(sink, r.save_id));
+      sink.Put(",\"url\":");
+      CAIRN_RETURN_IF_ERROR(PutString(sink, r.url));
+      sink.Put('}');
+    }
+    sink.Put("],");
   }
   if (!md.save_id.empty()) {
     PutKey(sink, "save_id");
@@ -590,6 +617,9 @@ class Decoder {
 
   absl::StatusOr<TensorMetadata> Tensor(const json& j, const std::string& fqn,
                                         uint64_t block_bytes) const;
+  // Version 6's "references" (checked with the files, after decoding).
+  absl::StatusOr<std::vector<CheckpointReference>> References(
+      const json& j) const;
 
   absl::string_view source_;
 };
@@ -603,7 +633,10 @@ absl::StatusOr<ByteLocation> Decoder::Location(const json& j,
   }
   ByteLocation loc;
   CAIRN_ASSIGN_OR_RETURN(loc.file, String(j, "file", where));
-  if (absl::Status s = ValidateRelativeName(loc.file); !s.ok()) {
+  // Version 6: a chunk's file may lie in a reference (4.2.2), which
+  // CheckReferencedFiles checks once the references are known.
+  if (absl::Status s = ValidateRelativeName(loc.file);
+      !s.ok() && !(chunk && version_ >= kReferencesFormatVersion)) {
     return Error(where, s.message());
   }
   CAIRN_ASSIGN_OR_RETURN(loc.offset, Uint(j, "offset", where));
@@ -631,6 +664,16 @@ absl::StatusOr<ByteLocation> Decoder::Location(const json& j,
   }
   if (absl::Status s = CheckBlockCount(loc, block_bytes); !s.ok()) {
     return Error(where, s.message());
+  }
+  if (chunk && version_ >= kReferencesFormatVersion) {
+    if (const json* digest = Find(j, "xxh3"); digest != nullptr) {
+      CAIRN_ASSIGN_OR_RETURN(std::string hex, String(j, "xxh3", where));
+      absl::StatusOr<ChunkDigest> d = DigestFromHex(hex);
+      if (!d.ok()) {
+        return Error(where, absl::StrCat("\"xxh3\": ", d.status().message()));
+      }
+      loc.xxh3 = *d;
+    }
   }
   if (!chunk || version_ < kCompressionFormatVersion) return loc;
   // Format version 5: a compressed chunk (4.2.1).
@@ -853,6 +896,16 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     md.crc32c_block_bytes = block_bytes;
   }
 
+  if (const json* refs = Find(root, "references"); refs != nullptr) {
+    if (md.version < kReferencesFormatVersion) {
+      return Error("", absl::StrCat("\"references\" needs format version ",
+                                    kReferencesFormatVersion,
+                                    " or later; this metadata is version ",
+                                    md.version));
+    }
+    CAIRN_ASSIGN_OR_RETURN(md.references, References(*refs));
+  }
+
   CAIRN_ASSIGN_OR_RETURN(const json* tensors, Object(root, "tensors", ""));
   for (const auto& [fqn, value] : tensors->items()) {
     CAIRN_ASSIGN_OR_RETURN(TensorMetadata tensor,
@@ -896,7 +949,36 @@ absl::StatusOr<Metadata> Decoder::Decode(std::string_view text) const {
     return Error(
         "", absl::StrCat("cannot re-serialize structure/user: ", e.what()));
   }
+  if (md.version >= kReferencesFormatVersion) {
+    CAIRN_RETURN_IF_ERROR(CheckReferencedFiles(md, AsStd(source_)));
+  }
   return md;
+}
+
+absl::StatusOr<std::vector<CheckpointReference>> Decoder::References(
+    const json& j) const {
+  if (!j.is_array()) {
+    return Error("", absl::StrCat("\"references\" must be an array, got ",
+                                  Describe(j)));
+  }
+  std::vector<CheckpointReference> refs;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string where = absl::StrCat("references[", i, "]");
+    const json& r = j[i];
+    if (!r.is_object()) {
+      return Error(where,
+                   absl::StrCat("must be an object, got ", Describe(r)));
+    }
+    CheckpointReference ref;
+    CAIRN_ASSIGN_OR_RETURN(ref.url, String(r, "url", where));
+    CAIRN_ASSIGN_OR_RETURN(ref.save_id, String(r, "save_id", where));
+    CAIRN_ASSIGN_OR_RETURN(std::string hex, String(r, "checksum", where));
+    absl::StatusOr<uint32_t> crc = Crc32cFromHex(hex);
+    if (!crc.ok()) return Error(where, crc.status().message());
+    ref.checksum = *crc;
+    refs.push_back(std::move(ref));
+  }
+  return refs;
 }
 
 // ------------------------------------------------------ decoding, fast path
@@ -937,6 +1019,7 @@ class FastDecoder : private PlainJsonCursor {
     kSaveId = 2048,
     kBlockBytes = 4096,
     kKvTables = 8192,
+    kReferences = 16384,
   };
   static constexpr uint32_t kRequired = kFormat | kVersion | kCreatedBy |
                                         kWorldSize | kTensors | kObjects |
@@ -995,9 +1078,11 @@ class FastDecoder : private PlainJsonCursor {
 
   // A location's members as they are read, checked once all are in.
   struct PendingLocation {
-    explicit PendingLocation(ByteLocation* l) : location(l) {}
+    PendingLocation(ByteLocation* l, bool c) : location(l), chunk(c) {}
     ByteLocation* location;
+    bool chunk;  // a tensor chunk's (else an object's)
     std::string_view file;
+    std::string_view xxh3;  // version 6: checked as it is read
     std::string_view crc;
     std::string_view blocks;  // crc32c_blocks, checked after the root
     // Format version 5's compression members (4.2.1), checked after the
@@ -1044,6 +1129,8 @@ bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending)
     bit = 128, ok = String(&pending->frame_nbytes);
   } else if (key == "stored_nbytes") {
     bit = 256, ok = Uint(&pending->location->compression.stored_nbytes);
+  } else if (key == "xxh3") {
+    bit = 512, ok = String(&pending->xxh3);
   }
   if (!ok || (pending->seen & bit)) return false;
   pending->seen |= bit;
@@ -1054,9 +1141,18 @@ bool FastDecoder::LocationMember(std::string_view key, PendingLocation* pending)
 bool FastDecoder::FinishLocation(const PendingLocation& pending) {
   ByteLocation& loc = *pending.location;
   uint64_t end = 0;
-  if ((pending.seen & 15) != 15 || !ValidateRelativeName(pending.file).ok() ||
+  // A chunk's file may lie in a reference (version 6), which Decode checks
+  // once the references and the version are known.
+  if ((pending.seen & 15) != 15 ||
+      (!pending.chunk && !ValidateRelativeName(pending.file).ok()) ||
       __builtin_add_overflow(loc.offset, loc.nbytes, &end)) {
     return false;
+  }
+  if (pending.seen & 512) {
+    // Version 6's digest; an object's makes this text Decoder's.
+    absl::StatusOr<ChunkDigest> digest = DigestFromHex(pending.xxh3);
+    if (!pending.chunk || !digest.ok()) return false;
+    loc.xxh3 = *digest;
   }
   absl::StatusOr<uint32_t> crc = Crc32cFromHex(pending.crc);
   if (!crc.ok()) return false;
@@ -1090,7 +1186,7 @@ bool FastDecoder::FinishLocation(const PendingLocation& pending) {
 }
 
 bool FastDecoder::Location(ByteLocation* loc) {
-  PendingLocation pending{loc};
+  PendingLocation pending{loc, /*chunk=*/false};
   return Members([&](std::string_view key) {
            return LocationMember(key, &pending);
          }) &&
@@ -1098,7 +1194,7 @@ bool FastDecoder::Location(ByteLocation* loc) {
 }
 
 bool FastDecoder::Chunk(ChunkMetadata* chunk) {
-  PendingLocation pending{&chunk->location};
+  PendingLocation pending{&chunk->location, /*chunk=*/true};
   bool offsets = false;
   bool sizes = false;
   return Members([&](std::string_view key) {
@@ -1285,6 +1381,7 @@ std::optional<Metadata> FastDecoder::Decode() {
   uint64_t rank = 0;
   uint64_t block_bytes = 0;
   std::string_view kv_tables;  // decoded once the version is known
+  std::string_view references;  // likewise
   auto once = [&seen](uint32_t bit) {
     if (seen & bit) return false;
     seen |= bit;
@@ -1328,6 +1425,9 @@ std::optional<Metadata> FastDecoder::Decode() {
     }
     if (key == "scalars") return once(kScalars) && Scalars(&md.scalars);
     if (key == "kv_tables") return once(kKvTables) && RawValue(&kv_tables);
+    if (key == "references") {
+      return once(kReferences) && RawValue(&references);
+    }
     if (key == "structure") {
       return once(kStructure) && Dumped(false, &md.structure);
     }
@@ -1357,8 +1457,36 @@ std::optional<Metadata> FastDecoder::Decode() {
     return std::nullopt;
   }
   const uint64_t b = md.version >= 3 ? block_bytes : 0;
-  for (const auto& [fqn, tensor] : md.tensors) {
-    for (const ChunkMetadata& c : tensor.chunks) {
+  // Version 6: references, each exactly the three members a writer gives.
+  if (seen & kReferences) {
+    if (md.version < kReferencesFormatVersion) return std::nullopt;
+    std::optional<json> value = json_util::Parse(references);
+    if (!value || !value->is_array()) return std::nullopt;
+    for (const json& r : *value) {
+      if (!r.is_object() || r.size() != 3) return std::nullopt;
+      const json* url = Find(r, "url");
+      const json* id = Find(r, "save_id");
+      const json* checksum = Find(r, "checksum");
+      if (url == nullptr || id == nullptr || checksum == nullptr ||
+          !url->is_string() || !id->is_string() || !checksum->is_string()) {
+        return std::nullopt;
+      }
+      absl::StatusOr<uint32_t> crc =
+          Crc32cFromHex(checksum->get_ref<const std::string&>());
+      if (!crc.ok()) return std::nullopt;
+      md.references.push_back({url->get<std::string>(),
+                               *crc, id->get<std::string>()});
+    }
+  }
+  const bool digests = md.version >= kReferencesFormatVersion;
+  for (auto& [fqn, tensor] : md.tensors) {
+    for (ChunkMetadata& c : tensor.chunks) {
+      // Before version 6 a digest is an unknown member, which Decoder
+      // ignores; a file name of a reference is refused.
+      if (!digests) {
+        c.location.xxh3.reset();
+        if (!ValidateRelativeName(c.location.file).ok()) return std::nullopt;
+      }
       if (!CheckBlockCount(c.location, b).ok()) return std::nullopt;
       // Compression members before version 5 are unknown ones, which
       // Decoder ignores.
@@ -1382,6 +1510,7 @@ std::optional<Metadata> FastDecoder::Decode() {
     if (!tables.ok()) return std::nullopt;
     md.kv_tables = *std::move(tables);
   }
+  if (digests && !CheckReferencedFiles(md, source_).ok()) return std::nullopt;
   return md;
 }
 
@@ -1469,6 +1598,15 @@ absl::StatusOr<Prepared> Prepare(const Metadata& metadata, bool scalars) {
     return absl::InvalidArgumentError(absl::StrCat(
         "key-value tables need format version ", kKvTablesFormatVersion,
         "; the metadata is version ", metadata.version));
+  }
+  if (!metadata.references.empty()) {
+    if (metadata.version < kReferencesFormatVersion) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "references need format version ", kReferencesFormatVersion,
+          "; the metadata is version ", metadata.version));
+    }
+    CAIRN_RETURN_IF_ERROR(
+        ValidateReferences(metadata.references, metadata.save_id));
   }
   if (absl::Status s = CheckOneLeafPerFqn(metadata, "metadata"); !s.ok()) {
     return absl::InvalidArgumentError(s.message());
@@ -1691,9 +1829,14 @@ void FlatChunks::ResizeLocations() {
   offset.assign(n, 0);
   nbytes.assign(n, 0);
   crc32c.assign(n, 0);
+  xxh3.clear();  // none until a commit fills them (AssembleMetadata)
   block_at.assign(n, kNoBlocks);
   if (files.empty()) files.emplace_back();
   blocks.assign(files.size(), {});
+}
+
+const ChunkDigest* FlatChunks::DigestOf(size_t c) const {
+  return c < xxh3.size() ? &xxh3[c] : nullptr;
 }
 
 const Compression* FlatChunks::CompressionOf(size_t c) const {
@@ -1729,6 +1872,9 @@ Metadata WithFlatChunks(Metadata metadata, const FlatChunks& flat) {
                          std::vector<uint32_t>(b.begin(), b.end())};
         if (const Compression* z = flat.CompressionOf(c); z != nullptr) {
           chunk.location.compression = *z;
+        }
+        if (const ChunkDigest* d = flat.DigestOf(c); d != nullptr) {
+          chunk.location.xxh3 = *d;
         }
       }
       tensor.chunks.push_back(std::move(chunk));

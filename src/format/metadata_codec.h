@@ -67,6 +67,10 @@ struct FlatChunks {
   // the chunk).
   std::map<size_t, Compression> compression;
   const Compression* CompressionOf(size_t c) const;  // null: stored raw
+  // Chunk digests (format version 6), by chunk (filled at commit); a
+  // chunk has one when xxh3 reaches it (every chunk a save writes does).
+  internal_core::BigVector<ChunkDigest> xxh3;
+  const ChunkDigest* DigestOf(size_t c) const;  // null: none
 
   size_t num_tensors() const { return first.size() - 1; }
   size_t num_chunks() const { return first.back(); }
