@@ -129,6 +129,24 @@ struct SaveOptions {
   // fine-tuned MiniLM weights and AdamW state (bench/RESULTS.md) it saved
   // faster than level 3 and grouped-zstd stored them smaller.
   int codec_level = 1;
+  // Incremental checkpoint: the URL of an earlier committed checkpoint (a
+  // global one, saved with the same crc32c_block_bytes). A tensor chunk
+  // the base stores with the same FQN, box, dtype and shape, and with the
+  // same CRC32C and XXH3-128 digest (ChunkDigest) as the bytes being
+  // saved, is not written again: metadata.json lists the base among its
+  // `references` and names the chunk's file there (docs/format.md
+  // 4.2.2). A chunk the base itself keeps in an earlier checkpoint is
+  // referenced there, so references never chain: a load opens each
+  // referenced checkpoint once, checks that it is the one recorded (its
+  // metadata checksum), and reads from it. Before writing, every rank
+  // digests the items the base may hold (one pass over their bytes on all
+  // cores); every other chunk is digested as it is written, with or
+  // without a base, so the next save can reuse it. The base must
+  // stay as it is while this checkpoint is kept (CheckpointManager keeps
+  // every step a kept step references). Objects and key-value tables are
+  // always written. Not with rank_local. Empty (the default): a
+  // standalone checkpoint. Every rank passes the same.
+  std::string base = "";
   // A JSON object stored in metadata.json under "user". Default: "{}".
   // Only the coordinator's is used.
   std::string user_metadata = "{}";
@@ -166,6 +184,10 @@ struct SavePhaseTimes {
   double planning = 0;  // local and global plans (or the cache check)
   double prepare = 0;   // the location's lock and the save id (coordinator);
                         // waiting for them elsewhere
+  double digest = 0;    // against a base (SaveOptions::base): digests and
+                        // CRC32Cs of the items it may hold, one pass over
+                        // their bytes before the write (other digests are
+                        // taken as the bytes are written)
   double write = 0;     // this rank's data file, written and synced
   double commit = 0;    // gathering results, metadata.json (coordinator);
                         // waiting for the outcome elsewhere
@@ -178,6 +200,10 @@ struct SaveResult {
                                // wrote
   uint64_t kv_rows = 0;        // key-value table rows this rank wrote
   int files = 0;               // data files this rank wrote
+  // Against a base (SaveOptions::base): this rank's tensor chunks that the
+  // base held unchanged, and their bytes, referenced instead of written.
+  int chunks_reused = 0;
+  uint64_t bytes_reused = 0;
   // The whole checkpoint.
   uint64_t checkpoint_bytes = 0;  // data file bytes of all ranks
   int world_size = 1;

@@ -61,6 +61,9 @@ struct VerifyProblem {
   //   read          reading a chunk or object failed
   //   crc32c        a chunk's or object's checksum (or, in format version
   //                 3, one of its blocks') differs from the stored one
+  //   reference     (format version 6) a checkpoint this one keeps chunks
+  //                 in is missing, damaged, or not the one it was saved
+  //                 against (`file` is the reference's URL)
   std::string kind;
   std::string fqn;   // the tensor or object; empty for a whole file
   std::string file;  // the data file, relative to the checkpoint; may be empty
@@ -83,6 +86,10 @@ struct VerifyReport {
   uint64_t chunks = 0;   // of all tensors
   uint64_t objects = 0;
   int files = 0;         // distinct data files referenced
+  // Format version 6: the earlier checkpoints whose chunks it reads (an
+  // incremental checkpoint), each opened and its metadata.json checked
+  // whole; their chunks are checked with this one's.
+  int references = 0;
   // Bytes of chunks and objects read and checksummed.
   uint64_t bytes_checked = 0;
   // Every problem found, in the order of the checks: missing files; then
@@ -96,7 +103,9 @@ struct VerifyReport {
 // Verifies the checkpoint at `url` (file:///path or an absolute path):
 //
 //  1. Read and validate metadata.json (as ReadMetadata does).
-//  2. Open every data file it references.
+//  2. Open every data file it references, in the checkpoints it
+//     references too (format version 6: each of them must be there and be
+//     the checkpoint recorded).
 //  3. Check each tensor's chunk coverage, the structure, that no two
 //     chunks or objects share a byte, and that each lies inside its file.
 //  4. Check each data file's safetensors header: it lists every chunk and

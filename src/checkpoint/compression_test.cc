@@ -167,7 +167,7 @@ TEST(CompressionTest, FourRanksSaveThreeLoadColumnsBitExact) {
     LoadResult result;
     SaveByRowsLoadByCols(dir, codec, 4, 3, {}, &result);
     const Metadata md = ReadMd(dir);
-    EXPECT_EQ(md.version, 5);
+    EXPECT_EQ(md.version, 6);
     uint64_t stored = 0, raw = 0;
     for (const auto& [fqn, t] : md.tensors) {
       for (const ChunkMetadata& c : t.chunks) {

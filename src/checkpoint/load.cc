@@ -109,6 +109,7 @@
 #include "checkpoint/kv_load.h"
 #include "checkpoint/kv_save.h"
 #include "checkpoint/load_internal.h"
+#include "checkpoint/referencing_storage.h"
 #include "comm/collective.h"
 #include "core/big_vector.h"
 #include "core/byte_codec.h"
@@ -302,10 +303,34 @@ absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
   return ReadAndValidate(storage, name);
 }
 
+namespace {
+
+absl::StatusOr<LoadResult> LoadWithMetadataImpl(
+    StateDict& state, absl::StatusOr<Storage*> storage,
+    const Metadata& metadata, const LoadOptions& given);
+
+}  // namespace
+
 absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             absl::StatusOr<Storage*> storage,
                                             const Metadata& metadata,
                                             const LoadOptions& given) {
+  // An incremental checkpoint's chunks in its references are read through
+  // a ReferencingStorage (format version 6).
+  if (!storage.ok() || metadata.references.empty() ||
+      dynamic_cast<ReferencingStorage*>(*storage) != nullptr) {
+    return LoadWithMetadataImpl(state, storage, metadata, given);
+  }
+  ReferencingStorage referencing(**storage, metadata.references,
+                                 StorageOptions{.s3 = given.s3});
+  return LoadWithMetadataImpl(state, &referencing, metadata, given);
+}
+
+namespace {
+
+absl::StatusOr<LoadResult> LoadWithMetadataImpl(
+    StateDict& state, absl::StatusOr<Storage*> storage,
+    const Metadata& metadata, const LoadOptions& given) {
   // Files cairn did not write have no checksums to check (and node reads
   // exist to check chunks whole).
   LoadOptions without_checks;
@@ -564,6 +589,8 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
   return result;
 }
 
+}  // namespace
+
 absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                                            absl::StatusOr<Storage*> storage,
                                            const LoadOptions& options,
@@ -671,12 +698,15 @@ absl::Status CheckLocationsAgainstFiles(Storage& storage,
   return internal_format::ValidateDisjointLocations(metadata);
 }
 
-absl::StatusOr<StateDict> LoadAllFromStorage(Storage& storage,
+absl::StatusOr<StateDict> LoadAllFromStorage(Storage& own_storage,
                                              const LoadOptions& options,
                                              std::string_view source_file) {
   CAIRN_ASSIGN_OR_RETURN(
       Metadata metadata,
-      ReadAnyMetadata(storage, source_file, options.import_names));
+      ReadAnyMetadata(own_storage, source_file, options.import_names));
+  // Chunks kept in references (format version 6) are read there.
+  ReferencingStorage storage(own_storage, metadata.references,
+                             StorageOptions{.s3 = options.s3});
   // Before any tensor is allocated at its declared shape: chunks that cover
   // the shape, lie inside real files and share no bytes bound what a
   // hostile metadata.json can make this allocate by the files' total size.

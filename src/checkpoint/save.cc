@@ -20,13 +20,18 @@
 //     kAborted), refuse a committed checkpoint unless `overwrite` (which
 //     leaves it in place, committed), remove data files of interrupted
 //     saves that the committed metadata does not name, and pick the save
-//     id, a fresh random name part. Broadcast of the outcome and the id:
+//     id, a fresh random name part; read the base's metadata.json (an
+//     incremental save). Broadcast of the outcome, the id and the base:
 //     no rank creates a file before this is done.
-//  4. Write (every rank with items; save_write.cc): one data file, a safetensors header
+//  4. Write (every rank with items; save_write.cc): against a base
+//     (SaveOptions::base), first the items the base holds unchanged are
+//     found by their CRC32C and digest and left out (save_reuse.cc). One
+//     data file, a safetensors header
 //     padded to 4096 bytes, then the items back to back, streamed in blocks
 //     of `write_buffer_bytes` by IO threads that resolve each item's bytes
-//     when its first block is filled (ResolveData), checksum them as they
-//     pass, and release them after its last block; O_DIRECT where allowed;
+//     when its first block is filled (ResolveData), checksum and digest
+//     them as they pass, and release them after its last block; O_DIRECT
+//     where allowed;
 //     fdatasync, then the directory is synced. Then the rank's key-value
 //     table rows, pulled from their sources into files of their own
 //     (kv_write.cc).
@@ -60,9 +65,11 @@
 #include "cairn/version.h"
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/kv_save.h"
+#include "checkpoint/save_reuse.h"
 #include "checkpoint/save_write.h"
 #include "checkpoint/write_report.h"
 #include "comm/collective.h"
+#include "core/big_vector.h"
 #include "core/byte_codec.h"
 #include "core/status.h"
 #include "format/crc32c.h"
@@ -440,6 +447,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   // 3. Prepare the location; the coordinator holds its lock from here on.
   std::unique_ptr<Storage::Lock> lock;
   std::string save_id;
+  std::string base_text;  // SaveOptions::base's metadata.json
   {
     absl::Status prepared = absl::OkStatus();
     std::string id;
@@ -454,8 +462,22 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
       id = !where.save_id.empty()   ? where.save_id
            : !options.save_id.empty() ? options.save_id
                                       : internal_format::NewSaveId();
+      // An incremental save: the base's metadata goes out with the id.
+      if (prepared.ok() && !options.base.empty()) {
+        absl::StatusOr<std::string> text = ReadBase((*storage)->url(), options);
+        prepared = text.status();
+        if (text.ok()) base_text = *std::move(text);
+      }
     }
-    CAIRN_ASSIGN_OR_RETURN(save_id, BroadcastOutcome(*comm, prepared, id));
+    ByteWriter w;
+    w.Str(id);
+    w.Str(base_text);
+    CAIRN_ASSIGN_OR_RETURN(std::string outcome,
+                           BroadcastOutcome(*comm, prepared, w.Take()));
+    ByteReader r(outcome, "save id and base from the coordinator");
+    save_id = r.Str();
+    base_text = r.Str();
+    CAIRN_RETURN_IF_ERROR(r.status());
     if (!internal_format::IsSaveId(save_id)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "save: the save id \"", absl::CEscape(save_id),
@@ -465,14 +487,61 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
 
   result.phases.prepare = lap();
 
-  // 4. Write this rank's data file.
+  // 4. Write this rank's data file; against a base, first find the items
+  // it holds unchanged (save_reuse.h), which the file leaves out.
   WriteReport report;
+  std::optional<BaseChunks> base;
+  if (write_status.ok() && !base_text.empty()) {
+    absl::StatusOr<BaseChunks> b =
+        IndexBase(base_text, (*storage)->url(), options.base);
+    write_status = b.status();
+    if (b.ok()) base = *std::move(b);
+  }
+  internal_core::ReleaseStorage(base_text);
+  std::vector<ItemDigest> digests;
+  SavePlan reduced;  // the items written, when some are reused
+  const SavePlan* to_write = write_status.ok() ? &*finished : nullptr;
   if (write_status.ok() && !finished->items.empty()) {
+    absl::StatusOr<std::vector<ItemDigest>> d =
+        DigestItems(*finished, planner, base ? &*base : nullptr,
+                    options.crc32c_block_bytes);
+    write_status = d.status();
+    if (d.ok()) digests = *std::move(d);
+    for (const ItemDigest& d : digests) {
+      if (d.reuse == nullptr) continue;
+      result.bytes_reused += d.reuse->nbytes;
+      ++result.chunks_reused;
+    }
+    if (result.chunks_reused > 0) {
+      for (size_t i = 0; i < digests.size(); ++i) {
+        if (digests[i].reuse == nullptr) {
+          reduced.items.push_back(finished->items[i]);
+        }
+      }
+      to_write = &reduced;
+    }
+  }
+  if (!write_status.ok()) to_write = nullptr;
+  result.phases.digest = lap();
+  if (write_status.ok() && !to_write->items.empty()) {
     // Rank-local: the name is relative to the rank's folder.
     report.file = internal_format::DataFileName(where.rank_local() ? 0 : rank,
                                                 save_id);
-    absl::StatusOr<FileLayout> layout = LayOut(*finished, report.file);
+    absl::StatusOr<FileLayout> layout = LayOut(*to_write, report.file);
     write_status = layout.status();
+    // What the digest pass took already: digests, and data held for the
+    // writer (each item is resolved once).
+    for (size_t i = 0, next = 0; write_status.ok() && i < digests.size();
+         ++i) {
+      if (digests[i].reuse != nullptr) continue;
+      Entry& e = *layout->entries[next++];
+      e.xxh3 = digests[i].xxh3;
+      if (digests[i].held) {
+        e.resolved_once = true;
+        e.data = *std::move(digests[i].held);
+        digests[i].held.reset();
+      }
+    }
     if (write_status.ok()) {
       write_status = WriteDataFile(*layout, planner, **storage,
                                    where.prefix + report.file, options);
@@ -480,19 +549,32 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     if (write_status.ok()) write_status = (*storage)->Sync();
     if (write_status.ok()) {
       report.file_size = layout->file_size;
-      for (const auto& e : layout->entries) {
+      // In final-plan order: the written entries (in the same order) and
+      // the reused chunks' base locations.
+      size_t next = 0;
+      for (size_t i = 0; i < finished->items.size(); ++i) {
+        if (const ByteLocation* reused = digests[i].reuse) {
+          report.items.push_back(ReusedLocation(*reused));
+          continue;
+        }
+        Entry& e = *layout->entries[next++];
         // A compressed entry's location describes its raw bytes; its
         // stored size is in `compression`.
-        const bool compressed = e->compression.codec != Codec::kNone;
+        const bool compressed = e.compression.codec != Codec::kNone;
         const uint64_t nbytes =
-            compressed ? e->item->nbytes : e->st.end - e->st.begin;
-        report.items.push_back({layout->data_start + e->st.begin, nbytes,
-                                e->crc32c, std::move(e->block_crc32c),
-                                std::move(e->compression)});
+            compressed ? e.item->nbytes : e.st.end - e.st.begin;
+        report.items.push_back({layout->data_start + e.st.begin, nbytes,
+                                e.crc32c, std::move(e.block_crc32c),
+                                std::move(e.compression), "", e.xxh3});
         result.data_bytes += nbytes;
       }
       result.bytes_written = layout->file_size;
       result.files = 1;
+    }
+  } else if (write_status.ok()) {
+    // Every item reused: no data file.
+    for (const ItemDigest& d : digests) {
+      report.items.push_back(ReusedLocation(*d.reuse));
     }
   }
   // Then its key-value tables' rows.
@@ -547,7 +629,9 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     skeleton->metadata.crc32c_block_bytes = options.crc32c_block_bytes;
     skeleton->flat.block_bytes = options.crc32c_block_bytes;
     absl::StatusOr<const Metadata*> md = AssembleMetadata(
-        *skeleton, *reports, options.user_metadata, &total);
+        *skeleton, *reports, options.user_metadata, &total,
+        base ? std::span<const CheckpointReference>(base->candidates)
+             : std::span<const CheckpointReference>());
     total += kv_file_bytes;
     committed = md.status();
     if (committed.ok()) {

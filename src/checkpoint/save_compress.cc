@@ -25,6 +25,7 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/strided.h"
+#include "format/chunk_digest.h"
 #include "format/crc32c.h"
 #include "format/frame_codec.h"
 #include "format/safetensors.h"
@@ -146,6 +147,7 @@ class FrameWorkPool {
 struct Batch {
   std::vector<std::vector<std::byte>> stored;  // [frame] bytes, sized
   std::vector<uint32_t> raw_crc;
+  std::vector<ChunkDigest> raw_digest;  // when the entry takes digests
   uint64_t raw_bytes = 0;
   uint64_t stored_bytes = 0;
 };
@@ -244,6 +246,7 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
     const size_t es = DTypeSize(e.item->dtype);
     b.stored.resize(count);
     b.raw_crc.assign(count, 0);
+    b.raw_digest.assign(e.block_digest.empty() ? 0 : count, ChunkDigest{});
     std::vector<uint64_t> sizes(count, 0);
     CAIRN_RETURN_IF_ERROR(internal_core::ParallelFor(
         static_cast<int64_t>(count), threads, [&](int64_t i) -> absl::Status {
@@ -253,6 +256,10 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
           const std::span<std::byte> raw(w->raw.data(), hi - lo);
           internal_core::CopyRowMajorBytes(data.view, lo, hi, raw.data());
           b.raw_crc[i] = internal_format::Crc32c(raw.data(), raw.size());
+          if (!b.raw_digest.empty()) {
+            b.raw_digest[i] =
+                internal_format::BlockDigest(raw.data(), raw.size());
+          }
           absl::StatusOr<size_t> n = w->compressor.Compress(raw, es, w->stored);
           if (n.ok()) {
             b.stored[i].assign(w->stored.data(), w->stored.data() + *n);
@@ -275,6 +282,7 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
     const WriteItem& item = *e.item;
     const uint64_t raw_total = item.nbytes;
     e.blocks_left = 1;
+    StartDigests(e, frame_bytes);
     CAIRN_ASSIGN_OR_RETURN(const ResolvedData* data, Acquire(e, planner));
     const uint64_t frames =
         internal_format::FrameCount(raw_total, frame_bytes);
@@ -307,6 +315,7 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
                                    : internal_format::Crc32cCombine(
                                          e.crc32c, b.raw_crc[i], raw);
           e.block_crc32c.push_back(b.raw_crc[i]);
+          if (!b.raw_digest.empty()) e.block_digest[done + i] = b.raw_digest[i];
           e.compression.frame_nbytes.push_back(
               static_cast<uint32_t>(b.stored[i].size()));
           e.compression.frame_crc32c.push_back(internal_format::Crc32c(
@@ -352,6 +361,10 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
           internal_core::CopyRowMajorBytes(data->view, lo, hi, piece.data());
         }
         const uint32_t crc = internal_format::Crc32c(piece.data(), hi - lo);
+        if (!e.block_digest.empty()) {
+          e.block_digest[lo / frame_bytes] =
+              internal_format::BlockDigest(piece.data(), hi - lo);
+        }
         e.crc32c = lo == 0 ? crc
                            : internal_format::Crc32cCombine(e.crc32c, crc,
                                                             hi - lo);
@@ -362,6 +375,7 @@ absl::Status WriteCompressedDataFile(FileLayout& layout, SavePlanner& planner,
       pos += raw_total;
     }
     Release(e);
+    FinishDigests(e);
     e.st.begin = begin;
     e.st.end = pos;
     st.push_back(e.st);

@@ -21,6 +21,7 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/strided.h"
+#include "format/chunk_digest.h"
 #include "format/crc32c.h"
 #include "format/names.h"
 #include "format/safetensors.h"
@@ -79,6 +80,34 @@ void Release(Entry& e) {
   }
 }
 
+ChunkDigest DigestOfRange(const TensorView& view, uint64_t begin,
+                          uint64_t end) {
+  if (view.is_contiguous()) {
+    return internal_format::BlockDigest(
+        static_cast<const std::byte*>(view.data()) + begin, end - begin);
+  }
+  thread_local std::vector<std::byte> scratch;
+  if (scratch.size() < end - begin) scratch.resize(end - begin);
+  internal_core::CopyRowMajorBytes(view, begin, end, scratch.data());
+  return internal_format::BlockDigest(scratch.data(), end - begin);
+}
+
+void StartDigests(Entry& e, uint64_t block_bytes) {
+  e.block_digest.clear();
+  if (e.item->kind != ItemKind::kTensor || e.xxh3) return;
+  e.block_digest.assign(
+      (e.item->nbytes + block_bytes - 1) / block_bytes, ChunkDigest{});
+  if (e.block_digest.empty()) {
+    e.xxh3 = internal_format::CombineBlockDigests({});
+  }
+}
+
+void FinishDigests(Entry& e) {
+  if (e.block_digest.empty()) return;
+  e.xxh3 = internal_format::CombineBlockDigests(e.block_digest);
+  e.block_digest = {};
+}
+
 namespace {
 
 // The CRC32C of bytes [offset, offset + length) of an entry; pieces never
@@ -129,6 +158,16 @@ absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
       std::memcpy(dst, data->bytes.data() + lo, hi - lo);
     } else {
       internal_core::CopyRowMajorBytes(data->view, lo, hi, dst);
+      // The digest of each checksum block that starts here, read from the
+      // tensor (it may run past this write block).
+      if (!e.block_digest.empty()) {
+        for (uint64_t k = (lo + block_bytes - 1) / block_bytes;
+             k * block_bytes < hi; ++k) {
+          const uint64_t a = k * block_bytes;
+          const uint64_t b = std::min(e.item->nbytes, a + block_bytes);
+          e.block_digest[k] = DigestOfRange(data->view, a, b);
+        }
+      }
     }
     Release(e);
     const size_t index = static_cast<size_t>(it - layout.entries.begin());
@@ -231,6 +270,7 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
   // rounded up to the alignment before Finish cuts it back.
   CAIRN_RETURN_IF_ERROR(
       file->Reserve(internal_core::RoundUp(layout.file_size, align)));
+  for (auto& e : layout.entries) StartDigests(*e, options.crc32c_block_bytes);
   const int threads = std::max(1, options.io_threads);
   internal_core::BufferPool pool(block, threads);
   std::vector<std::vector<CrcPiece>> pieces(num_blocks);
@@ -253,6 +293,7 @@ absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
             absl::StrFormat("writing %s at offset %d", file_name, begin));
       }));
   CAIRN_RETURN_IF_ERROR(file->Finish(layout.file_size));
+  for (auto& e : layout.entries) FinishDigests(*e);
 
   // Each entry's pieces come in order (write blocks in file order, pieces
   // in each in file order): its CRC32C is all of them combined, and each of

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ struct Entry {
   // Written compressed (SaveOptions::codec; format version 5): st holds
   // the stored U8 entry, block_crc32c and crc32c the raw bytes'.
   Compression compression;
+  // A tensor's digest (format version 6): given before the write (a save
+  // against a base digested it already), or taken by the writer from the
+  // digests of its checksum blocks as they pass (block_digest).
+  std::optional<ChunkDigest> xxh3;
+  std::vector<ChunkDigest> block_digest;
 };
 
 inline constexpr uint64_t kAlignment = internal_core::kIoAlignment;
@@ -72,13 +78,23 @@ struct FileLayout {
 absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
                                   const std::string& file_name);
 
+// The digest of bytes [begin, end) of `view`'s row-major image (one
+// checksum block).
+ChunkDigest DigestOfRange(const TensorView& view, uint64_t begin,
+                          uint64_t end);
+// Before an entry is written: room for its block digests when the writer
+// is to take its digest (a tensor without one); after: its digest.
+void StartDigests(Entry& e, uint64_t block_bytes);
+void FinishDigests(Entry& e);
+
 // Creates data file `file_name` in `storage`; *align: its WriteAt
 // alignment, which must divide kAlignment (else kInternal).
 absl::StatusOr<std::unique_ptr<WritableFile>> CreateDataFile(
     Storage& storage, const std::string& file_name, uint64_t* align);
 
 // Writes the file (path `file_name` in `storage`), durably; fills each
-// entry's CRC32C and block checksums. With SaveOptions::codec, through
+// entry's CRC32C and block checksums, and each tensor entry's digest
+// unless it has one. With SaveOptions::codec, through
 // WriteCompressedDataFile.
 absl::Status WriteDataFile(FileLayout& layout, SavePlanner& planner,
                            Storage& storage, const std::string& file_name,

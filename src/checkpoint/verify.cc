@@ -49,6 +49,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/kv_save.h"
+#include "checkpoint/referencing_storage.h"
 #include "core/buffer_pool.h"
 #include "core/parallel.h"
 #include "core/status.h"
@@ -543,15 +544,47 @@ absl::Status ValidateOptions(const VerifyOptions& options) {
   return absl::OkStatus();
 }
 
+// Step 2 for references (format version 6): each must be there, be the
+// checkpoint recorded (its metadata checksum, ReferencingStorage), decode
+// as a whole (ReadMetadata's checks) and carry the save id recorded.
+void CheckReferences(ReferencingStorage& storage, const Metadata& md,
+                     std::vector<VerifyProblem>& problems) {
+  for (size_t k = 0; k < md.references.size(); ++k) {
+    const CheckpointReference& ref = md.references[k];
+    absl::StatusOr<Storage*> there = storage.Reference(static_cast<int>(k));
+    absl::Status s = there.status();
+    if (s.ok()) {
+      absl::StatusOr<Metadata> theirs = ReadMetadataFromStorage(**there);
+      s = theirs.status();
+      if (s.ok() && theirs->save_id != ref.save_id) {
+        s = absl::DataLossError(absl::StrFormat(
+            "%s was saved by save %s, where save %s was recorded",
+            storage.ReferenceUrl(static_cast<int>(k)),
+            theirs->save_id.empty() ? "(none)" : theirs->save_id,
+            ref.save_id));
+      }
+    }
+    if (!s.ok()) {
+      problems.push_back(VerifyProblem{
+          "reference", "", ref.url, std::nullopt,
+          absl::StrCat("reference ", ref.url, ": ", s.message())});
+    }
+  }
+}
+
 // Steps 1-5 on `storage`; every check but the options'.
-absl::StatusOr<VerifyReport> VerifyInStorage(Storage& storage,
+absl::StatusOr<VerifyReport> VerifyInStorage(Storage& own_storage,
                                              std::string_view source_file,
                                              const VerifyOptions& options) {
   // Step 1, as ReadMetadata (a Hugging Face source: its index and headers).
   CAIRN_ASSIGN_OR_RETURN(const Metadata md,
-                         ReadAnyMetadata(storage, source_file, {}));
+                         ReadAnyMetadata(own_storage, source_file, {}));
+  // Chunks kept in references (format version 6) are read there.
+  ReferencingStorage storage(own_storage, md.references, {});
   Verification v{md, storage, CollectItems(md)};
   VerifyReport report;
+  report.references = static_cast<int>(md.references.size());
+  CheckReferences(storage, md, v.problems);
   report.format_version = md.has_checksums ? md.version : 0;
   report.metadata_checksum = md.has_checksums && MetadataSealed(storage, md);
   report.has_checksums = md.has_checksums;

@@ -1,5 +1,6 @@
 #include "checkpoint/write_report.h"
 
+#include <atomic>
 #include <map>
 #include <utility>
 
@@ -11,6 +12,8 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "format/crc32c.h"
+#include "format/names.h"
+#include "format/references.h"
 
 namespace cairn::internal_checkpoint {
 
@@ -35,6 +38,12 @@ std::string EncodeReport(const WriteReport& r) {
       for (uint32_t n : l.compression.frame_nbytes) w.U32(n);
       for (uint32_t c : l.compression.frame_crc32c) w.U32(c);
     }
+    w.Str(l.file);
+    w.U8(l.xxh3 ? 1 : 0);
+    if (l.xxh3) {
+      w.U64(l.xxh3->high);
+      w.U64(l.xxh3->low);
+    }
   }
   w.U64(r.scalars.size());
   for (const auto& [fqn, v] : r.scalars) {
@@ -49,7 +58,7 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
   WriteReport out;
   out.file = r.Str();
   out.file_size = r.U64();
-  const uint64_t n = r.Count(29);
+  const uint64_t n = r.Count(38);
   out.items.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
     WriteReport::Loc l;
@@ -73,6 +82,13 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
       for (uint32_t& f : l.compression.frame_nbytes) f = r.U32();
       for (uint32_t& c : l.compression.frame_crc32c) c = r.U32();
     }
+    l.file = r.Str();
+    if (r.U8() != 0) {
+      ChunkDigest d;
+      d.high = r.U64();
+      d.low = r.U64();
+      l.xxh3 = d;
+    }
     out.items.push_back(std::move(l));
   }
   const uint64_t s = r.Count(9);
@@ -86,12 +102,20 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank) {
 
 namespace {
 
+// A flat chunk whose file lies in a reference: filled after the ranks'
+// own (the file table grows), one at a time.
+struct Deferred {
+  uint32_t chunk;
+  WriteReport::Loc loc;
+};
+
 // Rank r's locations in `skeleton` from its decoded report: through its
 // refs, or for flat chunks its chunk_refs (rank r's data file is then
 // flat.files[1 + r]). Each rank's locations are its own, so ranks may be
 // filled concurrently. kInternal when the report does not match the plan.
 absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
-                           WriteReport& report) {
+                           WriteReport& report, std::vector<Deferred>& deferred,
+                           std::atomic<bool>& digestless) {
   const std::vector<ByteLocation*>& refs = skeleton.refs[r];
   if (report.items.size() != refs.size()) {
     return absl::InternalError(absl::StrFormat(
@@ -126,14 +150,26 @@ absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
     }
     if (refs[i] != nullptr) {
       ByteLocation& loc = *refs[i];
-      loc.file = report.file;
+      loc.file = l.file.empty() ? report.file : std::move(l.file);
       loc.offset = l.offset;
       loc.nbytes = l.nbytes;
       loc.crc32c = l.crc32c;
       loc.block_crc32c = std::move(l.blocks);
       loc.compression = std::move(l.compression);
+      loc.xxh3 = l.xxh3;
     } else if (chunk_refs != nullptr && chunk_refs[i] < flat.num_chunks()) {
       const uint32_t c = chunk_refs[i];
+      // Every chunk a save writes has a digest; a report without one
+      // (a test's) leaves every flat chunk without.
+      if (l.xxh3) {
+        flat.xxh3[c] = *l.xxh3;
+      } else {
+        digestless = true;
+      }
+      if (!l.file.empty()) {
+        deferred.push_back({c, std::move(l)});
+        continue;
+      }
       flat.file[c] = static_cast<uint32_t>(r + 1);
       flat.offset[c] = l.offset;
       flat.nbytes[c] = l.nbytes;
@@ -162,7 +198,8 @@ absl::Status FillLocations(internal_plan::MetadataSkeleton& skeleton, int r,
 absl::StatusOr<const Metadata*> AssembleMetadata(
     internal_plan::MetadataSkeleton& skeleton,
     const std::vector<std::string>& encoded_reports,
-    std::string_view user_metadata, uint64_t* checkpoint_bytes) {
+    std::string_view user_metadata, uint64_t* checkpoint_bytes,
+    std::span<const CheckpointReference> references) {
   Metadata& md = skeleton.metadata;
   md.scalars.clear();
   md.created_by = "cairn " CAIRN_VERSION_STRING;
@@ -187,12 +224,19 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
     absl::Status status;
     uint64_t file_size = 0;
     std::map<std::string, Scalar> scalars;
+    std::vector<Deferred> deferred;
   };
   std::vector<Rest> rest(static_cast<size_t>(world));
+  std::atomic<bool> digestless{false};
   // Each rank's block checksums go to its file's array (FillLocations).
   if (skeleton.uses_flat) {
-    // Set anew (a cached skeleton's from an earlier save are stale).
+    // Set anew (a cached skeleton's from an earlier save are stale): the
+    // files past the ranks' own were references.
+    skeleton.flat.files.resize(skeleton.refs.size() + 1);
     skeleton.flat.compression.clear();
+    if (skeleton.flat.xxh3.size() != skeleton.flat.num_chunks()) {
+      skeleton.flat.xxh3.assign(skeleton.flat.num_chunks(), ChunkDigest{});
+    }
     skeleton.flat.blocks.resize(skeleton.flat.files.size());
     if (skeleton.flat.block_at.size() != skeleton.flat.num_chunks()) {
       skeleton.flat.block_at.assign(skeleton.flat.num_chunks(),
@@ -205,18 +249,60 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
         Rest& out = rest[static_cast<size_t>(r)];
         absl::StatusOr<WriteReport> report =
             DecodeReport(encoded_reports[r], static_cast<int>(r));
-        out.status = report.ok()
-                         ? FillLocations(skeleton, static_cast<int>(r), *report)
-                         : report.status();
+        out.status = report.ok() ? FillLocations(skeleton,
+                                                 static_cast<int>(r), *report,
+                                                 out.deferred, digestless)
+                                 : report.status();
         if (out.status.ok()) {
           out.file_size = report->file_size;
           out.scalars = std::move(report->scalars);
         }
         return absl::OkStatus();
       });
+  if (digestless) skeleton.flat.xxh3.clear();
+  // Files in references (format version 6): each a file of the flat
+  // table, and its reference listed.
+  std::vector<bool> used(references.size(), false);
+  auto note_reference = [&](const std::string& file) -> absl::Status {
+    std::string_view name;
+    absl::StatusOr<int> k =
+        internal_format::ReferenceOf(file, references, &name);
+    if (!k.ok() || *k < 0) {
+      return absl::InternalError(absl::StrFormat(
+          "a rank reports the chunk file %s, in none of the save's %d "
+          "references",
+          file, references.size()));
+    }
+    used[*k] = true;
+    return absl::OkStatus();
+  };
+  std::map<std::string, uint32_t> reference_files;
   for (int r = 0; r < world; ++r) {
     Rest& report = rest[static_cast<size_t>(r)];
     CAIRN_RETURN_IF_ERROR(report.status);
+    internal_format::FlatChunks& flat = skeleton.flat;
+    for (Deferred& d : report.deferred) {
+      auto [it, inserted] = reference_files.try_emplace(
+          d.loc.file, static_cast<uint32_t>(flat.files.size()));
+      if (inserted) {
+        CAIRN_RETURN_IF_ERROR(note_reference(d.loc.file));
+        flat.files.push_back(d.loc.file);
+        flat.blocks.emplace_back();
+      }
+      const uint32_t f = it->second;
+      flat.file[d.chunk] = f;
+      flat.offset[d.chunk] = d.loc.offset;
+      flat.nbytes[d.chunk] = d.loc.nbytes;
+      flat.crc32c[d.chunk] = d.loc.crc32c;
+      std::vector<uint32_t>& blocks = flat.blocks[f];
+      flat.block_at[d.chunk] = d.loc.blocks.empty()
+                                   ? internal_format::FlatChunks::kNoBlocks
+                                   : blocks.size();
+      blocks.insert(blocks.end(), d.loc.blocks.begin(), d.loc.blocks.end());
+      if (d.loc.compression.codec != Codec::kNone) {
+        flat.compression[d.chunk] = std::move(d.loc.compression);
+      }
+    }
     *checkpoint_bytes += report.file_size;
     for (auto& [fqn, value] : report.scalars) {
       auto [it, inserted] = md.scalars.try_emplace(fqn, value);
@@ -229,6 +315,21 @@ absl::StatusOr<const Metadata*> AssembleMetadata(
             fqn, scalar_from[fqn], r));
       }
     }
+  }
+  if (!skeleton.uses_flat) {
+    for (const std::vector<ByteLocation*>& refs : skeleton.refs) {
+      for (const ByteLocation* loc : refs) {
+        if (loc == nullptr ||
+            internal_format::ValidateRelativeName(loc->file).ok()) {
+          continue;
+        }
+        CAIRN_RETURN_IF_ERROR(note_reference(loc->file));
+      }
+    }
+  }
+  md.references.clear();
+  for (size_t k = 0; k < references.size(); ++k) {
+    if (used[k]) md.references.push_back(references[k]);
   }
   return &md;
 }

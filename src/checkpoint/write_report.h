@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +33,12 @@ struct WriteReport {
     std::vector<uint32_t> blocks = {};
     // Format version 5: a compressed chunk's frames (codec kNone: raw).
     Compression compression = {};
+    // Format version 6: a chunk kept in a referenced checkpoint (SaveOptions
+    // ::base) has its file named here ("<reference url>/<file>"); empty:
+    // the rank's own file.
+    std::string file = {};
+    // Format version 6: a tensor chunk's digest.
+    std::optional<ChunkDigest> xxh3 = std::nullopt;
   };
   std::vector<Loc> items;  // in final-plan order
   std::map<std::string, Scalar> scalars;
@@ -50,10 +58,16 @@ absl::StatusOr<WriteReport> DecodeReport(std::string_view data, int rank);
 // the sum of the reported file sizes. kInvalidArgument when two ranks hold
 // one scalar with different values; kInternal when a report does not
 // match its plan.
+//
+// `references`: where reported files outside the ranks' own may lie (the
+// candidates of a save against a base, save_reuse.h); the metadata lists
+// those that some chunk's file lies in, in their order, and a reported
+// file in none of them is kInternal.
 absl::StatusOr<const Metadata*> AssembleMetadata(
     internal_plan::MetadataSkeleton& skeleton,
     const std::vector<std::string>& encoded_reports,
-    std::string_view user_metadata, uint64_t* checkpoint_bytes);
+    std::string_view user_metadata, uint64_t* checkpoint_bytes,
+    std::span<const CheckpointReference> references = {});
 
 }  // namespace cairn::internal_checkpoint
 
