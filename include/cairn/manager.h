@@ -15,8 +15,10 @@
 // Only committed checkpoints count (a step folder with metadata.json).
 // Retention, run by rank 0 before each save and in Wait(): keep the newest
 // `keep_last` committed steps and every step divisible by `keep_every`;
-// never delete the newest committed step or a step still being saved;
-// remove folders that a crash left uncommitted. A step is deleted by
+// never delete the newest committed step, a step still being saved, or a
+// step that a kept step (or a save in flight) keeps chunks in (an
+// incremental checkpoint's references); remove folders that a crash left
+// uncommitted. A step is deleted by
 // un-committing it first (metadata.json removed, directory synced), so a
 // crash mid-delete never leaves a committed, partial checkpoint.
 //
@@ -46,6 +48,14 @@ struct ManagerOptions {
   int keep_last = 3;   // newest committed steps kept (at least 1)
   int keep_every = 0;  // also keep steps divisible by this; 0: none
   bool async = true;   // Save returns after staging
+  // Incremental checkpoints (SaveOptions::base): each save is against the
+  // newest committed step, so tensor chunks that did not change since
+  // (frozen layers, embedding rows nobody touched) are referenced, not
+  // written; every `full_every`-th save in a row is a full one, so a step
+  // references at most full_every - 1 others and old steps can go.
+  // Default: false (every save full).
+  bool incremental = false;
+  int full_every = 8;  // at least 1 (1: every save full)
   AsyncSaveOptions async_options;
   // comm and overwrite are set by the manager; rank_local is refused
   // (kInvalidArgument from Create: a step is committed by its top-level
@@ -83,14 +93,25 @@ class CheckpointManager {
   CheckpointManager(std::string root, Communicator* comm,
                     std::unique_ptr<AsyncSaver> saver, ManagerOptions options);
   absl::Status Retain();
+  // Rank 0: the base of the next save ("" for a full one).
+  absl::StatusOr<std::string> NextBase();
 
   std::string root_;
   Communicator* comm_;
   std::unique_ptr<Communicator> local_comm_;
   std::unique_ptr<AsyncSaver> saver_;
   ManagerOptions options_;
-  // Saves started and not yet seen finished: never deleted.
-  std::vector<std::pair<int64_t, std::shared_ptr<AsyncSaveHandle>>> pending_;
+  // Saves started and not yet seen finished: never deleted, nor their
+  // bases.
+  struct Pending {
+    int64_t step;
+    std::shared_ptr<AsyncSaveHandle> handle;
+    std::optional<int64_t> base;
+  };
+  std::vector<Pending> pending_;
+  // Rank 0, incremental: saves since the last full one, in a row (unknown
+  // until the first save, which counts them from the steps' metadata).
+  std::optional<int> since_full_;
 };
 
 }  // namespace cairn

@@ -12,8 +12,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cairn/metadata.h"
 #include "cairn/storage.h"
+#include "checkpoint/checkpoint_impl.h"
 #include "core/status.h"
+#include "format/references.h"
 
 namespace cairn {
 namespace {
@@ -151,6 +154,15 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
   if (options.keep_last < 1) {
     made = absl::InvalidArgumentError("keep_last must be at least 1");
   }
+  if (options.full_every < 1) {
+    made = absl::InvalidArgumentError("full_every must be at least 1");
+  }
+  if (options.incremental && !options.save_options.base.empty()) {
+    made = absl::InvalidArgumentError(absl::StrFormat(
+        "CheckpointManager at %s: save_options.base is set by the manager "
+        "(incremental = true), not given",
+        root));
+  }
   // A rank-local step has no top-level metadata.json until it is merged,
   // so retention would take every one for a crash leftover and delete it.
   if (options.save_options.rank_local) {
@@ -188,12 +200,51 @@ absl::StatusOr<std::optional<int64_t>> CheckpointManager::LatestStep() const {
   return std::optional<int64_t>(steps.back());
 }
 
+namespace {
+
+// The metadata of the committed step at `dir`, reached as the manager
+// reaches its root.
+absl::StatusOr<Metadata> ReadStep(const std::string& dir,
+                                  const StorageOptions& storage_options) {
+  CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage,
+                         Storage::Open(dir, storage_options));
+  return internal_checkpoint::ReadMetadataFromStorage(*storage);
+}
+
+// The steps whose folders the committed step at `dir` keeps chunks in (its
+// references that name a step folder of `root`).
+absl::StatusOr<std::vector<int64_t>> ReferencedSteps(
+    const std::string& root, const std::string& dir,
+    const StorageOptions& storage_options) {
+  CAIRN_ASSIGN_OR_RETURN(Metadata md, ReadStep(dir, storage_options));
+  std::vector<int64_t> out;
+  for (const CheckpointReference& r : md.references) {
+    const std::string url = internal_format::ResolveReference(dir, r.url);
+    const size_t slash = url.rfind('/');
+    if (slash == std::string::npos ||
+        internal_format::TrimUrl(url.substr(0, slash)) !=
+            internal_format::TrimUrl(root)) {
+      continue;  // outside the root: not the manager's to delete
+    }
+    if (std::optional<int64_t> s = StepOfName(url.substr(slash + 1))) {
+      out.push_back(*s);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::Status CheckpointManager::Retain() {
   // Forget finished saves; they are ordinary folders now.
-  std::erase_if(pending_, [](const auto& p) { return p.second->done(); });
+  std::erase_if(pending_, [](const Pending& p) { return p.handle->done(); });
   if (comm_->rank() != 0) return absl::OkStatus();
   std::set<int64_t> busy;
-  for (const auto& [step, handle] : pending_) busy.insert(step);
+  std::set<int64_t> pending_bases;
+  for (const Pending& p : pending_) {
+    busy.insert(p.step);
+    if (p.base) pending_bases.insert(*p.base);
+  }
   CAIRN_ASSIGN_OR_RETURN(std::vector<Folder> folders,
                          ListFolders(root_, StorageOptionsOf(options_)));
   std::vector<int64_t> committed;
@@ -210,8 +261,37 @@ absl::Status CheckpointManager::Retain() {
     }
   }
   if (!committed.empty()) keep.insert(committed.back());  // the newest, always
+  keep.insert(pending_bases.begin(), pending_bases.end());
+  // Steps a kept one keeps chunks in stay too (references never chain,
+  // but a step kept for that is followed as well, to be safe). A kept
+  // step whose metadata cannot be read might reference anything: then
+  // no committed step is deleted this time.
+  const std::set<int64_t> committed_set(committed.begin(), committed.end());
+  bool unsure = false;
+  std::vector<int64_t> todo(keep.begin(), keep.end());
+  std::set<int64_t> followed;
+  while (!todo.empty() && !unsure) {
+    const int64_t step = todo.back();
+    todo.pop_back();
+    if (!committed_set.contains(step) || !followed.insert(step).second) {
+      continue;
+    }
+    if (std::all_of(committed.begin(), committed.end(),
+                    [&](int64_t c) { return keep.contains(c); })) {
+      break;  // nothing to delete anyway
+    }
+    absl::StatusOr<std::vector<int64_t>> refs =
+        ReferencedSteps(root_, StepDir(step), StorageOptionsOf(options_));
+    if (!refs.ok()) {
+      unsure = true;
+      break;
+    }
+    for (int64_t r : *refs) {
+      if (keep.insert(r).second) todo.push_back(r);
+    }
+  }
   for (const Folder& f : folders) {
-    if (keep.contains(f.step)) continue;
+    if (keep.contains(f.step) || (unsure && f.committed)) continue;
     // Old committed steps, and folders a crash left uncommitted.
     CAIRN_RETURN_IF_ERROR(
         DeleteStep(StepDir(f.step), StorageOptionsOf(options_)));
@@ -229,15 +309,66 @@ absl::StatusOr<std::shared_ptr<AsyncSaveHandle>> CheckpointManager::Save(
   CAIRN_RETURN_IF_ERROR(Retain());
   SaveOptions options = options_.save_options;
   options.overwrite = false;  // a committed step is never silently replaced
+  std::optional<int64_t> base_step;
+  if (options_.incremental) {
+    // Rank 0 picks the base, so every rank saves against the same one.
+    std::string base;
+    absl::Status picked = absl::OkStatus();
+    if (comm_->rank() == 0) {
+      absl::StatusOr<std::string> b = NextBase();
+      picked = b.status();
+      base = b.ok() ? *b : "!" + picked.ToString();
+    }
+    CAIRN_RETURN_IF_ERROR(comm_->Broadcast(base, 0));
+    if (base.starts_with("!")) {
+      return picked.ok() ? absl::UnavailableError(absl::StrCat(
+                               "incremental save of step ", step,
+                               ": rank 0 could not pick a base: ",
+                               base.substr(1)))
+                         : picked;
+    }
+    options.base = base;
+    if (!base.empty()) {
+      base_step = StepOfName(base.substr(base.rfind('/') + 1));
+    }
+  }
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<AsyncSaveHandle> handle,
                          saver_->Save(state, StepDir(step), options));
-  pending_.push_back({step, handle});
+  pending_.push_back({step, handle, base_step});
+  if (comm_->rank() == 0 && options_.incremental) {
+    since_full_ = base_step ? *since_full_ + 1 : 0;
+  }
   if (!options_.async) {
     absl::StatusOr<SaveResult> r = handle->Wait();
     CAIRN_RETURN_IF_ERROR(r.status());
     CAIRN_RETURN_IF_ERROR(Retain());
   }
   return handle;
+}
+
+absl::StatusOr<std::string> CheckpointManager::NextBase() {
+  std::set<int64_t> busy;
+  for (const Pending& p : pending_) busy.insert(p.step);
+  CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps, Steps());
+  std::erase_if(steps, [&](int64_t s) { return busy.contains(s); });
+  if (steps.empty()) {
+    since_full_ = std::nullopt;
+    return std::string();
+  }
+  if (!since_full_) {
+    // After a restart: the incremental saves in a row before the newest
+    // step, counted back to the newest full one.
+    int n = 0;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it, ++n) {
+      absl::StatusOr<Metadata> md =
+          ReadStep(StepDir(*it), StorageOptionsOf(options_));
+      if (!md.ok() || md->references.empty()) break;
+    }
+    since_full_ = n;
+  }
+  // The next save is the since_full_ + 1-th after the full one.
+  if (*since_full_ + 1 >= options_.full_every) return std::string();
+  return StepDir(steps.back());
 }
 
 absl::Status CheckpointManager::Wait() {
