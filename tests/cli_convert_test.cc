@@ -3,6 +3,7 @@
 // and casts apply, damage and usage errors are reported.
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cairn/cairn.h"
 #include "cli_fixture.h"
@@ -115,7 +116,7 @@ TEST_F(CliTest, CodecsCompressRecompressAndDecompress) {
   r = Run("inspect --json '" + z.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.all();
   nlohmann::json j = ParseJson(r);
-  EXPECT_EQ(j["version"], 5);
+  EXPECT_EQ(j["version"], 6);
   EXPECT_GT(j["totals"]["compressed_chunks"].get<int>(), 0);
   EXPECT_LT(j["totals"]["tensor_stored_bytes"].get<uint64_t>(),
             j["totals"]["tensor_bytes"].get<uint64_t>());
@@ -184,3 +185,64 @@ TEST_F(CliTest, ConvertAndVerifyReportBadInput) {
 }
 
 }  // namespace
+
+// An incremental checkpoint (saved through the library against a base):
+// inspect shows its references, verify checks through them, and convert
+// --flatten writes a standalone copy that outlives the base.
+TEST_F(CliTest, IncrementalCheckpointsInspectVerifyAndFlatten) {
+  std::vector<float> frozen(50000), trained(50000);
+  for (size_t i = 0; i < frozen.size(); ++i) frozen[i] = 0.25f * i;
+  auto state = [&](float step) {
+    for (size_t i = 0; i < trained.size(); ++i) trained[i] = step + i;
+    cairn::StateDict sd;
+    const int64_t n = static_cast<int64_t>(frozen.size());
+    sd["frozen"] = cairn::ShardedTensor(
+        cairn::DType::kF32, {n},
+        {{cairn::Box{{0}, {n}},
+          cairn::TensorView(frozen.data(), cairn::DType::kF32, {n})}});
+    sd["trained"] = cairn::ShardedTensor(
+        cairn::DType::kF32, {n},
+        {{cairn::Box{{0}, {n}},
+          cairn::TensorView(trained.data(), cairn::DType::kF32, {n})}});
+    return sd;
+  };
+  const fs::path one = root_ / "step-1", two = root_ / "step-2";
+  ASSERT_TRUE(cairn::Save(state(1), one.string()).ok());
+  cairn::SaveOptions o;
+  o.base = one.string();
+  absl::StatusOr<cairn::SaveResult> saved = cairn::Save(state(2), two.string(), o);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_EQ(saved->chunks_reused, 1);
+
+  Result r = Run("inspect '" + two.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("incremental: 1 chunk of 2 chunks"));
+  EXPECT_THAT(r.out, HasSubstr("../step-1 (save "));
+  r = Run("inspect --json '" + two.string() + "'");
+  nlohmann::json j = ParseJson(r);
+  EXPECT_EQ(j["version"], 6);
+  EXPECT_EQ(j["references"][0]["url"], "../step-1");
+  EXPECT_EQ(j["totals"]["referenced_bytes"], 200000);
+  r = Run("verify '" + two.string() + "'");
+  EXPECT_EQ(r.rc, 0) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("1 earlier checkpoint it keeps chunks in"));
+  const auto bytes = TensorBytes(two.string());
+
+  const fs::path flat = root_ / "flat";
+  r = Run("convert --json --flatten '" + two.string() + "' '" +
+          flat.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(ParseJson(r)["direction"], "cairn_to_cairn");
+  fs::remove_all(one);
+  r = Run("verify '" + two.string() + "'");
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("was it deleted?"));
+  r = Run("inspect --json '" + flat.string() + "'");
+  EXPECT_TRUE(ParseJson(r)["references"].empty());
+  EXPECT_EQ(TensorBytes(flat.string()), bytes);
+  r = Run("verify '" + flat.string() + "'");
+  EXPECT_EQ(r.rc, 0) << r.all();
+  r = Run("convert --flatten '" + flat.string() + "' '" +
+          (root_ / "again").string() + "' --dtype BF16");
+  EXPECT_EQ(r.rc, 2) << r.all();
+}

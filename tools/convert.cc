@@ -28,6 +28,7 @@ struct ConvertFlags {
   bool json = false;
   CodecFlags codec;
   bool codec_given = false;  // --codec on the command line
+  bool flatten = false;
 };
 
 int RunConvert(const ConvertFlags& o) {
@@ -55,19 +56,28 @@ int RunConvert(const ConvertFlags& o) {
   Stopwatch clock;
   nlohmann::json j = {{"src", o.src}, {"dst", o.dst}};
   std::string text;
-  if (!*from_hf && o.codec_given) {
-    // A checkpoint to a checkpoint: recompressed, or stored raw.
+  if (*from_hf && o.flatten) {
+    PrintError("convert", absl::InvalidArgumentError(
+                              "--flatten applies to a cairn checkpoint as "
+                              "SRC, not a Hugging Face folder"));
+    return 2;
+  }
+  if (!*from_hf && (o.codec_given || o.flatten)) {
+    // A checkpoint to a checkpoint: recompressed, or stored raw; and
+    // standalone, whatever the source references.
     if (dtype || !o.strip_prefix.empty() || !o.add_prefix.empty()) {
       PrintError("convert", absl::InvalidArgumentError(
                                 "--dtype and the prefix options do not apply "
-                                "when --codec rewrites a checkpoint"));
+                                "when --codec or --flatten rewrites a "
+                                "checkpoint"));
       return 2;
     }
     SaveOptions options;
     options.overwrite = o.overwrite;
     ApplyCodec(o.codec, options);
     std::cerr << absl::StrFormat(
-        "cairn convert: reading %s and saving it again with codec %s...\n",
+        "cairn convert: reading %s (and any checkpoint it references) and "
+        "saving it again, standalone, with codec %s...\n",
         o.src, o.codec.name);
     absl::StatusOr<SaveResult> r = RewriteCheckpoint(src, dst, options);
     if (!r.ok()) {
@@ -201,6 +211,10 @@ void RegisterConvert(CLI::App& app) {
                   "given with a checkpoint as SRC, rewrite it (recompress, "
                   "or 'none' to store it raw). Hugging Face output is always "
                   "raw");
+  cmd->add_flag("--flatten", o->flatten,
+                "with a checkpoint as SRC: write DST standalone, copying "
+                "the chunks an incremental SRC keeps in earlier checkpoints "
+                "(codec: --codec, else none)");
   cmd->add_flag("--overwrite", o->overwrite,
                 "replace a checkpoint or model already at DST");
   cmd->add_flag("--json", o->json, "print one JSON object instead of text");
@@ -216,12 +230,14 @@ void RegisterConvert(CLI::App& app) {
       "Objects and scalars have no place in a Hugging Face folder and are\n"
       "left out (listed). With --codec and a checkpoint as SRC, DST is a\n"
       "checkpoint again: every leaf read, checked and saved with that codec\n"
-      "(held in memory whole).\n\n"
+      "(held in memory whole). --flatten does the same without a codec:\n"
+      "an incremental checkpoint becomes one that references no other.\n\n"
       "Examples:\n"
       "  cairn convert ~/models/MiniLM /ckpt/minilm\n"
       "  cairn convert --dtype BF16 --max-shard-size 2GB /ckpt/step-100 out/\n"
       "  cairn convert --strip-prefix model. model.safetensors /ckpt/base\n"
-      "  cairn convert --codec grouped-zstd /ckpt/step-100 /ckpt/step-100z");
+      "  cairn convert --codec grouped-zstd /ckpt/step-100 /ckpt/step-100z\n"
+      "  cairn convert --flatten /ckpt/step-0000000300 /archive/step-300");
   cmd->callback([o, cmd] {
     o->codec_given = cmd->count("--codec") > 0;
     if (int rc = RunConvert(*o); rc != 0) throw CLI::RuntimeError(rc);

@@ -14,6 +14,7 @@
 #include "cairn/cairn.h"
 #include "cli_util.h"
 #include "format/frame_codec.h"
+#include "format/names.h"
 #include "commands.h"
 
 namespace cairn::tools {
@@ -73,6 +74,8 @@ int RunInspect(const InspectOptions& o) {
   // Compressed chunks (format version 5): how many, and the bytes the
   // tensors take in their files.
   uint64_t compressed = 0, tensor_stored = 0;
+  // Chunks kept in referenced checkpoints (format version 6), and bytes.
+  uint64_t referenced = 0, referenced_bytes = 0;
   for (const auto& [fqn, t] : md->tensors) {
     tensor_bytes += t.nbytes();
     num_chunks += t.chunks.size();
@@ -80,6 +83,10 @@ int RunInspect(const InspectOptions& o) {
       files.insert(c.location.file);
       compressed += c.location.compressed();
       tensor_stored += c.location.stored_nbytes();
+      if (!internal_format::ValidateRelativeName(c.location.file).ok()) {
+        ++referenced;
+        referenced_bytes += c.location.nbytes;
+      }
     }
   }
   for (const auto& [fqn, loc] : md->objects) {
@@ -100,6 +107,14 @@ int RunInspect(const InspectOptions& o) {
     j["created_by"] = md->created_by;
     j["has_checksums"] = md->has_checksums;
     j["world_size"] = md->world_size;
+    nlohmann::json references = nlohmann::json::array();
+    for (const CheckpointReference& r : md->references) {
+      references.push_back(
+          {{"url", r.url},
+           {"save_id", r.save_id},
+           {"checksum", absl::StrFormat("%08x", r.checksum)}});
+    }
+    j["references"] = std::move(references);
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& [fqn, t] : md->tensors) {
       nlohmann::json e = {{"fqn", fqn},
@@ -167,6 +182,8 @@ int RunInspect(const InspectOptions& o) {
         {"tensor_bytes", tensor_bytes},         {"object_bytes", object_bytes},
         {"compressed_chunks", compressed},
         {"tensor_stored_bytes", tensor_stored},
+        {"referenced_chunks", referenced},
+        {"referenced_bytes", referenced_bytes},
         {"kv_tables", md->kv_tables.size()},   {"kv_rows", table_rows},
         {"kv_bytes", table_bytes},
         {"bytes", tensor_bytes + object_bytes + table_bytes},
@@ -180,6 +197,18 @@ int RunInspect(const InspectOptions& o) {
         "checkpoint %s: format v%d, %s, world size %d\n", o.url, md->version,
         md->created_by.empty() ? "(unknown writer)" : md->created_by,
         md->world_size);
+    if (!md->references.empty()) {
+      std::vector<std::string> refs;
+      for (const CheckpointReference& r : md->references) {
+        refs.push_back(absl::StrFormat("%s (save %s)", r.url, r.save_id));
+      }
+      std::cout << absl::StrFormat(
+          "incremental: %s of %s (%s) kept in %s: %s\n",
+          Plural(referenced, "chunk"), Plural(num_chunks, "chunk"),
+          HumanBytes(referenced_bytes),
+          Plural(md->references.size(), "earlier checkpoint"),
+          absl::StrJoin(refs, ", "));
+    }
   } else {
     std::cout << absl::StrFormat(
         "Hugging Face model %s: safetensors files without checksums (cairn "

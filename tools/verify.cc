@@ -39,6 +39,7 @@ void PrintJson(const std::string& url, const VerifyReport& r, double gbps) {
   j["metadata_checksum"] = r.metadata_checksum;
   j["has_checksums"] = r.has_checksums;
   j["files"] = r.files;
+  j["references"] = r.references;
   j["bytes"] = r.bytes_checked;
   j["seconds"] = r.seconds;
   j["gbps"] = gbps;
@@ -66,12 +67,19 @@ void PrintText(const VerifyReport& r, double gbps) {
         Plural(static_cast<uint64_t>(r.files), "file"));
   } else if (r.ok()) {
     std::cout << absl::StrFormat(
-        "OK: metadata.json (%s), %s and %s in %s, %s (%d bytes) checked "
+        "OK: metadata.json (%s), %s and %s in %s%s, %s (%d bytes) checked "
         "in %.3f s (%.2f GB/s)\n",
         r.metadata_checksum ? "its checksum matched"
                             : "format version 1: it has no checksum of its own",
         Plural(r.chunks, "chunk"), Plural(r.objects, "object"),
         Plural(static_cast<uint64_t>(r.files), "data file"),
+        r.references > 0
+            ? absl::StrFormat(
+                  " (of this checkpoint and %s it keeps chunks in, each "
+                  "checked to be the one recorded)",
+                  Plural(static_cast<uint64_t>(r.references),
+                         "earlier checkpoint"))
+            : std::string(),
         HumanBytes(r.bytes_checked), r.bytes_checked, r.seconds, gbps);
   }
   std::cout << std::flush;
@@ -150,7 +158,9 @@ void RegisterVerify(CLI::App& app) {
       "recomputes the CRC32C of every chunk and object from the data\n"
       "files, checks that each data file's safetensors header lists every\n"
       "chunk and object at the metadata's offset with its name, dtype and\n"
-      "shape, and reports missing or truncated files.\n"
+      "shape, and reports missing or truncated files. An incremental\n"
+      "checkpoint's chunks in earlier checkpoints are checked there, after\n"
+      "each of those is shown to be the checkpoint it was saved against.\n"
       "A Hugging Face folder or .safetensors file gets every check but the\n"
       "checksums, which it does not have: its index and headers (entries\n"
       "tiling each file, sizes matching shapes and dtypes).\n"
