@@ -20,7 +20,7 @@ with cairn.torch.StorageWriter / StorageReader. See docs/python.md.
 from . import _cairn
 from ._api import (AsyncSaver, CheckpointManager, LoadResult, SaveFuture,
                    SavePlanCache, SaveResult, VerifyReport, load, load_all,
-                   merge, read_metadata, save, verify)
+                   merge, read_metadata, rewrite, save, verify)
 from ._hf import (convert_to_checkpoint, export_hf, fuse_tensors,
                   is_safetensors_source, save_hf, split_rows)
 from ._comm import TorchCommunicator, in_process, local, mpi_world
@@ -55,5 +55,6 @@ __all__ = [
     "is_safetensors_source", "save_hf", "split_rows",
     "has_mpi", "in_process", "kv_bucket_of", "kv_buckets_of_rank", "load",
     "load_all", "local", "merge", "mpi_world",
-    "read_metadata", "save", "ShardedTensor", "verify", "VerifyReport",
+    "read_metadata", "rewrite", "save", "ShardedTensor", "verify",
+    "VerifyReport",
 ]

@@ -56,14 +56,20 @@ def save(state_dict, path, *, comm=None, rank_local=False, plan_cache=None,
     `codec`: compress tensor chunks, "zstd" or "grouped-zstd" (zstd of
     each element's bytes grouped by position: best for floating-point
     weights and optimizer state), at zstd level `codec_level` (1); loads
-    need no option. Further options (io_threads, direct_io,
+    need no option. `base`: the path of an earlier committed checkpoint
+    (an incremental save): tensor chunks the base holds unchanged (same
+    FQN, box, dtype, CRC32C and XXH3-128 digest) are referenced there,
+    not written; loads follow the references, which must stay in place
+    (cairn.CheckpointManager(incremental=True) keeps them; `cairn convert
+    --flatten` makes a standalone copy). Further options (io_threads, direct_io,
     write_buffer_bytes, crc32c_block_bytes, dedup) are SaveOptions'
     (include/cairn/checkpoint.h). `path` may be an s3:// URL; `s3`, a dict
     of S3Options' fields (endpoint, region, access_key_id, ...,
     addressing), overrides the AWS_* environment variables.
 
     Returns a cairn.SaveResult (this rank's bytes and table rows
-    (`kv_rows`), the checkpoint's bytes, seconds, and `phases`). Raises a
+    (`kv_rows`), chunks and bytes taken from `base` (`chunks_reused`,
+    `bytes_reused`), the checkpoint's bytes, seconds, and `phases`). Raises a
     cairn.Error subclass naming the FQN, file or rank on failure (on every
     rank; raised from the exception of this rank's source, if one raised).
     """
@@ -127,6 +133,16 @@ def load_all(path, framework="torch", *, allow_pickle=True, **options):
             f"framework must be 'torch' or 'numpy', not {framework!r}")
     tree = _cairn.load_all(str(path), **options)
     return _state.from_loaded(tree, framework, allow_pickle)
+
+
+def rewrite(src, dst, *, overwrite=False, **options):
+    """Writes the checkpoint at `src` again at `dst`, standalone: every
+    leaf read (and checked) into memory, then saved with `options` (save()'s:
+    `codec` to recompress, none by default). An incremental checkpoint's
+    chunks are copied out of the checkpoints it references, so `dst`
+    references none (`cairn convert --flatten`). One process; holds the
+    whole state in memory. Returns a cairn.SaveResult."""
+    return _cairn.rewrite(str(src), str(dst), overwrite=overwrite, **options)
 
 
 def read_metadata(path):
@@ -307,6 +323,11 @@ class CheckpointManager(_Closable):
     and every step divisible by `keep_every`), and restore of the latest
     committed step after a crash.
 
+    `incremental`: each save is against the newest committed step (see
+    save()'s `base`), so chunks that did not change are not written again;
+    every `full_every`-th save in a row is a full one. Retention never
+    deletes a step that a kept step keeps chunks in.
+
     Collective over `comm`; every rank makes the same calls in the same
     order. `save_options` and `load_options` are keyword options of save()
     and load() (e.g. {"io_threads": 4}).
@@ -314,7 +335,8 @@ class CheckpointManager(_Closable):
 
     def __init__(self, root, comm=None, *, keep_last=3, keep_every=0,
                  async_save=True, max_in_flight=1, save_options=None,
-                 load_options=None, allow_pickle=True):
+                 load_options=None, allow_pickle=True, incremental=False,
+                 full_every=8):
         self._allow_pickle = allow_pickle
         save_options = dict(save_options or {})
         if "user_metadata" in save_options:
@@ -322,7 +344,8 @@ class CheckpointManager(_Closable):
                 save_options["user_metadata"])
         self._open_with(_cairn.CheckpointManager(
             str(root), _comm.resolve(comm), keep_last, keep_every, async_save,
-            max_in_flight, save_options, dict(load_options or {})))
+            max_in_flight, save_options, dict(load_options or {}),
+            incremental, full_every))
 
     def save(self, step, state_dict):
         """Saves `state_dict` as `step`; returns a SaveFuture (already done

@@ -16,6 +16,7 @@
 #include "cairn/version.h"
 #include "convert.h"
 #include "core/flatten.h"
+#include "format/chunk_digest.h"
 #include "format/frame_codec.h"
 #include "kv.h"
 #include "huggingface.h"
@@ -85,6 +86,10 @@ py::dict MetadataToDict(const Metadata& m) {
       d["frame_nbytes"] = l.compression.frame_nbytes;
       d["frame_crc32c"] = l.compression.frame_crc32c;
     }
+    if (l.xxh3) {
+      // Format version 6: the chunk's digest (docs/format.md 4.2.2).
+      d["xxh3"] = internal_format::DigestToHex(*l.xxh3);
+    }
     return d;
   };
   py::dict tensors;
@@ -114,6 +119,15 @@ py::dict MetadataToDict(const Metadata& m) {
   d["world_size"] = m.world_size;
   d["rank"] = m.rank;
   d["save_id"] = m.save_id;
+  py::list references;
+  for (const CheckpointReference& r : m.references) {
+    py::dict rd;
+    rd["url"] = r.url;
+    rd["checksum"] = r.checksum;
+    rd["save_id"] = r.save_id;
+    references.append(rd);
+  }
+  d["references"] = references;
   d["crc32c_block_bytes"] = m.crc32c_block_bytes;
   d["tensors"] = tensors;
   d["objects"] = objects;
@@ -146,6 +160,7 @@ SaveOptions SaveOptionsFrom(const py::kwargs& kw) {
       o.codec = *codec;
     } else if (key == "codec_level") o.codec_level = OptionAs<int>(key, v);
     else if (key == "user_metadata") o.user_metadata = OptionAs<std::string>(key, v);
+    else if (key == "base") o.base = v.is_none() ? "" : OptionAs<std::string>(key, v);
     else if (key == "rank_local") o.rank_local = OptionAs<bool>(key, v);
     else if (key == "kv_chunk_bytes") o.kv_chunk_bytes = OptionAs<uint64_t>(key, v);
     else if (key == "dedup") {
@@ -333,11 +348,13 @@ PYBIND11_MODULE(_cairn, m) {
   py::class_<SavePhaseTimes>(m, "SavePhaseTimes")
       .def_readonly("planning", &SavePhaseTimes::planning)
       .def_readonly("prepare", &SavePhaseTimes::prepare)
+      .def_readonly("digest", &SavePhaseTimes::digest)
       .def_readonly("write", &SavePhaseTimes::write)
       .def_readonly("commit", &SavePhaseTimes::commit)
       .def("__repr__", [](const SavePhaseTimes& p) {
         return absl::StrCat("SavePhaseTimes(planning=", p.planning,
-                            ", prepare=", p.prepare, ", write=", p.write,
+                            ", prepare=", p.prepare, ", digest=", p.digest,
+                            ", write=", p.write,
                             ", commit=", p.commit, ")");
       });
 
@@ -346,6 +363,8 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("data_bytes", &SaveResult::data_bytes)
       .def_readonly("kv_rows", &SaveResult::kv_rows)
       .def_readonly("files", &SaveResult::files)
+      .def_readonly("chunks_reused", &SaveResult::chunks_reused)
+      .def_readonly("bytes_reused", &SaveResult::bytes_reused)
       .def_readonly("checkpoint_bytes", &SaveResult::checkpoint_bytes)
       .def_readonly("world_size", &SaveResult::world_size)
       .def_readonly("plan_cache_hit", &SaveResult::plan_cache_hit)
@@ -355,6 +374,7 @@ PYBIND11_MODULE(_cairn, m) {
         return absl::StrCat("SaveResult(data_bytes=", r.data_bytes,
                             ", bytes_written=", r.bytes_written,
                             ", files=", r.files, ", kv_rows=", r.kv_rows,
+                            ", bytes_reused=", r.bytes_reused,
                             ", checkpoint_bytes=",
                             r.checkpoint_bytes, ", world_size=", r.world_size,
                             ", seconds=", r.seconds, ")");
@@ -483,6 +503,19 @@ PYBIND11_MODULE(_cairn, m) {
   });
 
   m.def(
+      "rewrite",
+      [](const std::string& src, const std::string& dst, py::kwargs kw) {
+        SaveOptions o = SaveOptionsFrom(kw);
+        absl::StatusOr<SaveResult> r;
+        {
+          py::gil_scoped_release release;
+          r = RewriteCheckpoint(src, dst, o);
+        }
+        return Unwrap(std::move(r));
+      },
+      py::arg("src"), py::arg("dst"));
+
+  m.def(
       "merge",
       [](const std::string& url, bool overwrite) {
         MergeOptions o;
@@ -520,6 +553,7 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("chunks", &VerifyReport::chunks)
       .def_readonly("objects", &VerifyReport::objects)
       .def_readonly("files", &VerifyReport::files)
+      .def_readonly("references", &VerifyReport::references)
       .def_readonly("bytes_checked", &VerifyReport::bytes_checked)
       .def_readonly("problems", &VerifyReport::problems)
       .def_readonly("seconds", &VerifyReport::seconds)
@@ -632,10 +666,13 @@ PYBIND11_MODULE(_cairn, m) {
   py::class_<Manager>(m, "CheckpointManager")
       .def(py::init([](const std::string& root, std::optional<Comm> comm,
                        int keep_last, int keep_every, bool async_save,
-                       int max_in_flight, py::dict save_kw, py::dict load_kw) {
+                       int max_in_flight, py::dict save_kw, py::dict load_kw,
+                       bool incremental, int full_every) {
              ManagerOptions o;
              o.keep_last = keep_last;
              o.keep_every = keep_every;
+             o.incremental = incremental;
+             o.full_every = full_every;
              o.async = async_save;
              o.async_options.max_in_flight = max_in_flight;
              o.save_options =
@@ -655,7 +692,8 @@ PYBIND11_MODULE(_cairn, m) {
            py::arg("root"), py::arg("comm"), py::arg("keep_last"),
            py::arg("keep_every"), py::arg("async_save"),
            py::arg("max_in_flight"), py::arg("save_options"),
-           py::arg("load_options"))
+           py::arg("load_options"), py::arg("incremental") = false,
+           py::arg("full_every") = 8)
       .def(
           "save",
           [](Manager& mgr, int64_t step, py::handle prepared) {

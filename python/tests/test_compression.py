@@ -91,7 +91,7 @@ def test_gloo_ranks_save_compressed_and_reshard_load(tmp_path, codec, dtype):
                       "codec": codec, "dtype": dtype})
     run(save_job, 2, job)
     md = cairn.read_metadata(url)
-    assert md["version"] == 5
+    assert md["version"] == 6
     chunks = [c for t in md["tensors"].values() for c in t["chunks"]]
     compressed = [c for c in chunks if c.get("codec") == codec]
     assert compressed, "no chunk was compressed"

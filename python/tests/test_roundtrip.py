@@ -50,7 +50,7 @@ class Point:
 
 def test_version():
     assert cairn.__version__ == "0.1.0"
-    assert cairn.FORMAT_VERSION == 5
+    assert cairn.FORMAT_VERSION == 6
 
 
 def test_every_torch_dtype_round_trips_bit_exact(ckpt):
