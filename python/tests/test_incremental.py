@@ -43,8 +43,9 @@ def save_job(rank, world, port, out):
     result = cairn.save(sd, job["two"], base=job["one"])
     reused = torch.tensor([result.chunks_reused, result.bytes_reused])
     dist.all_reduce(reused)
+    tensors = full(sd)  # a collective: every rank
     if rank == 0:
-        torch.save({"tensors": full(sd), "reused": reused.tolist()},
+        torch.save({"tensors": tensors, "reused": reused.tolist()},
                    job["reference"])
     dist.destroy_process_group()
 

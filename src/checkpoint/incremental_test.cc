@@ -301,7 +301,9 @@ TEST(IncrementalTest, MissingOrReplacedBaseIsAClearError) {
   s = LoadAndCheck(two, 2, 1, 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(s.message(), HasSubstr("was it deleted?"));
-  EXPECT_EQ(LoadAll(two).status().code(), absl::StatusCode::kNotFound);
+  absl::Status all = LoadAll(two).status();
+  EXPECT_EQ(all.code(), absl::StatusCode::kNotFound) << all;
+  EXPECT_THAT(all.message(), HasSubstr("was it deleted?"));
   v = Verify(two);
   ASSERT_TRUE(v.ok()) << v.status();
   ASSERT_FALSE(v->ok());
