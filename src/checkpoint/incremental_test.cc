@@ -197,9 +197,13 @@ TEST(IncrementalTest, UnchangedChunksAreReferencedAndLoadResharded) {
   // 3 ranks load it by columns, bit-exact and every byte checked.
   absl::Status loaded = LoadAndCheck(two, 3, 1, 2);
   EXPECT_TRUE(loaded.ok()) << loaded;
-  // LoadAll and verify follow the reference too.
+  // LoadAll and verify follow the reference too, also from a relative
+  // path (the sibling is resolved against its absolute form).
   absl::StatusOr<StateDict> all = LoadAll(two);
   ASSERT_TRUE(all.ok()) << all.status();
+  const std::string relative = std::filesystem::relative(two).string();
+  ASSERT_FALSE(relative.starts_with("/"));
+  EXPECT_TRUE(LoadAll(relative).ok()) << LoadAll(relative).status();
   absl::StatusOr<VerifyReport> v = Verify(two);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(v->ok()) << v->problems[0].message;

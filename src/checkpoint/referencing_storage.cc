@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -9,27 +10,36 @@
 #include "format/crc32c.h"
 #include "format/metadata_codec.h"
 #include "format/references.h"
+#include "storage/file_storage.h"
 
 namespace cairn::internal_checkpoint {
 
 using internal_core::Annotate;
 
+absl::StatusOr<std::string> CanonicalCheckpointUrl(std::string_view url) {
+  const size_t scheme = url.find("://");
+  const bool local =
+      scheme == std::string_view::npos ||
+      absl::AsciiStrToLower(std::string(url.substr(0, scheme))) == "file";
+  if (!local) return std::string(internal_format::TrimUrl(url));
+  CAIRN_ASSIGN_OR_RETURN(std::string path, internal_storage::LocalPathOf(url));
+  return std::string(internal_format::TrimUrl(path));
+}
+
 absl::Status CheckReferencedCheckpoint(Storage& storage,
-                                       const CheckpointReference& ref,
-                                       std::string_view context) {
+                                       const CheckpointReference& ref) {
   absl::StatusOr<std::unique_ptr<ReadableFile>> file =
       storage.OpenForRead(kMetadataFileName);
   if (absl::IsNotFound(file.status())) {
     return absl::NotFoundError(absl::StrFormat(
-        "%s: it keeps chunks in %s (reference %s, save %s), where no "
-        "committed checkpoint is (%s/%s is missing: was it deleted?)",
-        context, storage.url(), ref.url, ref.save_id, storage.url(),
+        "reference %s (%s, save %s): no committed checkpoint is there (%s/%s "
+        "is missing: was it deleted?)",
+        ref.url, storage.url(), ref.save_id, storage.url(),
         kMetadataFileName));
   }
   CAIRN_RETURN_IF_ERROR(Annotate(
-      file.status(), absl::StrCat(std::string(context),
-                                  ": opening the checkpoint it references at ",
-                                  storage.url())));
+      file.status(),
+      absl::StrCat("reference ", ref.url, " (", storage.url(), ")")));
   const size_t n = internal_format::kChecksumPrefixBytes;
   std::string opening(n, '\0');
   const std::string expected =
@@ -40,16 +50,15 @@ absl::Status CheckReferencedCheckpoint(Storage& storage,
         (*file)->ReadAt(0, std::span<std::byte>(
                                reinterpret_cast<std::byte*>(opening.data()),
                                n)),
-        absl::StrCat(std::string(context), ": reading ", storage.url(), "/",
+        absl::StrCat("reference ", ref.url, ": reading ", storage.url(), "/",
                      kMetadataFileName)));
   }
   if (opening != expected) {
     return absl::DataLossError(absl::StrFormat(
-        "%s: it keeps chunks in %s (reference %s), but the checkpoint there "
-        "is not the one it was saved against: its metadata.json opens with "
-        "\"%s\", where checksum %s (save %s) was recorded (overwritten or "
-        "damaged since?)",
-        context, storage.url(), ref.url, absl::CHexEscape(opening),
+        "reference %s (%s): the checkpoint there is not the one it was "
+        "saved against: its metadata.json opens with \"%s\", where checksum "
+        "%s (save %s) was recorded (overwritten or damaged since?)",
+        ref.url, storage.url(), absl::CHexEscape(opening),
         internal_format::Crc32cToHex(ref.checksum), ref.save_id));
   }
   return absl::OkStatus();
@@ -66,7 +75,10 @@ ReferencingStorage::ReferencingStorage(Storage& own,
 ReferencingStorage::~ReferencingStorage() = default;
 
 std::string ReferencingStorage::ReferenceUrl(int k) const {
-  return internal_format::ResolveReference(own_.url(), refs_[k].url);
+  // "../<name>" is resolved against the absolute form of the URL.
+  absl::StatusOr<std::string> own = CanonicalCheckpointUrl(own_.url());
+  return internal_format::ResolveReference(own.ok() ? *own : own_.url(),
+                                           refs_[k].url);
 }
 
 absl::StatusOr<Storage*> ReferencingStorage::Reference(int k) {
@@ -74,15 +86,12 @@ absl::StatusOr<Storage*> ReferencingStorage::Reference(int k) {
   Opened& o = opened_[k];
   if (!o.tried) {
     o.tried = true;
-    const std::string context =
-        absl::StrCat("checkpoint ", own_.url());
     absl::StatusOr<std::unique_ptr<Storage>> storage =
         Storage::Open(ReferenceUrl(k), options_);
     o.status = Annotate(storage.status(),
-                        absl::StrCat(context, ": opening its reference ",
-                                     refs_[k].url));
+                        absl::StrCat("opening reference ", refs_[k].url));
     if (o.status.ok()) {
-      o.status = CheckReferencedCheckpoint(**storage, refs_[k], context);
+      o.status = CheckReferencedCheckpoint(**storage, refs_[k]);
     }
     if (o.status.ok()) o.storage = *std::move(storage);
   }

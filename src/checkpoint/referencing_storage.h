@@ -80,10 +80,13 @@ class ReferencingStorage final : public Storage {
 
 // Reads the opening of `storage`'s metadata.json and checks that it is the
 // checkpoint `ref` records: kNotFound when no metadata.json is there,
-// kDataLoss when its checksum differs. `context` names who refers to it.
+// kDataLoss when its checksum differs; both name the reference.
 absl::Status CheckReferencedCheckpoint(Storage& storage,
-                                       const CheckpointReference& ref,
-                                       std::string_view context);
+                                       const CheckpointReference& ref);
+
+// A checkpoint URL in the form references are made and resolved in: local
+// paths absolute (file:// or bare), any URL without trailing '/'s.
+absl::StatusOr<std::string> CanonicalCheckpointUrl(std::string_view url);
 
 }  // namespace cairn::internal_checkpoint
 

@@ -24,16 +24,6 @@ namespace cairn::internal_checkpoint {
 
 using internal_core::Annotate;
 
-absl::StatusOr<std::string> CanonicalCheckpointUrl(std::string_view url) {
-  const size_t scheme = url.find("://");
-  const bool local =
-      scheme == std::string_view::npos ||
-      absl::AsciiStrToLower(std::string(url.substr(0, scheme))) == "file";
-  if (!local) return std::string(internal_format::TrimUrl(url));
-  CAIRN_ASSIGN_OR_RETURN(std::string path, internal_storage::LocalPathOf(url));
-  return std::string(internal_format::TrimUrl(path));
-}
-
 absl::StatusOr<std::string> ReadBase(std::string_view own_url,
                                      const SaveOptions& options) {
   const std::string context = absl::StrCat("save: base ", options.base);

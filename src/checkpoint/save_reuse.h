@@ -25,13 +25,10 @@
 #include "cairn/checkpoint.h"
 #include "cairn/metadata.h"
 #include "cairn/planner.h"
+#include "checkpoint/referencing_storage.h"
 #include "checkpoint/write_report.h"
 
 namespace cairn::internal_checkpoint {
-
-// A checkpoint URL in the form references compare: local paths absolute
-// (file:// or bare), any URL without trailing '/'s.
-absl::StatusOr<std::string> CanonicalCheckpointUrl(std::string_view url);
 
 // What a save knows of its base.
 struct BaseChunks {
