@@ -104,6 +104,21 @@ std::vector<std::string> Seeds() {
        ByteLocation{"data-00001.safetensors", 200, 8, 3, {}},
        {ByteLocation{"data-00001.safetensors", 208, 8, 4, {}}}});
   seeds.push_back(*EncodeMetadata(kv));
+  // Version 6: chunk digests, and a chunk kept in a referenced checkpoint.
+  Metadata incremental = md;
+  incremental.save_id = "s2";
+  incremental.references.push_back({"../step-1", 0x1234abcd, "s1"});
+  incremental.references.push_back({"s3://bucket/run/step-0", 7, "s0"});
+  incremental.tensors["model.w"].chunks[0].location.file =
+      "../step-1/data-00000-s1.safetensors";
+  incremental.tensors["model.w"].chunks[1].location.file =
+      "s3://bucket/run/step-0/data-00001-s0.safetensors";
+  for (auto& [fqn, t] : incremental.tensors) {
+    for (ChunkMetadata& c : t.chunks) {
+      c.location.xxh3 = ChunkDigest{0x0123456789abcdefULL, 42};
+    }
+  }
+  seeds.push_back(*EncodeMetadata(incremental));
   return seeds;
 }
 
