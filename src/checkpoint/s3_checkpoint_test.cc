@@ -51,15 +51,22 @@ class S3CheckpointTest : public ::testing::Test {
   }
 
   absl::Status SaveRanks(const std::string& url, Pattern p, int world,
-                         int64_t step, bool overwrite = false) {
+                         int64_t step, bool overwrite = false,
+                         const std::string& base = "",
+                         int* chunks_reused = nullptr) {
+    std::atomic<int> reused{0};
     std::vector<absl::Status> st = RunInProcess(world, [&](Communicator& comm) {
       RankState s = MakeRankState(p, world, comm.rank(), step, false);
       SaveOptions o;
       o.comm = &comm;
       o.s3 = s3_;
       o.overwrite = overwrite;
-      return Save(s.sd, url, o).status();
+      o.base = base;
+      absl::StatusOr<SaveResult> r = Save(s.sd, url, o);
+      if (r.ok()) reused += r->chunks_reused;
+      return r.status();
     });
+    if (chunks_reused != nullptr) *chunks_reused = reused;
     for (const absl::Status& s : st) CAIRN_RETURN_IF_ERROR(s);
     return absl::OkStatus();
   }
@@ -104,6 +111,27 @@ TEST_F(S3CheckpointTest, FourRanksSaveAndReshardedLoadsAreBitExact) {
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_THAT(*names, ::testing::Contains("metadata.json"));
   EXPECT_THAT(*names, ::testing::Not(::testing::Contains("save.lock")));
+}
+
+// An incremental checkpoint on object storage: its base is a sibling
+// prefix, and loads read the unchanged chunks there.
+TEST_F(S3CheckpointTest, IncrementalSavesReferenceTheirBasePrefix) {
+  const std::string one = root_ + "/step-1", two = root_ + "/step-2";
+  ASSERT_TRUE(SaveRanks(one, Pattern::kRows, 2, 5).ok());
+  int reused = 0;
+  absl::Status saved =
+      SaveRanks(two, Pattern::kRows, 2, 5, false, one, &reused);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_GT(reused, 0);
+  auto storage = Open(two);
+  ASSERT_TRUE(storage.ok());
+  absl::StatusOr<std::string> text =
+      (*storage)->ReadAll("metadata.json", uint64_t{1} << 20);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, HasSubstr("\"url\":\"../step-1\""));
+  EXPECT_THAT(*text, HasSubstr("\"file\":\"../step-1/data-"));
+  absl::Status loaded = LoadRanksAndCheck(two, Pattern::kCols, 3, 2, 5);
+  EXPECT_TRUE(loaded.ok()) << loaded;
 }
 
 TEST_F(S3CheckpointTest, CommitNeverReplacesACommittedCheckpoint) {
