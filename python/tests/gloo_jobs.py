@@ -1,6 +1,7 @@
 """What the multi-process tests share: a small MLP sharded with FSDP2 on a
 CPU mesh, and jobs of real processes talking over gloo on 127.0.0.1."""
 
+import faulthandler
 import os
 
 import torch
@@ -30,6 +31,10 @@ def shard(model, world):
 
 
 def init(rank, world, port):
+    # A rank that aborts (an unexplained "terminate called without an
+    # active exception" has been seen here) prints its Python threads'
+    # stacks, so the log says where it was.
+    faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
