@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "cairn/storage.h"
 #include "checkpoint/checkpoint_impl.h"
+#include "checkpoint/save_write.h"
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/strided.h"
@@ -191,15 +192,7 @@ absl::StatusOr<std::vector<ItemDigest>> DigestItems(
           d.status(), absl::StrCat("resolving ", item.fqn, " ",
                                    item.box.ToString(), " to digest it")));
       data[b] = *std::move(d);
-      const TensorView& view = data[b].view;
-      if (!view.device().is_cpu() || view.dtype() != item.dtype ||
-          view.shape() != item.box.sizes ||
-          (view.data() == nullptr && item.nbytes > 0)) {
-        return absl::InternalError(absl::StrFormat(
-            "%s %s: the planner resolved it to a view that is not host "
-            "memory of the item's dtype and shape",
-            item.fqn, item.box.ToString()));
-      }
+      CAIRN_RETURN_IF_ERROR(CheckResolvedView(item, data[b]));
       first_task[b] = tasks.size();
       for (uint64_t at = 0; at < item.nbytes; at += block_bytes) {
         tasks.push_back({b, at, std::min(item.nbytes, at + block_bytes)});
@@ -212,20 +205,10 @@ absl::StatusOr<std::vector<ItemDigest>> DigestItems(
         static_cast<int64_t>(tasks.size()), threads,
         [&](int64_t t) -> absl::Status {
           const BlockTask& task = tasks[t];
-          const TensorView& view = data[task.item].view;
-          const uint64_t n = task.end - task.begin;
-          const std::byte* bytes = nullptr;
-          thread_local std::vector<std::byte> scratch;
-          if (view.is_contiguous()) {
-            bytes = static_cast<const std::byte*>(view.data()) + task.begin;
-          } else {
-            if (scratch.size() < n) scratch.resize(n);
-            internal_core::CopyRowMajorBytes(view, task.begin, task.end,
-                                             scratch.data());
-            bytes = scratch.data();
-          }
-          digests[t] = internal_format::BlockDigest(bytes, n);
-          crcs[t] = internal_format::Crc32c(bytes, n);
+          const std::span<const std::byte> bytes =
+              RowMajorRange(data[task.item].view, task.begin, task.end);
+          digests[t] = internal_format::BlockDigest(bytes.data(), bytes.size());
+          crcs[t] = internal_format::Crc32c(bytes.data(), bytes.size());
           return absl::OkStatus();
         }));
     for (size_t b = 0; b < batch.size(); ++b) {

@@ -55,16 +55,8 @@ absl::StatusOr<const ResolvedData*> Acquire(Entry& e, SavePlanner& planner) {
               "during the save?)",
               item.fqn, e.data.bytes.size(), item.nbytes));
         }
-      } else if (!e.data.view.device().is_cpu() ||
-                 e.data.view.dtype() != item.dtype ||
-                 e.data.view.shape() != item.box.sizes ||
-                 (e.data.view.data() == nullptr && item.nbytes > 0)) {
-        e.resolve_status = absl::InternalError(absl::StrFormat(
-            "%s %s: the planner resolved it to a %s %s view on %s; expected "
-            "host memory of the item's dtype and shape",
-            item.fqn, item.box.ToString(), DTypeName(e.data.view.dtype()),
-            absl::StrCat("[", absl::StrJoin(e.data.view.shape(), ", "), "]"),
-            e.data.view.device().ToString()));
+      } else {
+        e.resolve_status = CheckResolvedView(item, e.data);
       }
     }
   }
@@ -80,16 +72,32 @@ void Release(Entry& e) {
   }
 }
 
-ChunkDigest DigestOfRange(const TensorView& view, uint64_t begin,
-                          uint64_t end) {
+absl::Status CheckResolvedView(const WriteItem& item,
+                               const ResolvedData& data) {
+  const TensorView& v = data.view;
+  if (v.device().is_cpu() && v.dtype() == item.dtype &&
+      v.shape() == item.box.sizes &&
+      (v.data() != nullptr || item.nbytes == 0)) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrFormat(
+      "%s %s: the planner resolved it to a %s %s view on %s; expected "
+      "host memory of the item's dtype and shape",
+      item.fqn, item.box.ToString(), DTypeName(v.dtype()),
+      absl::StrCat("[", absl::StrJoin(v.shape(), ", "), "]"),
+      v.device().ToString()));
+}
+
+std::span<const std::byte> RowMajorRange(const TensorView& view,
+                                         uint64_t begin, uint64_t end) {
+  const size_t n = end - begin;
   if (view.is_contiguous()) {
-    return internal_format::BlockDigest(
-        static_cast<const std::byte*>(view.data()) + begin, end - begin);
+    return {static_cast<const std::byte*>(view.data()) + begin, n};
   }
   thread_local std::vector<std::byte> scratch;
-  if (scratch.size() < end - begin) scratch.resize(end - begin);
+  if (scratch.size() < n) scratch.resize(n);
   internal_core::CopyRowMajorBytes(view, begin, end, scratch.data());
-  return internal_format::BlockDigest(scratch.data(), end - begin);
+  return {scratch.data(), n};
 }
 
 void StartDigests(Entry& e, uint64_t block_bytes) {
@@ -165,7 +173,10 @@ absl::Status FillBlock(FileLayout& layout, SavePlanner& planner,
              k * block_bytes < hi; ++k) {
           const uint64_t a = k * block_bytes;
           const uint64_t b = std::min(e.item->nbytes, a + block_bytes);
-          e.block_digest[k] = DigestOfRange(data->view, a, b);
+          const std::span<const std::byte> block =
+              RowMajorRange(data->view, a, b);
+          e.block_digest[k] =
+              internal_format::BlockDigest(block.data(), block.size());
         }
       }
     }

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,10 +79,15 @@ struct FileLayout {
 absl::StatusOr<FileLayout> LayOut(const SavePlan& plan,
                                   const std::string& file_name);
 
-// The digest of bytes [begin, end) of `view`'s row-major image (one
-// checksum block).
-ChunkDigest DigestOfRange(const TensorView& view, uint64_t begin,
-                          uint64_t end);
+// OK when `data`, resolved for the tensor item `item`, is host memory of
+// its dtype and shape (kInternal naming the item otherwise).
+absl::Status CheckResolvedView(const WriteItem& item, const ResolvedData& data);
+
+// Bytes [begin, end) of `view`'s row-major image (host memory): in place
+// when the view is contiguous, else copied into a buffer of the calling
+// thread's, valid until its next call.
+std::span<const std::byte> RowMajorRange(const TensorView& view,
+                                         uint64_t begin, uint64_t end);
 // Before an entry is written: room for its block digests when the writer
 // is to take its digest (a tensor without one); after: its digest.
 void StartDigests(Entry& e, uint64_t block_bytes);
