@@ -114,21 +114,22 @@ absl::Status Loader::RunFramesTask(const ReadTask& t) {
   if (view != nullptr && view->bytes().size() == t.span) {
     stored = view->bytes().data();
   } else {
-    if (scratch->stored.size() < t.span) scratch->stored.resize(t.span);
+    std::byte* const buffer = scratch->stored.Get(t.span);
     CAIRN_RETURN_IF_ERROR(Annotate(
-        file.ReadAt(t.file_offset,
-                    std::span<std::byte>(scratch->stored.data(), t.span)),
+        file.ReadAt(t.file_offset, std::span<std::byte>(buffer, t.span)),
         absl::StrFormat("reading %s (%s, offset %d)", t.what, loc.file,
                         t.file_offset)));
-    stored = scratch->stored.data();
+    stored = buffer;
   }
   const uint64_t raw_begin = t.first_frame * t.frame_bytes;
   const uint64_t raw_end =
       std::min(loc.nbytes, (t.first_frame + t.frame_count) * t.frame_bytes);
-  if (scratch->raw.size() < raw_end - raw_begin) {
-    scratch->raw.resize(raw_end - raw_begin);
-  }
-  std::byte* const raw = scratch->raw.data();
+  // The raw bytes go straight into a dense destination; only the frames
+  // that stick out of it (or all, for copies) need the scratch buffer.
+  const bool whole = t.dst != nullptr && raw_begin == t.check_offset &&
+                     raw_end == t.check_offset + t.raw_bytes;
+  std::byte* const raw =
+      whole ? nullptr : scratch->raw.Get(raw_end - raw_begin);
   internal_format::FrameDecompressor& decompressor = scratch->decompressor;
   uint64_t at = 0;  // in `stored`
   for (uint64_t f = t.first_frame; f < t.first_frame + t.frame_count; ++f) {

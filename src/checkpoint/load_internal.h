@@ -36,6 +36,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "core/buffer_pool.h"
 #include "core/parallel.h"
+#include "core/scratch_bytes.h"
 #include "core/status.h"
 #include "core/strided.h"
 #include "cuda/device_runtime.h"
@@ -309,8 +310,8 @@ class Loader {
   // A kFrames task's buffers and decompressor, kept from task to task
   // (buffers only grow, so they are not cleared again).
   struct FrameScratch {
-    std::vector<std::byte> stored;
-    std::vector<std::byte> raw;
+    internal_core::ScratchBytes stored;
+    internal_core::ScratchBytes raw;
     internal_format::FrameDecompressor decompressor;
   };
   std::unique_ptr<FrameScratch> TakeFrameScratch();

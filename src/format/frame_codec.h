@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cairn/metadata.h"
+#include "core/scratch_bytes.h"
 
 struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
@@ -55,16 +56,15 @@ size_t MinFrameBytes(size_t raw_bytes);
 
 // Moves byte p of each `elem_size`-byte element of `src` (n bytes, a
 // multiple of elem_size) to plane p of `dst`: dst[p * (n / elem_size) + i]
-// = src[i * elem_size + p]. UngroupBytes undoes it.
-// `scratch`, when given, is used (and grown) for intermediate steps
-// instead of a buffer of their own.
+// = src[i * elem_size + p]. UngroupBytes undoes it. One pass each, with
+// SSE2 for 2- and 4-byte elements.
 void GroupBytes(const std::byte* src, size_t n, size_t elem_size,
-                std::byte* dst, std::vector<std::byte>* scratch = nullptr);
+                std::byte* dst);
 void UngroupBytes(const std::byte* src, size_t n, size_t elem_size,
-                  std::byte* dst, std::vector<std::byte>* scratch = nullptr);
+                  std::byte* dst);
 
-// Compresses frames; one per thread (it keeps zstd's context and a
-// scratch buffer between frames).
+// Compresses frames; one per thread (it keeps zstd's context and its
+// scratch buffers between frames).
 class FrameCompressor {
  public:
   FrameCompressor(Codec codec, int level);
@@ -75,15 +75,29 @@ class FrameCompressor {
   // Compresses `raw`, whole elements of `elem_size` bytes, into `out` (at
   // least MaxFrameBytes(raw.size()) bytes); returns the stored size.
   // kInternal if zstd fails.
+  // A grouped frame holds only literals (each plane Huffman coded in
+  // blocks of its own) unless it compresses to under a third of its size
+  // that way, when it is also compressed with zstd's matches at `level`
+  // and keeps those if they take less than 0.9 of the bytes. Any frame is
+  // one standard zstd frame: decompressing is the same for all.
   absl::StatusOr<size_t> Compress(std::span<const std::byte> raw,
                                   size_t elem_size, std::span<std::byte> out);
 
  private:
+  static constexpr size_t kTryMatchesBelow = 3;  // raw / stored
+  // zstd's own frame of `src` at level_.
+  absl::StatusOr<size_t> Matched(std::span<const std::byte> src,
+                                 std::span<std::byte> out);
+  // A frame of `grouped`'s literals, no matches.
+  absl::StatusOr<size_t> LiteralsOnly(std::span<const std::byte> grouped,
+                                      size_t elem_size,
+                                      std::span<std::byte> out);
+
   Codec codec_;
   int level_;
   ZSTD_CCtx_s* ctx_ = nullptr;
-  std::vector<std::byte> grouped_;
-  std::vector<std::byte> scratch_;  // GroupBytes'
+  internal_core::ScratchBytes grouped_;
+  internal_core::ScratchBytes matched_;  // Matched's frame, while both are tried
 };
 
 // Decompresses frames; one per thread.
@@ -103,8 +117,7 @@ class FrameDecompressor {
 
  private:
   ZSTD_DCtx_s* ctx_ = nullptr;
-  std::vector<std::byte> grouped_;
-  std::vector<std::byte> scratch_;  // UngroupBytes'
+  internal_core::ScratchBytes grouped_;
 };
 
 }  // namespace cairn::internal_format
