@@ -7,8 +7,9 @@ then saved by cairn with each codec beside raw, in one run:
   weights (fp32, and a bf16 copy), on Adam's exp_avg and exp_avg_sq, and
   on the whole training state;
 - save, cold load (the checkpoint's pages dropped from the page cache
-  first) and warm load seconds with each codec, medians of --repeat,
-  loads checked bit-exact against what was saved.
+  first) and warm load seconds with each codec, medians of --repeat
+  rounds (--warm warm loads each), the codecs taking turns within each
+  round; loads checked bit-exact against what was saved.
 
     python3 bench/peers/codec_bench.py --repeat 5 --out results.json
 
@@ -111,42 +112,58 @@ def drop_cache(path):
             os.close(fd)
 
 
-def timed_round_trip(state, path, codec, level, repeat):
-    """Median save, cold load and warm load seconds, and the ratio, for
-    one codec."""
-    saves, loads, colds = [], [], []
+def timed_round_trips(state, path, level, repeat, warm):
+    """Median save, cold load and warm load seconds, and the ratio, of
+    each codec: the codecs take turns within each of `repeat` rounds (a
+    save, a cold load, then `warm` warm loads each), so that drift on a
+    noisy machine reaches them alike."""
+    samples = {c: {"save": [], "cold": [], "warm": []} for c in CODECS}
+    ratios = {}
     for i in range(repeat):
-        if path.exists():
-            shutil.rmtree(path)
-        t0 = time.perf_counter()
-        cairn.save(state, str(path), codec=codec, codec_level=level)
-        saves.append(time.perf_counter() - t0)
-        dst = {k: {n: torch.empty_like(v) for n, v in d.items()}
-               for k, d in state.items()}
-        drop_cache(path)
-        t0 = time.perf_counter()
-        cairn.load(dst, str(path))
-        colds.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        cairn.load(dst, str(path))
-        loads.append(time.perf_counter() - t0)
-        for k, d in state.items():
-            for n, v in d.items():
-                assert torch.equal(dst[k][n], v), (codec, k, n)
-    ratio, raw, stored = stored_ratio(path)
-    return {"codec": codec, "level": level,
-            "save_seconds": statistics.median(saves),
-            "cold_load_seconds": statistics.median(colds),
-            "load_seconds": statistics.median(loads), "raw_bytes": raw,
-            "stored_bytes": stored, "ratio": ratio, "save_samples": saves,
-            "cold_load_samples": colds, "load_samples": loads}
+        for codec in CODECS:
+            s = samples[codec]
+            if path.exists():
+                shutil.rmtree(path)
+            t0 = time.perf_counter()
+            cairn.save(state, str(path), codec=codec, codec_level=level)
+            s["save"].append(time.perf_counter() - t0)
+            dst = {k: {n: torch.empty_like(v) for n, v in d.items()}
+                   for k, d in state.items()}
+            drop_cache(path)
+            t0 = time.perf_counter()
+            cairn.load(dst, str(path))
+            s["cold"].append(time.perf_counter() - t0)
+            for _ in range(warm):
+                t0 = time.perf_counter()
+                cairn.load(dst, str(path))
+                s["warm"].append(time.perf_counter() - t0)
+            for k, d in state.items():
+                for n, v in d.items():
+                    assert torch.equal(dst[k][n], v), (codec, k, n)
+            ratios[codec] = stored_ratio(path)
+    rows = []
+    for codec in CODECS:
+        s = samples[codec]
+        ratio, raw, stored = ratios[codec]
+        rows.append({"codec": codec, "level": level,
+                     "save_seconds": statistics.median(s["save"]),
+                     "cold_load_seconds": statistics.median(s["cold"]),
+                     "load_seconds": statistics.median(s["warm"]),
+                     "raw_bytes": raw, "stored_bytes": stored,
+                     "ratio": ratio, "save_samples": s["save"],
+                     "cold_load_samples": s["cold"],
+                     "load_samples": s["warm"]})
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a Hugging Face folder (default: MiniLM)")
     ap.add_argument("--steps", type=int, default=3, help="AdamW steps")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="rounds, each saving and loading with every codec")
+    ap.add_argument("--warm", type=int, default=3,
+                    help="warm loads after each cold one")
     ap.add_argument("--level", type=int, default=1, help="zstd level")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
@@ -161,12 +178,13 @@ def main():
         "whole_state": {"model": fp32, **moments},
     }
     out = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(),
-           "torch": torch.__version__, "steps": args.steps, "rows": []}
+           "torch": torch.__version__, "steps": args.steps,
+           "repeat": args.repeat, "warm": args.warm, "rows": []}
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         for part, state in parts.items():
-            for codec in CODECS:
-                r = timed_round_trip(state, pathlib.Path(tmp) / "c", codec,
-                                     args.level, args.repeat)
+            for r in timed_round_trips(state, pathlib.Path(tmp) / "c",
+                                       args.level, args.repeat, args.warm):
+                codec = r["codec"]
                 r["part"] = part
                 out["rows"].append(r)
                 print(f"{part:13s} {codec:13s} ratio {r['ratio']:.3f}  "

@@ -292,12 +292,13 @@ absl::StatusOr<size_t> FrameCompressor::Compress(
   GroupBytes(raw.data(), raw.size(), elem_size, grouped_bytes);
   const std::span<const std::byte> grouped(grouped_bytes, raw.size());
   // A float's planes are mostly symbols without repeats (mantissas) or
-  // with repeats too short to pay (exponents): literals alone, Huffman
-  // coded per plane, store MiniLM's bf16 weights in 0.98x the bytes of
-  // zstd's own level-1 frames and decode 1.5x-2x faster (bench/RESULTS.md,
-  // 12-02). Planes that compress far better than that (zeros, small
-  // integers) are where zstd's matches pay: those frames are also
-  // compressed with them, and keep whichever is smaller by a tenth.
+  // with repeats too short to pay (exponents), and zstd decodes short
+  // matches slowly: literals alone, Huffman coded per plane, store
+  // fine-tuned MiniLM's bf16 weights at 1.49x where zstd's level-1 frames
+  // did 1.45x, and warm loads of them went from 0.58x of raw's speed to
+  // 0.86x-0.94x (bench/RESULTS.md, 12-02). Frames that compress far
+  // better than that (zeros, counters) are where matches pay: those are
+  // also compressed with them, keeping the matches if they save a tenth.
   CAIRN_ASSIGN_OR_RETURN(const size_t literal,
                          LiteralsOnly(grouped, elem_size, out));
   if (literal * kTryMatchesBelow > raw.size()) return literal;
@@ -343,6 +344,12 @@ absl::StatusOr<size_t> FrameCompressor::LiteralsOnly(
   if (!ZSTD_isError(n)) {
     n = ZSTD_CCtx_setParameter(ctx_, ZSTD_c_blockDelimiters,
                                ZSTD_sf_explicitBlockDelimiters);
+  }
+  // Huffman coding is the point of these frames, also at the negative
+  // levels, where zstd would otherwise store literals raw.
+  if (!ZSTD_isError(n)) {
+    n = ZSTD_CCtx_setParameter(ctx_, ZSTD_c_literalCompressionMode,
+                               ZSTD_ps_enable);
   }
   if (!ZSTD_isError(n)) {
     n = ZSTD_compressSequences(ctx_, out.data(), out.size(),
