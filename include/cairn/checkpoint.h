@@ -127,7 +127,10 @@ struct SaveOptions {
   // zstd's level for `codec`: from its negative fast levels to 22 (else
   // kInvalidArgument). Default: 1, zstd's fastest regular level: on
   // fine-tuned MiniLM weights and AdamW state (bench/RESULTS.md) it saved
-  // faster than level 3 and grouped-zstd stored them smaller.
+  // faster than level 3 and grouped-zstd stored them smaller. kGroupedZstd
+  // frames hold Huffman-coded literals alone, whatever the level; the
+  // level applies to those that shrink past a third of their size that
+  // way, where zstd's matches are tried too (docs/format.md 4.2.1).
   int codec_level = 1;
   // Incremental checkpoint: the URL of an earlier committed checkpoint (a
   // global one, saved with the same crc32c_block_bytes). A tensor chunk

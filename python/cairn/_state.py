@@ -45,9 +45,15 @@ _TORCH_NAMES = {
     "bool": "BOOL",
     "float8_e8m0fnu": "F8_E8M0",
     "complex64": "C64",
+    # Two 4-bit floats a byte, as safetensors' F4 holds them.
+    "float4_e2m1fn_x2": "F4_X2",
 }
-_NUMPY_NAMES = dict(_TORCH_NAMES)  # NumPy's dtype names are the same
+# NumPy's dtype names are the same, but for the packed F4 pairs (ml_dtypes'
+# float4_e2m1fn holds one value a byte).
+_NUMPY_NAMES = {k: v for k, v in _TORCH_NAMES.items() if v != "F4_X2"}
 _CAIRN_TO_NAME = {v: k for k, v in _TORCH_NAMES.items()}
+# Packed dtypes neither torch nor NumPy has: four 6-bit floats in 3 bytes.
+_NO_ARRAY_DTYPE = ("F6_E2M3_X4", "F6_E3M2_X4")
 
 
 def _torch():
@@ -75,7 +81,15 @@ def torch_dtype_name(dtype, fqn):
     return cairn_name
 
 
-def torch_dtype(cairn_name):
+def _no_array_dtype(cairn_name, fqn, framework):
+    return InvalidArgumentError(
+        f"'{fqn}' is {cairn_name} (four 6-bit floats in 3 bytes), which "
+        f"{framework} has no dtype for; the C++ API loads it")
+
+
+def torch_dtype(cairn_name, fqn=""):
+    if cairn_name in _NO_ARRAY_DTYPE:
+        raise _no_array_dtype(cairn_name, fqn, "torch")
     return getattr(_torch(), _CAIRN_TO_NAME[cairn_name])
 
 
@@ -87,7 +101,8 @@ def _torch_bits(t):
     differ across DLPack versions (the view costs about 1.6 us)."""
     torch = _torch()
     d = t.detach()
-    if d.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if d.dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
+                   torch.float4_e2m1fn_x2):
         d = d.view(torch.uint8)
     return torch.utils.dlpack.to_dlpack(d)
 
@@ -102,6 +117,13 @@ def numpy_dtype_name(dtype, fqn):
 
 
 def numpy_dtype(cairn_name, fqn):
+    if cairn_name in _NO_ARRAY_DTYPE:
+        raise _no_array_dtype(cairn_name, fqn, "NumPy")
+    if cairn_name == "F4_X2":
+        raise InvalidArgumentError(
+            f"'{fqn}' is F4_X2 (two 4-bit floats a byte), which NumPy has no "
+            f"dtype for: load it with framework='torch' "
+            f"(torch.float4_e2m1fn_x2)")
     name = _CAIRN_TO_NAME[cairn_name]
     if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         try:
@@ -325,10 +347,13 @@ def from_loaded(tree, framework, allow_pickle, fqn=""):
         return [from_loaded(v, framework, allow_pickle, _child(fqn, str(i)))
                 for i, v in enumerate(tree)]
     if isinstance(tree, _cairn.Exported):
+        # The dtype first: it is the clear error for one that has none.
         if framework == "torch":
             import torch
-            return torch.from_dlpack(tree).view(torch_dtype(tree.dtype))
-        return np.from_dlpack(tree).view(numpy_dtype(tree.dtype, fqn))
+            dtype = torch_dtype(tree.dtype, fqn)
+            return torch.from_dlpack(tree).view(dtype)
+        dtype = numpy_dtype(tree.dtype, fqn)
+        return np.from_dlpack(tree).view(dtype)
     if isinstance(tree, bytes):
         return decode_object(tree, allow_pickle)
     return tree

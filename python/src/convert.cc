@@ -4,6 +4,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -270,6 +271,8 @@ absl::StatusOr<StateDict> ValueLeaf(py::handle obj, const std::string& fqn) {
 
 namespace {
 
+// The unsigned dtype of an element's width; the F6 quads' 3 bytes have
+// none (the Python side refuses them before asking for a capsule).
 DType BitsType(DType dtype) {
   switch (DTypeSize(dtype)) {
     case 1:
@@ -278,8 +281,13 @@ DType BitsType(DType dtype) {
       return DType::kU16;
     case 4:
       return DType::kU32;
-    default:
+    case 8:
       return DType::kU64;
+    default:
+      throw std::invalid_argument(absl::StrCat(
+          "dtype ", std::string(DTypeName(dtype)),
+          " has elements of ", DTypeSize(dtype),
+          " bytes, which DLPack cannot carry"));
   }
 }
 

@@ -191,3 +191,58 @@ def test_bad_files_are_clear_errors(tmp_path):
         json.dumps({"weight_map": {"w": "model-00002.safetensors"}}))
     with pytest.raises(cairn.NotFoundError, match="model-00002.safetensors"):
         cairn.load({"w": torch.empty(4)}, bad)
+
+
+def header_of(path):
+    data = pathlib.Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def test_f4_from_the_reference_writer_loads_as_float4_pairs(tmp_path):
+    """safetensors' own writer stores torch.float4_e2m1fn_x2 as F4 with
+    the values' shape; cairn holds it as F4_X2 pairs again, loads any
+    column shard of it, and exports F4 as it came."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(4)
+    raw = torch.randint(0, 256, (4, 8), dtype=torch.uint8, generator=g)
+    src = tmp_path / "in"
+    src.mkdir()
+    save_file({"q": raw.view(torch.float4_e2m1fn_x2)},
+              src / "model.safetensors")
+    header, _ = header_of(src / "model.safetensors")
+    assert header["q"]["dtype"] == "F4" and header["q"]["shape"] == [4, 16]
+    md = cairn.read_metadata(src)
+    assert md["tensors"]["q"]["dtype"] == "F4_X2"
+    assert md["tensors"]["q"]["shape"] == [4, 8]
+    whole = torch.empty(4, 8, dtype=torch.float4_e2m1fn_x2)
+    cairn.load({"q": whole}, src)
+    assert torch.equal(whole.view(torch.uint8), raw)
+    right = torch.empty(4, 3, dtype=torch.float4_e2m1fn_x2)
+    cairn.load({"q": cairn.ShardedTensor([4, 8], [((0, 5), right)])}, src)
+    assert torch.equal(right.view(torch.uint8), raw[:, 5:])
+    assert torch.equal(cairn.load_all(src)["q"].view(torch.uint8), raw)
+    # Through a checkpoint and out again.
+    cairn.save({"q": whole}, tmp_path / "ckpt")
+    cairn.export_hf(tmp_path / "ckpt", tmp_path / "out")
+    header, data = header_of(tmp_path / "out" / "model.safetensors")
+    assert header["q"]["dtype"] == "F4" and header["q"]["shape"] == [4, 16]
+    begin, end = header["q"]["data_offsets"]
+    assert data[begin:end] == raw.numpy().tobytes()
+
+
+def test_f6_and_odd_f4_are_clear_errors(tmp_path):
+    d = tmp_path / "f6"
+    d.mkdir()
+    write_raw(d / "model.safetensors",
+              {"r": {"dtype": "F6_E3M2", "shape": [2, 8],
+                     "data_offsets": [0, 12]}}, bytes(range(12)))
+    assert cairn.read_metadata(d)["tensors"]["r"]["dtype"] == "F6_E3M2_X4"
+    with pytest.raises(cairn.InvalidArgumentError,
+                       match="'r'.*F6_E3M2_X4.*torch has no dtype"):
+        cairn.load_all(d)
+    write_raw(d / "model.safetensors",
+              {"q": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}},
+              b"\0\0")
+    with pytest.raises(cairn.UnimplementedError, match='"q".*F4_X2'):
+        cairn.read_metadata(d)

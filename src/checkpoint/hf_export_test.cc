@@ -1,6 +1,7 @@
 // Hugging Face folders written by cairn (hf_export.cc): live state dicts on
 // several ranks, checkpoints, casts, shard sizes, overwrites, conversion
 // back to a checkpoint, and the errors of each.
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -255,6 +256,58 @@ TEST(HfExportTest, CheckpointToFolderAndBackWithCast) {
   ASSERT_TRUE(md.ok());
   EXPECT_EQ(md->tensors.at("model.a.w").dtype, DType::kF16);
   EXPECT_EQ(md->tensors.at("model.c.ids").dtype, DType::kI64);
+}
+
+// F4 and F6 tensors go out as safetensors' own F4 / F6 entries, shapes
+// counting values, and come back packed; a cast leaves them alone.
+TEST(HfExportTest, SubByteTensorsExportAsSafetensorsDTypes) {
+  TempDir tmp;
+  const std::vector<HfTensor> packed = {
+      {"fp4.w", DType::kF4_X2, {3, 5}},        // [3, 10] values, 15 bytes
+      {"fp6.w", DType::kF6_E2M3_X4, {2, 3}},   // [2, 12] values, 18 bytes
+      {"w", DType::kF32, {4}},
+  };
+  WriteSafetensors(tmp.Sub("in/model.safetensors"), packed);
+  ASSERT_TRUE(ConvertToCheckpoint(tmp.Sub("in"), tmp.Sub("ckpt")).ok());
+  HfExportOptions o;
+  o.dtype = DType::kBF16;
+  absl::StatusOr<HfExportResult> out =
+      ExportToHuggingFace(tmp.Sub("ckpt"), tmp.Sub("hf"), o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::string file = ReadFile(tmp.Sub("hf/model.safetensors"));
+  uint64_t n = 0;
+  ASSERT_GE(file.size(), 8u);
+  std::memcpy(&n, file.data(), 8);
+  ASSERT_LE(8 + n, file.size());
+  const nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
+  EXPECT_EQ(header["fp4.w"]["dtype"], "F4");
+  EXPECT_EQ(header["fp4.w"]["shape"], nlohmann::json({3, 10}));
+  EXPECT_EQ(header["fp6.w"]["dtype"], "F6_E2M3");
+  EXPECT_EQ(header["fp6.w"]["shape"], nlohmann::json({2, 12}));
+  EXPECT_EQ(header["w"]["dtype"], "BF16");
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& at = header[packed[i].name]["data_offsets"];
+    const uint64_t begin = at[0].get<uint64_t>(), end = at[1].get<uint64_t>();
+    EXPECT_EQ(file.substr(8 + n + begin, end - begin), HfBytes(packed[i]))
+        << packed[i].name;
+  }
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.Sub("hf"));
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->tensors.at("fp4.w").dtype, DType::kF4_X2);
+  EXPECT_EQ(md->tensors.at("fp4.w").shape, (Shape{3, 5}));
+  EXPECT_EQ(md->tensors.at("fp6.w").shape, (Shape{2, 3}));
+}
+
+// A packed scalar has no last dimension to count its values in.
+TEST(HfExportTest, PackedScalarsAreRefused) {
+  TempDir tmp;
+  std::string byte(1, '\x21');
+  StateDict sd;
+  sd["s"] = TensorView(byte.data(), DType::kF4_X2, {});
+  absl::StatusOr<SaveResult> saved = Save(sd, tmp.Sub("ckpt"));
+  ASSERT_EQ(saved.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(saved.status()), HasSubstr("F4_X2"));
+  EXPECT_THAT(Msg(saved.status()), HasSubstr("s"));
 }
 
 TEST(HfExportTest, OverwriteReplacesTheWholeModel) {

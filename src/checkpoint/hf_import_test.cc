@@ -57,6 +57,9 @@ const std::vector<HfTensor>& AllKinds() {
       {"fp8", DType::kF8_E4M3, {4}},
       {"step", DType::kF64, {}},
       {"empty", DType::kF16, {0, 4}},
+      {"nvfp4", DType::kF4_X2, {3, 4}},
+      {"fp6", DType::kF6_E2M3_X4, {2, 1}},
+      {"fp6b", DType::kF6_E3M2_X4, {1, 2}},
   };
   return *t;
 }
@@ -98,6 +101,54 @@ TEST(HfImportTest, SingleFileEveryDType) {
   EXPECT_EQ(md->tensors.size(), AllKinds().size());
   EXPECT_EQ(md->tensors.at("scale").dtype, DType::kF8_E8M0);
   EXPECT_EQ(IsSafetensorsSource(tmp.path()).value_or(false), true);
+}
+
+// safetensors' F4 and F6 entries, written by hand (shapes count values),
+// are held packed and reshard in whole elements: 2 ranks, a column each.
+TEST(HfImportTest, SubByteTensorsLoadPackedIntoAnySharding) {
+  TempDir tmp;
+  std::string data;
+  for (int i = 0; i < 4 * 8 + 2 * 12; ++i) {
+    data.push_back(static_cast<char>(i * 37 + 11));
+  }
+  // "q": F4 [4, 16] values = [4, 8] bytes; "r": F6_E3M2 [2, 16] values =
+  // [2, 4] elements of 3 bytes.
+  const std::string json =
+      R"({"q":{"dtype":"F4","shape":[4,16],"data_offsets":[0,32]},)"
+      R"("r":{"dtype":"F6_E3M2","shape":[2,16],"data_offsets":[32,56]}})";
+  std::string file(8, '\0');
+  const uint64_t n = json.size();
+  std::memcpy(file.data(), &n, 8);
+  WriteFile(tmp.Sub("model.safetensors"), file + json + data);
+  absl::StatusOr<Metadata> md = ReadMetadata(tmp.path());
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->tensors.at("q").dtype, DType::kF4_X2);
+  EXPECT_EQ(md->tensors.at("q").shape, (Shape{4, 8}));
+  EXPECT_EQ(md->tensors.at("r").dtype, DType::kF6_E3M2_X4);
+  EXPECT_EQ(md->tensors.at("r").shape, (Shape{2, 4}));
+  const std::string q = data.substr(0, 32), r = data.substr(32);
+  std::vector<absl::Status> statuses =
+      RunInProcess(2, [&](Communicator& comm) -> absl::Status {
+        const Box qb({0, 4 * comm.rank()}, {4, 4});
+        const Box rb({0, 2 * comm.rank()}, {2, 2});
+        std::string qo(16, '\0'), ro(12, '\0');
+        StateDict sd;
+        sd["q"] = ShardedTensor(
+            DType::kF4_X2, {4, 8},
+            {Shard{qb, TensorView(qo.data(), DType::kF4_X2, qb.sizes)}});
+        sd["r"] = ShardedTensor(
+            DType::kF6_E3M2_X4, {2, 4},
+            {Shard{rb, TensorView(ro.data(), DType::kF6_E3M2_X4, rb.sizes)}});
+        LoadOptions o;
+        o.comm = &comm;
+        absl::StatusOr<LoadResult> loaded = Load(sd, tmp.path(), o);
+        if (!loaded.ok()) return loaded.status();
+        if (qo != BoxBytes(q, {4, 8}, qb, 1) || ro != BoxBytes(r, {2, 4}, rb, 3)) {
+          return absl::InternalError("wrong bytes");
+        }
+        return absl::OkStatus();
+      });
+  for (const absl::Status& st : statuses) EXPECT_TRUE(st.ok()) << st;
 }
 
 TEST(HfImportTest, ShardedFolderLoadsIntoAnySharding) {
@@ -336,12 +387,13 @@ TEST(HfImportTest, DamagedSourcesAreClearErrors) {
                    header_of("F7", "[0, 4]", "[4]") + std::string(4, 'x'));
        },
        absl::StatusCode::kDataLoss, {"model.safetensors", "F7"}},
-      {"sub-byte dtype",
+      {"sub-byte dtype that does not pack",
        [&](const TempDir& t) {
          WriteFile(t.Sub("model.safetensors"),
-                   header_of("F4", "[0, 2]", "[4]") + std::string(2, 'x'));
+                   header_of("F4", "[0, 2]", "[3]") + std::string(2, 'x'));
        },
-       absl::StatusCode::kUnimplemented, {"model.safetensors", "F4"}},
+       absl::StatusCode::kUnimplemented,
+       {"model.safetensors", "\"t\"", "F4_X2"}},
       {"size does not match the shape",
        [&](const TempDir& t) {
          WriteFile(t.Sub("model.safetensors"),

@@ -39,7 +39,17 @@ TEST(DLPackTest, DTypeMapping) {
       {6, 8, DType::kBool},        {14, 8, DType::kF8_E8M0},
       {kDLComplex, 64, DType::kC64},
   };
-  ASSERT_EQ(std::size(cases), AllDTypes().size());
+  // Every dtype but the packed ones (F4 pairs, F6 quads), which DLPack has
+  // no code for: ToDLPack refuses them by name.
+  ASSERT_EQ(std::size(cases) + 3, AllDTypes().size());
+  for (DType packed :
+       {DType::kF4_X2, DType::kF6_E2M3_X4, DType::kF6_E3M2_X4}) {
+    char bytes[3] = {};
+    absl::StatusOr<DLManagedTensor*> refused =
+        ToDLPack(TensorView(bytes, packed, {1}));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << DTypeName(packed);
+  }
   char data[8];
   std::vector<int64_t> shape = {1};
   for (const Case& c : cases) {

@@ -15,10 +15,12 @@ struct DTypeInfo {
   DType dtype;
   size_t size;
   std::string_view name;
+  int values = 1;                  // per element
+  std::string_view safetensors{};  // when not `name`
 };
 
 // Indexed by the enum value; order must match the enum in dtype.h.
-constexpr std::array<DTypeInfo, 17> kDTypeInfo = {{
+constexpr std::array<DTypeInfo, 20> kDTypeInfo = {{
     {DType::kF64, 8, "F64"},
     {DType::kF32, 4, "F32"},
     {DType::kF16, 2, "F16"},
@@ -36,11 +38,10 @@ constexpr std::array<DTypeInfo, 17> kDTypeInfo = {{
     {DType::kBool, 1, "BOOL"},
     {DType::kF8_E8M0, 1, "F8_E8M0"},
     {DType::kC64, 8, "C64"},
+    {DType::kF4_X2, 1, "F4_X2", 2, "F4"},
+    {DType::kF6_E2M3_X4, 3, "F6_E2M3_X4", 4, "F6_E2M3"},
+    {DType::kF6_E3M2_X4, 3, "F6_E3M2_X4", 4, "F6_E3M2"},
 }};
-
-// Safetensors dtypes of fewer than 8 bits an element, packed: no cairn
-// DType (a box's bytes would not start on a byte).
-constexpr std::string_view kSubByteNames[] = {"F4", "F6_E2M3", "F6_E3M2"};
 
 constexpr bool TableMatchesEnum() {
   for (size_t i = 0; i < kDTypeInfo.size(); ++i) {
@@ -77,17 +78,35 @@ std::string_view DTypeName(DType dtype) {
   return info == nullptr ? std::string_view("INVALID") : info->name;
 }
 
+int DTypeValues(DType dtype) {
+  const DTypeInfo* info = Find(dtype);
+  return info == nullptr ? 1 : info->values;
+}
+
+std::string_view SafetensorsDTypeName(DType dtype) {
+  const DTypeInfo* info = Find(dtype);
+  if (info == nullptr) return "INVALID";
+  return info->safetensors.empty() ? info->name : info->safetensors;
+}
+
 absl::StatusOr<DType> DTypeFromName(std::string_view name) {
   for (const DTypeInfo& info : kDTypeInfo) {
     if (info.name == name) return info.dtype;
   }
-  for (std::string_view sub : kSubByteNames) {
-    if (sub == name) {
-      return absl::UnimplementedError(absl::StrCat(
-          "dtype \"", std::string(name),
-          "\" packs elements of fewer than 8 bits, which cairn does not "
-          "support"));
+  for (const DTypeInfo& info : kDTypeInfo) {
+    if (!info.safetensors.empty() && info.safetensors == name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype \"", std::string(name), "\" is safetensors' name; cairn ",
+          "holds it packed, as \"", std::string(info.name), "\""));
     }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype name \"", std::string(name), "\""));
+}
+
+absl::StatusOr<DType> DTypeFromSafetensorsName(std::string_view name) {
+  for (const DTypeInfo& info : kDTypeInfo) {
+    if (SafetensorsDTypeName(info.dtype) == name) return info.dtype;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype name \"", std::string(name), "\""));

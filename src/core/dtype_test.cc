@@ -25,6 +25,8 @@ TEST(DTypeTest, SizesAndNames) {
       {DType::kU16, 2, "U16"},         {DType::kU8, 1, "U8"},
       {DType::kBool, 1, "BOOL"},
       {DType::kF8_E8M0, 1, "F8_E8M0"}, {DType::kC64, 8, "C64"},
+      {DType::kF4_X2, 1, "F4_X2"},     {DType::kF6_E2M3_X4, 3, "F6_E2M3_X4"},
+      {DType::kF6_E3M2_X4, 3, "F6_E3M2_X4"},
   };
   ASSERT_EQ(std::size(cases), AllDTypes().size());
   for (const Case& c : cases) {
@@ -53,13 +55,35 @@ TEST(DTypeTest, UnknownNameIsInvalidArgument) {
   }
 }
 
-TEST(DTypeTest, SubByteDTypesAreUnimplementedNotUnknown) {
-  for (const char* name : {"F4", "F6_E2M3", "F6_E3M2"}) {
-    auto parsed = DTypeFromName(name);
-    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kUnimplemented)
-        << name;
-    EXPECT_THAT(std::string(parsed.status().message()),
-                testing::HasSubstr(name));
+// safetensors' sub-byte dtypes are held packed: their names map to the
+// packed dtypes only as safetensors names; in metadata.json they are an
+// error that names the packed dtype.
+TEST(DTypeTest, SubByteDTypesAreHeldPacked) {
+  struct Case {
+    const char* safetensors;
+    DType dtype;
+    int values;
+  };
+  for (const Case& c : {Case{"F4", DType::kF4_X2, 2},
+                        Case{"F6_E2M3", DType::kF6_E2M3_X4, 4},
+                        Case{"F6_E3M2", DType::kF6_E3M2_X4, 4}}) {
+    SCOPED_TRACE(c.safetensors);
+    EXPECT_EQ(DTypeValues(c.dtype), c.values);
+    EXPECT_EQ(SafetensorsDTypeName(c.dtype), c.safetensors);
+    absl::StatusOr<DType> parsed = DTypeFromSafetensorsName(c.safetensors);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, c.dtype);
+    EXPECT_FALSE(DTypeFromSafetensorsName(DTypeName(c.dtype)).ok());
+    absl::StatusOr<DType> named = DTypeFromName(c.safetensors);
+    EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(named.status().message()),
+                testing::HasSubstr(std::string(DTypeName(c.dtype))));
+  }
+  for (DType d : AllDTypes()) {
+    if (DTypeValues(d) == 1) {
+      EXPECT_EQ(SafetensorsDTypeName(d), DTypeName(d));
+      EXPECT_EQ(*DTypeFromSafetensorsName(DTypeName(d)), d);
+    }
   }
 }
 

@@ -165,6 +165,10 @@ size_t MinFrameBytes(size_t raw_bytes) {
   return 4 + 2 + 4 * ((raw_bytes + kBlock - 1) / kBlock);
 }
 
+bool Regrouped(size_t elem_size) {
+  return elem_size == 2 || elem_size == 4 || elem_size == 8;
+}
+
 uint64_t FrameCount(uint64_t nbytes, uint64_t block_bytes) {
   if (block_bytes == 0) return 0;
   return nbytes / block_bytes + (nbytes % block_bytes != 0 ? 1 : 0);
@@ -280,7 +284,7 @@ absl::StatusOr<size_t> FrameCompressor::Compress(
     std::span<const std::byte> raw, size_t elem_size,
     std::span<std::byte> out) {
   if (ctx_ == nullptr) return absl::ResourceExhaustedError("ZSTD_createCCtx");
-  if (codec_ != Codec::kGroupedZstd || elem_size <= 1) {
+  if (codec_ != Codec::kGroupedZstd || !Regrouped(elem_size)) {
     return Matched(raw, out);
   }
   if (raw.size() % elem_size != 0) {
@@ -396,7 +400,7 @@ absl::Status FrameDecompressor::Decompress(Codec codec, size_t elem_size,
                                              : std::to_string(declared),
         raw.size()));
   }
-  const bool grouped = codec == Codec::kGroupedZstd && elem_size > 1;
+  const bool grouped = codec == Codec::kGroupedZstd && Regrouped(elem_size);
   std::byte* dst = grouped ? grouped_.Get(raw.size()) : raw.data();
   const size_t n = ZSTD_decompressDCtx(ctx_, dst, raw.size(), stored.data(),
                                        stored.size());

@@ -34,6 +34,12 @@ absl::Status CheckCodecLevel(int level);
 // The format version that introduced compressed chunks.
 inline constexpr int kCompressionFormatVersion = 5;
 
+// Whether kGroupedZstd regroups elements of `elem_size` bytes: those of 2,
+// 4 and 8 bytes, which every frame holds whole (frames are a power of two
+// of at least 4096 bytes). One-byte elements and the 3-byte F6 quads (whose
+// bytes split values) are compressed as they are.
+bool Regrouped(size_t elem_size);
+
 // The number of frames of a compressed location of `nbytes` raw bytes
 // (one per checksum block of `block_bytes`).
 uint64_t FrameCount(uint64_t nbytes, uint64_t block_bytes);

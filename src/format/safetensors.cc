@@ -41,6 +41,23 @@ absl::Status BadEntry(absl::string_view file, absl::string_view entry,
                    absl::CHexEscape(entry.substr(0, 256)), "\": ", what));
 }
 
+// For a packed dtype (F4, F6), the values' shape to the elements': the
+// last dimension divided by the values an element holds. "" when done,
+// else why it cannot be (the caller names the entry).
+std::string PackValues(DType dtype, Shape& shape) {
+  const int values = DTypeValues(dtype);
+  if (values == 1) return "";
+  if (shape.empty() || shape.back() % values != 0) {
+    return absl::StrFormat(
+        "a %s entry of shape [%s]: cairn holds %s as %s, %d values to an "
+        "element, so the last dimension must be a multiple of %d",
+        SafetensorsDTypeName(dtype), absl::StrJoin(shape, ", "),
+        SafetensorsDTypeName(dtype), DTypeName(dtype), values, values);
+  }
+  shape.back() /= values;
+  return "";
+}
+
 absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
                                             const json& value,
                                             absl::string_view file) {
@@ -55,13 +72,8 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
   if (dtype == nullptr || !dtype->is_string()) {
     return BadEntry(file, name, "\"dtype\" missing or not a string");
   }
-  auto parsed_dtype = DTypeFromName(dtype->get_ref<const std::string&>());
-  if (absl::IsUnimplemented(parsed_dtype.status())) {
-    // A dtype safetensors defines and cairn does not hold (F4, F6): not
-    // damage, so not kDataLoss.
-    const absl::Status s = BadEntry(file, name, parsed_dtype.status().message());
-    return absl::UnimplementedError(s.message());
-  }
+  auto parsed_dtype =
+      DTypeFromSafetensorsName(dtype->get_ref<const std::string&>());
   if (!parsed_dtype.ok()) {
     return BadEntry(
         file, name,
@@ -85,6 +97,11 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name,
                                    Describe(dim)));
     }
     entry.shape.push_back(static_cast<int64_t>(*d));
+  }
+  if (const std::string why = PackValues(entry.dtype, entry.shape);
+      !why.empty()) {
+    // A valid entry cairn cannot hold packed: not damage, so not kDataLoss.
+    return absl::UnimplementedError(BadEntry(file, name, why).message());
   }
 
   const json* offsets = Find(value, "data_offsets");
@@ -184,9 +201,10 @@ class FastHeaderParser : private PlainJsonCursor {
         seen != 7) {
       return false;
     }
-    absl::StatusOr<DType> parsed = DTypeFromName(dtype);
+    absl::StatusOr<DType> parsed = DTypeFromSafetensorsName(dtype);
     if (!parsed.ok()) return false;
     entry->dtype = *parsed;
+    if (!PackValues(entry->dtype, entry->shape).empty()) return false;
     entry->name = std::string(name);
     const std::optional<uint64_t> bytes =
         internal_core::CheckedBytes(entry->shape, entry->dtype);
@@ -261,8 +279,15 @@ std::string EncodeSafetensorsHeader(
   }
   for (const SafetensorsEntry& e : entries) {
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
-    entry["dtype"] = std::string(DTypeName(e.dtype));
-    entry["shape"] = e.shape;
+    entry["dtype"] = std::string(SafetensorsDTypeName(e.dtype));
+    // A packed dtype's entry counts values (ValidateShard refuses packed
+    // scalars: [values] here would read back as [1]).
+    Shape shape = e.shape;
+    if (const int values = DTypeValues(e.dtype); values > 1) {
+      if (shape.empty()) shape.push_back(1);
+      shape.back() *= values;
+    }
+    entry["shape"] = std::move(shape);
     entry["data_offsets"] = {e.begin, e.end};
     header[e.name] = std::move(entry);
   }

@@ -446,19 +446,64 @@ TEST(SafetensorsTest, BadEntriesNameFileAndEntry) {
   }
 }
 
-// Dtypes safetensors defines with elements of fewer than 8 bits: not
-// damage but unsupported, named with the entry.
-TEST(SafetensorsTest, SubByteDTypesAreUnimplemented) {
-  for (const char* dtype : {"F4", "F6_E2M3", "F6_E3M2"}) {
-    SCOPED_TRACE(dtype);
-    auto status =
-        ParseHeaderText(absl::StrCat(R"({"w":{"dtype":")", dtype,
-                                     R"(","shape":[2],"data_offsets":[0,1]}})"),
-                        1)
-            .status();
+// Dtypes safetensors defines with elements of fewer than 8 bits are held
+// packed: the entry's shape counts values, cairn's counts whole elements.
+TEST(SafetensorsTest, SubByteDTypesAreHeldPacked) {
+  struct Case {
+    const char* dtype;
+    DType packed;
+    const char* shape;  // values
+    uint64_t bytes;
+    Shape held;
+  };
+  for (const Case& c :
+       {Case{"F4", DType::kF4_X2, "[3,8]", 12, {3, 4}},
+        Case{"F6_E2M3", DType::kF6_E2M3_X4, "[2,8]", 12, {2, 2}},
+        Case{"F6_E3M2", DType::kF6_E3M2_X4, "[4]", 3, {1}}}) {
+    SCOPED_TRACE(c.dtype);
+    const std::string text = absl::StrCat(
+        R"({"w":{"dtype":")", c.dtype, R"(","shape":)", c.shape,
+        R"(,"data_offsets":[0,)", c.bytes, "]}}");
+    absl::StatusOr<SafetensorsHeader> header = ParseHeaderText(text, c.bytes);
+    ASSERT_TRUE(header.ok()) << header.status();
+    ASSERT_EQ(header->entries.size(), 1u);
+    EXPECT_EQ(header->entries[0].dtype, c.packed);
+    EXPECT_EQ(header->entries[0].shape, c.held);
+    // The tree parse agrees, and encoding gives safetensors' form back.
+    absl::StatusOr<SafetensorsHeader> tree =
+        ParseSafetensorsHeaderTree(text, 8 + text.size() + c.bytes, "f");
+    ASSERT_TRUE(tree.ok()) << tree.status();
+    EXPECT_EQ(tree->entries, header->entries);
+    const std::string encoded = EncodeSafetensorsHeader(header->entries, {}, 1);
+    EXPECT_THAT(encoded, HasSubstr(absl::StrCat(R"("dtype":")", c.dtype,
+                                                R"(","shape":)", c.shape)));
+  }
+}
+
+// A packed entry whose last dimension does not split into whole elements
+// (or that has none): valid safetensors cairn cannot hold, so
+// kUnimplemented naming the entry and the packed dtype, not kDataLoss.
+TEST(SafetensorsTest, SubByteEntriesThatDoNotPackAreUnimplemented) {
+  struct Case {
+    const char* dtype;
+    const char* shape;
+    uint64_t bytes;
+    const char* packed;
+  };
+  for (const Case& c : {Case{"F4", "[3]", 2, "F4_X2"},
+                        Case{"F4", "[]", 1, "F4_X2"},
+                        Case{"F6_E2M3", "[2,6]", 9, "F6_E2M3_X4"},
+                        Case{"F6_E3M2", "[2]", 2, "F6_E3M2_X4"}}) {
+    SCOPED_TRACE(absl::StrCat(c.dtype, c.shape));
+    auto status = ParseHeaderText(
+                      absl::StrCat(R"({"w":{"dtype":")", c.dtype,
+                                   R"(","shape":)", c.shape,
+                                   R"(,"data_offsets":[0,)", c.bytes, "]}}"),
+                      c.bytes)
+                      .status();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr("\"w\""));
-    EXPECT_THAT(std::string(status.message()), HasSubstr(dtype));
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.packed));
   }
 }
 

@@ -152,7 +152,7 @@ class StorageReader(dcp_storage.StorageReader):
         for fqn, t in md["tensors"].items():
             state[fqn] = TensorStorageMetadata(
                 properties=TensorProperties(dtype=_state.torch_dtype(
-                    t["dtype"])),
+                    t["dtype"], fqn)),
                 size=torch.Size(t["shape"]),
                 chunks=[ChunkStorageMetadata(offsets=torch.Size(c["offsets"]),
                                              sizes=torch.Size(c["sizes"]))
@@ -206,7 +206,7 @@ class StorageReader(dcp_storage.StorageReader):
                 raise InvalidArgumentError(
                     f"'{fqn}': the planner resolved a destination of shape "
                     f"{list(dest.shape)} for a read of shape {lengths}")
-            dtype = _state.torch_dtype(t["dtype"])
+            dtype = _state.torch_dtype(t["dtype"], fqn)
             target, staging = dest, None
             if dest.dtype != dtype or dest.device.type not in ("cpu", "cuda"):
                 staging = torch.empty(lengths, dtype=dtype)
