@@ -1,6 +1,7 @@
 // metadata.json's "kv_tables" member (format version 4, docs/format.md
-// 4.7) <-> Metadata::kv_tables. Internal to src/format: metadata_codec.cc
-// calls these from its encoder, its two decoders and its validators.
+// 4.7) <-> Metadata::kv_tables. Internal to src/format: the metadata.json
+// codec (metadata_*.cc) calls these from its encoder, its two decoders and
+// its validators.
 #ifndef CAIRN_FORMAT_KV_CODEC_H_
 #define CAIRN_FORMAT_KV_CODEC_H_
 
@@ -64,7 +65,8 @@ void ForEachKvLocation(const KvTables& tables, Fn&& fn) {
   }
 }
 
-// ---- Defined in metadata_codec.cc, shared with the code above.
+// ---- Defined in metadata_encode.cc (DecodeLocation in metadata_decode.cc),
+// shared with the code above.
 
 // `s` quoted for a message (escaped, shortened).
 std::string QuoteForMessage(std::string_view s);
