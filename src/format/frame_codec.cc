@@ -360,12 +360,12 @@ absl::StatusOr<size_t> FrameCompressor::LiteralsOnly(
                                sequences.data(), sequences.size(),
                                grouped.data(), grouped.size());
   }
-  // Back to the defaults, for the next frame's ZSTD_compressCCtx.
-  const size_t reset = ZSTD_CCtx_reset(ctx_, ZSTD_reset_session_and_parameters);
-  if (ZSTD_isError(n) || ZSTD_isError(reset)) {
+  // No reset after: ZSTD_compressCCtx (Matched) resets every parameter
+  // itself, and this function resets them before setting its own.
+  if (ZSTD_isError(n)) {
     return absl::InternalError(absl::StrFormat(
         "zstd failed to compress the literals of a frame of %d bytes: %s",
-        grouped.size(), ZSTD_getErrorName(ZSTD_isError(n) ? n : reset)));
+        grouped.size(), ZSTD_getErrorName(n)));
   }
   return n;
 }
