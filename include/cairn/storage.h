@@ -86,10 +86,13 @@ struct StorageOptions {
   bool direct_io = true;
   // Copy ranges that are wholly in the page cache out of a read-only
   // mapping of the file (populated in one call, unmapped right after)
-  // instead of with pread. On VMs where the kernel's first write to each
-  // page of the destination is expensive this is several times faster; it
-  // relies on checkpoint files not being truncated while they are read
-  // (another process truncating one then would end this one with SIGBUS).
+  // instead of with pread, and let loads copy strided slices (column
+  // shards) out of such a mapping in place (ReadableFile::ViewIfInMemory).
+  // On VMs where the kernel's first write to each page of the destination
+  // is expensive this is several times faster; it relies on checkpoint
+  // files not being truncated while they are read (another process
+  // truncating one then would end this one with SIGBUS, as would a device
+  // error re-reading a page evicted between the check and the copy).
   // Default: true.
   bool map_cached_reads = true;
   // For s3:// URLs.

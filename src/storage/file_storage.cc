@@ -367,7 +367,12 @@ class FileWritableFile final : public WritableFile {
 // a read-only mapping of the file (MADV_POPULATE_READ maps the range in one
 // call, memcpy copies it, MADV_DONTNEED unmaps it again, in batches of 8 MiB
 // per file, so the pages count against this process's memory only
-// briefly). The kernel's own copy (pread) writes each destination page
+// briefly). A view (ViewIfInMemory) is not populated: its reader touches
+// only some of its bytes (a column shard), and faulting in what it touches
+// maps 16 pages per fault where MADV_POPULATE_READ walks every page one by
+// one (a 1/4 column shard of a cached 91 MB model, one thread: 15.7 ms
+// against 18.5 ms a load; bench/RESULTS.md, 2026-12-02). The kernel's own
+// copy (pread) writes each destination page
 // from kernel mode, which on the PVM guests we benchmark on costs a
 // hypervisor exit per 4 KiB page the first time; the user-space copy does
 // not. Into resident pages the kernel's copy is the
@@ -441,13 +446,14 @@ class FileReadableFile final : public ReadableFile {
     return ReadAll(fd_, offset, data, offset, data.size());
   }
 
-  // The mapping's pages of a wholly cached range, populated in one call and
-  // unmapped again (MADV_DONTNEED; the page cache keeps them) in a batch
-  // after the view goes (see ViewEnded), so they count against this
-  // process's memory only meanwhile.
+  // The mapping's pages of a wholly cached range, faulted in as they are
+  // touched and unmapped again (MADV_DONTNEED; the page cache keeps them)
+  // in a batch after the view goes (see ViewEnded), so they count against
+  // this process's memory only meanwhile.
   std::unique_ptr<View> ViewIfInMemory(uint64_t offset,
                                        uint64_t size) const override {
-    return copy_mapped_ ? MapCached(offset, size) : nullptr;
+    return copy_mapped_ ? MapCached(offset, size, /*populate=*/false)
+                        : nullptr;
   }
 
   // Inside the file, mapped, and wholly in the page cache.
@@ -465,7 +471,8 @@ class FileReadableFile final : public ReadableFile {
     // read skips the residency question, a syscall.)
     if (copy_mapped && data.size() >= kMinMappedBytes &&
         !Resident(data.data(), data.size())) {
-      if (std::unique_ptr<View> view = MapCached(offset, data.size())) {
+      if (std::unique_ptr<View> view =
+              MapCached(offset, data.size(), /*populate=*/true)) {
         std::memcpy(data.data(), view->bytes().data(), data.size());
         return absl::OkStatus();
       }
@@ -514,10 +521,16 @@ class FileReadableFile final : public ReadableFile {
     const uint64_t block_end_;
   };
 
-  // [offset, offset + size) of the mapping, populated in one call, when it
-  // lies inside the file, is worth a mapping and is wholly cached; null
-  // otherwise, or when the kernel would not populate it (before 5.14).
-  std::unique_ptr<View> MapCached(uint64_t offset, uint64_t size) const {
+  // [offset, offset + size) of the mapping when it lies inside the file,
+  // is worth a mapping and is wholly cached; null otherwise. With
+  // `populate` (a copy of every byte) its pages are mapped in one call
+  // first, and null comes back too when the kernel would not (before
+  // 5.14, or a page it could not read: an error pread then reports, where
+  // a fault would be SIGBUS). Without, the reader's touches fault them in:
+  // a page evicted since the check is read again then, and only a device
+  // failing that read ends the process.
+  std::unique_ptr<View> MapCached(uint64_t offset, uint64_t size,
+                                  bool populate) const {
     if (size < kMinMappedBytes || !InMemory(offset, size)) return nullptr;
     const uint64_t end = offset + size;
     const uint64_t page = PageSize();
@@ -534,11 +547,12 @@ class FileReadableFile final : public ReadableFile {
         std::min(at + RoundUp(size_, page), RoundUp(at + end, kReleaseBlock)) -
         at;
     {
-      // In use before it is populated, so that no release takes it back.
+      // In use before it is touched, so that no release takes it back.
       absl::MutexLock lock(&release_mu_);
       live_blocks_.emplace(block, block_end);
     }
-    if (::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
+    if (populate &&
+        ::madvise(map_ + begin, end - begin, kMadvPopulateRead) != 0) {
       ViewEnded(block, block_end);
       return nullptr;
     }
@@ -666,7 +680,7 @@ class FileReadableFile final : public ReadableFile {
   const std::string path_;
   const uint64_t size_;
   // The whole file, mapped read-only: asked by mincore() where cachestat
-  // is missing, and its pages populated only for the range being copied or
+  // is missing, and its pages mapped only for the range being copied or
   // viewed.
   unsigned char* map_ = nullptr;
   // Views' blocks (offsets in the mapping), for ViewEnded.
