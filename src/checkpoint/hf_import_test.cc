@@ -2,11 +2,14 @@
 // (hf_import.cc): every dtype, any sharding on several ranks, the key
 // mapping, and each kind of damaged source.
 #include <cstring>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cairn/checkpoint.h"
+#include "cairn/communicator.h"
 #include "cairn/huggingface.h"
 #include "cairn/import_names.h"
 #include "cairn/state_dict.h"
@@ -331,6 +334,123 @@ TEST(HfImportTest, PrefixesAndNameMap) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(SplitRows(ts, "lm_head", {{"a", 1}, {"b", 2}}).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Forwards every collective to `inner`, counting them.
+class CountingCommunicator : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string_view kind() const override { return inner_.kind(); }
+  int calls = 0;
+
+  absl::Status Barrier() override { return ++calls, inner_.Barrier(); }
+  absl::Status Broadcast(std::string& data, int root) override {
+    return ++calls, inner_.Broadcast(data, root);
+  }
+  absl::StatusOr<std::vector<std::string>> Gather(std::string_view data,
+                                                  int root) override {
+    return ++calls, inner_.Gather(data, root);
+  }
+  absl::StatusOr<std::vector<std::string>> AllGather(
+      std::string_view data) override {
+    return ++calls, inner_.AllGather(data);
+  }
+  absl::StatusOr<std::string> Scatter(const std::vector<std::string>& data,
+                                      int root) override {
+    return ++calls, inner_.Scatter(data, root);
+  }
+  absl::Status AllReduce(std::span<int64_t> values, ReduceOp op) override {
+    return ++calls, inner_.AllReduce(values, op);
+  }
+  absl::Status BroadcastBytes(std::span<std::byte> data, int root) override {
+    return ++calls, inner_.BroadcastBytes(data, root);
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color,
+                                                      int key) override {
+    return ++calls, inner_.Split(color, key);
+  }
+
+ private:
+  Communicator& inner_;
+};
+
+// A coordinated load of a Hugging Face file whose ranks read different
+// columns takes four collectives when all is well: the headers from the
+// coordinator, the plans' gather and the answer, and the agreement on the
+// reads. On a node with more ranks than cores each one waits for
+// descheduled ranks (bench/RESULTS.md, issue 37).
+TEST(HfImportTest, ColumnLoadTakesFourCollectives) {
+  TempDir tmp;
+  const HfTensor w{"w", DType::kF32, {8, 6}};
+  WriteSafetensors(tmp.Sub("model.safetensors"), {w});
+  std::vector<int> calls(3, 0);
+  std::vector<absl::Status> statuses =
+      RunInProcess(3, [&](Communicator& inner) -> absl::Status {
+        CountingCommunicator comm(inner);
+        const int64_t lo = 2 * comm.rank();
+        Box box = Box::Full(w.shape);
+        box.offsets[1] = lo;
+        box.sizes[1] = 2;
+        std::string out(8 * 2 * 4, '\0');
+        StateDict sd;
+        sd[w.name] = ShardedTensor(
+            w.dtype, w.shape,
+            {Shard{box, TensorView(out.data(), w.dtype, box.sizes)}});
+        LoadOptions o;
+        o.comm = &comm;
+        CAIRN_RETURN_IF_ERROR(Load(sd, tmp.path(), o).status());
+        calls[comm.rank()] = comm.calls;
+        const std::string all = HfBytes(w);
+        for (int64_t row = 0; row < 8; ++row) {
+          if (out.substr(static_cast<size_t>(row) * 8, 8) !=
+              all.substr(static_cast<size_t>(row * 6 + lo) * 4, 8)) {
+            return absl::InternalError(absl::StrCat("wrong bytes, row ", row));
+          }
+        }
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_THAT(calls, testing::Each(4));
+}
+
+// The ranks build the metadata from the coordinator's headers each with
+// their own name map; one whose map fails (here rank 2 of 3) fails every
+// rank alike, naming it, and no rank hangs: its error travels in the
+// planning gather, which every rank takes part in.
+TEST(HfImportTest, NameMapFailingOnOneRankFailsEveryRank) {
+  TempDir tmp;
+  const HfTensor w{"w", DType::kF32, {6, 4}};
+  WriteSafetensors(tmp.Sub("model.safetensors"), {w});
+  for (const int failing : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat("the map fails on rank ", failing));
+    std::vector<absl::Status> statuses =
+        RunInProcess(3, [&](Communicator& comm) -> absl::Status {
+          std::string out(6 * 4 * 4, '\0');
+          StateDict sd;
+          sd[w.name] = TensorView(out.data(), w.dtype, w.shape);
+          LoadOptions o;
+          o.comm = &comm;
+          o.import_names.map = [&](std::vector<ImportedTensor> ts)
+              -> absl::StatusOr<std::vector<ImportedTensor>> {
+            if (comm.rank() == failing) {
+              return absl::InvalidArgumentError("map exploded");
+            }
+            return ts;
+          };
+          return Load(sd, tmp.path(), o).status();
+        });
+    ASSERT_EQ(statuses.size(), 3u);
+    for (const absl::Status& s : statuses) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_EQ(s, statuses[0]);
+      EXPECT_THAT(Msg(s), HasSubstr(absl::StrCat("rank ", failing, ": ")));
+      EXPECT_THAT(Msg(s), HasSubstr("reading metadata: the import name map"));
+      EXPECT_THAT(Msg(s), HasSubstr("map exploded"));
+      EXPECT_THAT(Msg(s), HasSubstr("on 1 of 3 ranks"));
+    }
+  }
 }
 
 // Each kind of damaged source is an error naming the file and tensor.

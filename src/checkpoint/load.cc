@@ -8,7 +8,9 @@
 //  1. Metadata (this file): the coordinator reads metadata.json and
 //     validates it as untrusted input (file names, dtypes, boxes inside
 //     their tensors, sizes, chunk coverage), then broadcasts its text (or
-//     the error); the other ranks decode the same text.
+//     the error); the other ranks decode the same text. Whether each could
+//     travels in step 2's gather (a rank that could not plans nothing),
+//     not in a collective of its own.
 //  2. Plan (load_plan.cc): SetUp and CreateLocalPlan on every rank (the
 //     default planner matches every destination leaf to the checkpoint: a
 //     missing leaf is an error in strict mode, dtype and global shape must
@@ -305,9 +307,18 @@ absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
 
 namespace {
 
+// `prior`: this rank's outcome of the steps before (decoding the metadata
+// the coordinator sent); when it failed, the rank only reports it in the
+// planning gather, so every rank returns the same error.
 absl::StatusOr<LoadResult> LoadWithMetadataImpl(
     StateDict& state, absl::StatusOr<Storage*> storage,
-    const Metadata& metadata, const LoadOptions& given);
+    const Metadata& metadata, const LoadOptions& given,
+    const absl::Status& prior);
+
+absl::StatusOr<LoadResult> LoadWithMetadataAfter(
+    StateDict& state, absl::StatusOr<Storage*> storage,
+    const Metadata& metadata, const LoadOptions& given,
+    const absl::Status& prior);
 
 }  // namespace
 
@@ -315,22 +326,31 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             absl::StatusOr<Storage*> storage,
                                             const Metadata& metadata,
                                             const LoadOptions& given) {
-  // An incremental checkpoint's chunks in its references are read through
-  // a ReferencingStorage (format version 6).
-  if (!storage.ok() || metadata.references.empty() ||
-      dynamic_cast<ReferencingStorage*>(*storage) != nullptr) {
-    return LoadWithMetadataImpl(state, storage, metadata, given);
-  }
-  ReferencingStorage referencing(**storage, metadata.references,
-                                 StorageOptions{.s3 = given.s3});
-  return LoadWithMetadataImpl(state, &referencing, metadata, given);
+  return LoadWithMetadataAfter(state, storage, metadata, given,
+                               absl::OkStatus());
 }
 
 namespace {
 
+absl::StatusOr<LoadResult> LoadWithMetadataAfter(
+    StateDict& state, absl::StatusOr<Storage*> storage,
+    const Metadata& metadata, const LoadOptions& given,
+    const absl::Status& prior) {
+  // An incremental checkpoint's chunks in its references are read through
+  // a ReferencingStorage (format version 6).
+  if (!storage.ok() || !prior.ok() || metadata.references.empty() ||
+      dynamic_cast<ReferencingStorage*>(*storage) != nullptr) {
+    return LoadWithMetadataImpl(state, storage, metadata, given, prior);
+  }
+  ReferencingStorage referencing(**storage, metadata.references,
+                                 StorageOptions{.s3 = given.s3});
+  return LoadWithMetadataImpl(state, &referencing, metadata, given, prior);
+}
+
 absl::StatusOr<LoadResult> LoadWithMetadataImpl(
     StateDict& state, absl::StatusOr<Storage*> storage,
-    const Metadata& metadata, const LoadOptions& given) {
+    const Metadata& metadata, const LoadOptions& given,
+    const absl::Status& prior) {
   // Files cairn did not write have no checksums to check (and node reads
   // exist to check chunks whole).
   LoadOptions without_checks;
@@ -350,8 +370,9 @@ absl::StatusOr<LoadResult> LoadWithMetadataImpl(
   LoadPlanner& planner =
       options.planner != nullptr ? *options.planner : default_planner;
 
-  // 2. Plan.
+  // 2. Plan (a rank that failed before only reports that).
   absl::Status local = storage.status();
+  if (local.ok()) local = prior;
   LoadPlan local_plan;
   if (local.ok()) local = planner.SetUp(state, metadata, coordinator, rank, world);
   if (local.ok()) {
@@ -649,12 +670,18 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                     : absl::StrCat(kMetadataFileName, " from the coordinator"),
                 /*coverage=*/comm.rank() == kCoordinator);
   internal_core::ReleaseStorage(shared);
-  absl::Status decoded = metadata.status();
-  CAIRN_RETURN_IF_ERROR(
-      AgreeOnStatus(comm, decoded, kOperation, "reading metadata"));
+  // No agreement of its own: a rank that could not decode the metadata
+  // says so in the planning gather, which every rank takes part in and
+  // whose answer carries the combined error to all (one collective fewer
+  // per load: each waits for descheduled ranks where a node has more
+  // ranks than cores).
+  const absl::Status decoded =
+      Annotate(metadata.status(), "reading metadata");
   const double metadata_seconds = Since(start);
-  absl::StatusOr<LoadResult> result =
-      LoadWithMetadata(state, storage, *metadata, opts);
+  static const Metadata* const kNoMetadata = new Metadata();
+  absl::StatusOr<LoadResult> result = LoadWithMetadataAfter(
+      state, storage, metadata.ok() ? *metadata : *kNoMetadata, opts,
+      decoded);
   if (result.ok()) {
     result->phases.metadata = metadata_seconds;
     result->seconds += metadata_seconds;
