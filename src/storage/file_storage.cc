@@ -499,7 +499,9 @@ class FileReadableFile final : public ReadableFile {
   // when part of them may be cached.
   static constexpr uint64_t kMinDirectReadBytes = uint64_t{64} << 10;
   // Smaller cached reads take one pread rather than three madvise/memcpy
-  // steps.
+  // steps. A view of any size is one question (cachestat) and no madvise
+  // until its batch is released: a small one saves its reader a bounce
+  // buffer (2 MiB of huge page zeroed at its first read).
   static constexpr uint64_t kMinMappedBytes = uint64_t{64} << 10;
   // A view's mapping is released in blocks of this size (the PMD size).
   static constexpr uint64_t kReleaseBlock = uint64_t{2} << 20;
@@ -522,7 +524,8 @@ class FileReadableFile final : public ReadableFile {
   };
 
   // [offset, offset + size) of the mapping when it lies inside the file,
-  // is worth a mapping and is wholly cached; null otherwise. With
+  // is worth a mapping (any view; a copy of kMinMappedBytes or more) and
+  // is wholly cached; null otherwise. With
   // `populate` (a copy of every byte) its pages are mapped in one call
   // first, and null comes back too when the kernel would not (before
   // 5.14, or a page it could not read: an error pread then reports, where
@@ -531,7 +534,10 @@ class FileReadableFile final : public ReadableFile {
   // failing that read ends the process.
   std::unique_ptr<View> MapCached(uint64_t offset, uint64_t size,
                                   bool populate) const {
-    if (size < kMinMappedBytes || !InMemory(offset, size)) return nullptr;
+    if (size == 0 || (populate && size < kMinMappedBytes) ||
+        !InMemory(offset, size)) {
+      return nullptr;
+    }
     const uint64_t end = offset + size;
     const uint64_t page = PageSize();
     const uint64_t begin = RoundDown(offset, page);

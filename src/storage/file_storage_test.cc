@@ -269,6 +269,18 @@ TEST(FileStorageTest, SharedReadsGoThroughThePageCache) {
             bytes.substr(1 << 20, 1 << 20));
   EXPECT_EQ(CachedPages(path, 1 << 20, 2 << 20), 256);
   EXPECT_NE(file.ViewIfInMemory(1 << 20, 1 << 20), nullptr);
+  // A small cached range has a view too (a strided copy out of it needs
+  // no bounce buffer), exact; an empty one has none.
+  {
+    std::unique_ptr<ReadableFile::View> v =
+        file.ViewIfInMemory((1 << 20) + 4000, 3000);
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(v->bytes().data()),
+                          v->bytes().size()),
+              bytes.substr((1 << 20) + 4000, 3000));
+    EXPECT_EQ(file.ViewIfInMemory((1 << 20) + 4000, 0), nullptr);
+  }
+  EXPECT_EQ(file.ViewIfInMemory(0, 3000), nullptr);  // not cached
   // Unaligned and at the end of the file: exact.
   std::vector<std::byte> small(70001);
   ASSERT_TRUE(file.ReadAtShared(bytes.size() - small.size(),
@@ -379,9 +391,14 @@ void ExpectReadsExactCachedOrNot(FileStorageTestOptions test_options) {
               bytes.substr(100000, 1 << 20));
     a.reset();
     EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
-    // Past the end of the file, or too small to be worth a mapping: none.
+    // Past the end of the file: none. A small range has one (a view
+    // costs no madvise of its own).
     EXPECT_EQ(file.ViewIfInMemory(bytes.size() - 4096, 8192), nullptr);
-    EXPECT_EQ(file.ViewIfInMemory(0, 100), nullptr);
+    std::unique_ptr<ReadableFile::View> small = file.ViewIfInMemory(0, 100);
+    ASSERT_NE(small, nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(small->bytes().data()),
+                          small->bytes().size()),
+              bytes.substr(0, 100));
   }
   // A cached read copied out of the mapping leaves nothing mapped: the
   // process's file-backed RSS does not grow by what it read (into resident
