@@ -3,7 +3,8 @@
 // Data files are opened with O_DIRECT when StorageOptions::direct_io is set
 // and the filesystem accepts it (tmpfs before Linux 6.6 does not: then
 // buffered writes plus fdatasync in Finish). Reads are positional pread()
-// calls. See file_storage.cc for the durability steps of WriteAtomically.
+// calls, or copies out of a mapping of page-cached ranges (file_read.cc).
+// See file_storage.cc for the durability steps of WriteAtomically.
 #ifndef CAIRN_STORAGE_FILE_STORAGE_H_
 #define CAIRN_STORAGE_FILE_STORAGE_H_
 
