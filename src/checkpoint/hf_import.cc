@@ -19,6 +19,7 @@
 #include "format/names.h"
 #include "format/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "storage/file_storage.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -91,16 +92,13 @@ absl::StatusOr<std::map<std::string, std::string>> ParseIndex(
   return out;
 }
 
-// Whether `p` is a local directory (a URL of another scheme never is).
+// Whether `url` is a local directory (a URL of another scheme never is).
 bool IsLocalDirectory(std::string_view url) {
-  std::string_view path = url;
-  if (path.starts_with("file://")) {
-    path.remove_prefix(7);
-  } else if (path.find("://") != std::string_view::npos) {
-    return false;
-  }
+  if (!internal_storage::IsLocalUrl(url)) return false;
+  absl::StatusOr<std::string> path = internal_storage::LocalPathOf(url);
   std::error_code ec;
-  return std::filesystem::is_directory(std::filesystem::path(path), ec);
+  return path.ok() &&
+         std::filesystem::is_directory(std::filesystem::path(*path), ec);
 }
 
 absl::Status Invalid(const std::string& fqn, std::string_view what) {

@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "core/status.h"
 #include "format/references.h"
+#include "storage/file_storage.h"
 
 namespace cairn {
 namespace {
@@ -44,18 +45,15 @@ struct Folder {
 // Whether `root` is a local directory (a path or file:// URL), where
 // folders exist of their own; object storage has only keys.
 bool IsLocal(const std::string& root) {
-  return root.find("://") == std::string::npos || root.starts_with("file://");
-}
-
-std::string LocalPath(const std::string& root) {
-  return root.starts_with("file://") ? root.substr(7) : root;
+  return internal_storage::IsLocalUrl(root);
 }
 
 absl::StatusOr<std::vector<Folder>> ListLocalFolders(const std::string& root) {
+  CAIRN_ASSIGN_OR_RETURN(const std::string path,
+                         internal_storage::LocalPathOf(root));
   std::vector<Folder> out;
   std::error_code ec;
-  for (const fs::directory_entry& e :
-       fs::directory_iterator(LocalPath(root), ec)) {
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
     if (!e.is_directory()) continue;
     std::optional<int64_t> step = StepOfName(e.path().filename().string());
     if (!step) continue;
@@ -112,8 +110,10 @@ absl::Status DeleteStep(const std::string& dir,
     }
     return (*storage)->Sync();
   }
+  CAIRN_ASSIGN_OR_RETURN(const std::string path,
+                         internal_storage::LocalPathOf(dir));
   std::error_code ec;
-  fs::remove_all(LocalPath(dir), ec);
+  fs::remove_all(path, ec);
   if (ec) {
     return absl::UnavailableError(
         absl::StrFormat("removing %s: %s", dir, ec.message()));
@@ -147,10 +147,15 @@ CheckpointManager::~CheckpointManager() { (void)saver_->WaitAll(); }
 absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
     const std::string& root, Communicator* comm, const ManagerOptions& options) {
   std::error_code ec;
-  if (IsLocal(root)) fs::create_directories(LocalPath(root), ec);
-  absl::Status made = ec ? absl::UnavailableError(absl::StrFormat(
-                               "creating %s: %s", root, ec.message()))
-                         : absl::OkStatus();
+  absl::Status made = absl::OkStatus();
+  if (IsLocal(root)) {
+    absl::StatusOr<std::string> path = internal_storage::LocalPathOf(root);
+    if (path.ok()) fs::create_directories(*path, ec);
+    made = !path.ok() ? path.status()
+           : ec       ? absl::UnavailableError(absl::StrFormat(
+                      "creating %s: %s", root, ec.message()))
+                      : absl::OkStatus();
+  }
   if (options.keep_last < 1) {
     made = absl::InvalidArgumentError("keep_last must be at least 1");
   }

@@ -65,6 +65,38 @@ TEST(ManagerTest, RetentionKeepsLastNAndEveryKth) {
   EXPECT_TRUE(back.Holds(4));
 }
 
+// A file:// root is percent-decoded as Storage::Open decodes it, so that
+// its folders are listed, created and pruned where the saves wrote them
+// (a root read undecoded would list nothing, and prune a folder spelled
+// "%20" if one stood there).
+TEST(ManagerTest, FileUrlRootsArePercentDecoded) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("a b");
+  const std::string decoy = tmp.Sub("a%20b");
+  std::filesystem::create_directories(decoy + "/step-0000000001");
+  ManagerOptions options;
+  options.keep_last = 2;
+  absl::StatusOr<std::unique_ptr<CheckpointManager>> m =
+      CheckpointManager::Create(
+          absl::StrCat("file://", tmp.path(), "/a%20b"), nullptr, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  State s;
+  for (int64_t step = 1; step <= 3; ++step) {
+    s.Set(step);
+    ASSERT_TRUE((*m)->Save(step, s.sd).ok());
+  }
+  ASSERT_TRUE((*m)->Wait().ok());
+  EXPECT_THAT(*(*m)->Steps(), ElementsAre(2, 3));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-0000000001"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-0000000003"));
+  // The folder whose name is the URL's undecoded spelling is untouched.
+  EXPECT_TRUE(std::filesystem::exists(decoy + "/step-0000000001"));
+  State back;
+  ASSERT_TRUE((*m)->Restore(back.sd).ok());
+  EXPECT_TRUE(back.Holds(3));
+}
+
 TEST(ManagerTest, CrashLeftoversAreIgnoredAndCleaned) {
   TempDir tmp;
   absl::StatusOr<std::unique_ptr<CheckpointManager>> m =

@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,11 +16,9 @@ namespace cairn::internal_checkpoint {
 using internal_core::Annotate;
 
 absl::StatusOr<std::string> CanonicalCheckpointUrl(std::string_view url) {
-  const size_t scheme = url.find("://");
-  const bool local =
-      scheme == std::string_view::npos ||
-      absl::AsciiStrToLower(std::string(url.substr(0, scheme))) == "file";
-  if (!local) return std::string(internal_format::TrimUrl(url));
+  if (!internal_storage::IsLocalUrl(url)) {
+    return std::string(internal_format::TrimUrl(url));
+  }
   CAIRN_ASSIGN_OR_RETURN(std::string path, internal_storage::LocalPathOf(url));
   return std::string(internal_format::TrimUrl(path));
 }

@@ -855,10 +855,14 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenFileUrl(
 
 }  // namespace
 
-absl::StatusOr<std::string> LocalPathOf(std::string_view url) {
+bool IsLocalUrl(std::string_view url) {
   const size_t scheme = url.find("://");
-  if (scheme != std::string_view::npos &&
-      absl::AsciiStrToLower(std::string(url.substr(0, scheme))) != "file") {
+  return scheme == std::string_view::npos ||
+         absl::AsciiStrToLower(std::string(url.substr(0, scheme))) == "file";
+}
+
+absl::StatusOr<std::string> LocalPathOf(std::string_view url) {
+  if (!IsLocalUrl(url)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "\"%s\" is not a local path or file:// URL", url));
   }

@@ -23,8 +23,13 @@ namespace cairn::internal_storage {
 absl::StatusOr<std::unique_ptr<Storage>> OpenFileStorage(
     std::string path, const StorageOptions& options);
 
+// Whether `url` names local files: a bare path, or a URL whose scheme is
+// "file" (in any case). The one test of it every caller makes.
+bool IsLocalUrl(std::string_view url);
+
 // The absolute local path (no trailing slash) that a "file" URL or a bare
-// path names; kInvalidArgument for another scheme or a malformed URL.
+// path names, percent-decoded; kInvalidArgument for another scheme or a
+// malformed URL.
 absl::StatusOr<std::string> LocalPathOf(std::string_view url);
 
 // Test seams of the file backend; production code never sets them.
