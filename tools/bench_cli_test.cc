@@ -227,6 +227,22 @@ TEST_F(BenchCliTest, TwoRanksHaveOneReshardedLayoutAndKeepKeepsIt) {
   EXPECT_TRUE(fs::exists(work / "async" / "metadata.json"));
 }
 
+// A file:// --dir is percent-decoded as Storage::Open decodes it: the
+// work folder lands in "a b" and is removed from there at the end, and a
+// folder spelled as the undecoded URL is never touched.
+TEST_F(BenchCliTest, FileUrlDirIsPercentDecoded) {
+  fs::create_directories(root_ / "a b");
+  fs::create_directories(root_ / "a%20b" / "keep");
+  Result r = Run("bench --dir 'file://" + root_.string() +
+                 "/a%20b' --size 1MiB --ranks 2 --cold none --phases save "
+                 "--json -q");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_TRUE(fs::is_empty(root_ / "a b")) << "the work folder was left";
+  EXPECT_TRUE(fs::exists(root_ / "a%20b" / "keep"));
+}
+
 TEST_F(BenchCliTest, PhasesAndIoSettingsChooseWhatRuns) {
   // load runs save too (it reads save's checkpoint); async and memcpy not.
   Result r = Run("bench --dir " + Dir() + " --size 1MiB --cold none -q "

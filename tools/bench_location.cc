@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cairn/storage.h"
 #include "core/status.h"
+#include "storage/file_storage.h"
 #include "storage/s3/s3_client.h"
 
 namespace cairn::tools {
@@ -16,8 +17,7 @@ namespace cairn::tools {
 namespace fs = std::filesystem;
 
 bool IsObjectStoreUrl(std::string_view url) {
-  return url.find("://") != std::string_view::npos &&
-         !url.starts_with("file://");
+  return !internal_storage::IsLocalUrl(url);
 }
 
 std::string JoinLocation(std::string_view base, std::string_view name) {
@@ -26,8 +26,10 @@ std::string JoinLocation(std::string_view base, std::string_view name) {
 
 absl::Status RemoveLocation(const std::string& url) {
   if (!IsObjectStoreUrl(url)) {
+    CAIRN_ASSIGN_OR_RETURN(const std::string path,
+                           internal_storage::LocalPathOf(url));
     std::error_code ec;
-    fs::remove_all(url.starts_with("file://") ? url.substr(7) : url, ec);
+    fs::remove_all(path, ec);
     if (ec) return internal_core::StatusFromErrno(ec.value(), "remove", url);
     return absl::OkStatus();
   }
@@ -42,8 +44,9 @@ absl::Status RemoveLocation(const std::string& url) {
 absl::StatusOr<LocationSize> SizeOfLocation(const std::string& url) {
   LocationSize out;
   if (!IsObjectStoreUrl(url)) {
+    CAIRN_ASSIGN_OR_RETURN(const std::string path,
+                           internal_storage::LocalPathOf(url));
     std::error_code ec;
-    const std::string path = url.starts_with("file://") ? url.substr(7) : url;
     for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end;
          it.increment(ec)) {
       if (it->is_regular_file(ec)) {
