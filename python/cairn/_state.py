@@ -87,6 +87,12 @@ def _no_array_dtype(cairn_name, fqn, framework):
         f"{framework} has no dtype for; the C++ API loads it")
 
 
+def has_torch_dtype(cairn_name):
+    """False for the dtypes cairn holds that torch has no dtype for (the
+    packed 6-bit floats)."""
+    return cairn_name not in _NO_ARRAY_DTYPE
+
+
 def torch_dtype(cairn_name, fqn=""):
     if cairn_name in _NO_ARRAY_DTYPE:
         raise _no_array_dtype(cairn_name, fqn, "torch")

@@ -311,6 +311,29 @@ def test_missing_checkpoint_fails_clearly(ckpt):
                  storage_reader=cairn.torch.StorageReader(ckpt))
 
 
+def test_tensors_torch_has_no_dtype_for_are_left_out(tmp_path):
+    """A Hugging Face file with an F6 tensor (no torch dtype) beside an F32
+    one: DCP loads the F32 one through the plugin, and is warned of the
+    F6 one, which its metadata leaves out."""
+    import json
+    import struct
+    w = torch.arange(8, dtype=torch.float32)
+    header = {"r": {"dtype": "F6_E3M2", "shape": [2, 8],
+                    "data_offsets": [0, 12]},
+              "w": {"dtype": "F32", "shape": [8], "data_offsets": [12, 44]}}
+    text = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(
+        struct.pack("<Q", len(text)) + text + bytes(range(12)) +
+        w.numpy().tobytes())
+    reader = cairn.torch.StorageReader(tmp_path)
+    with pytest.warns(UserWarning, match=r"'r' \(F6_E3M2_X4\)"):
+        md = reader.read_metadata()
+    assert set(md.state_dict_metadata) == {"w"}
+    dst = {"w": torch.zeros(8)}
+    dcp.load(dst, storage_reader=cairn.torch.StorageReader(tmp_path))
+    assert torch.equal(dst["w"], w)
+
+
 def test_import_cairn_does_not_import_torch():
     import subprocess
     import sys

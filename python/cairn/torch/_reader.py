@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import uuid
+import warnings
 
 import torch
 from torch.distributed.checkpoint import storage as dcp_storage
@@ -149,7 +150,21 @@ class StorageReader(dcp_storage.StorageReader):
         md = _api.read_metadata(os.fspath(self.path))
         self._md = md
         state = {}
+        # A tensor torch has no dtype for (F6) cannot be in a state dict:
+        # DCP is not told of it, so that the rest of the checkpoint loads.
+        no_dtype = sorted(fqn for fqn, t in md["tensors"].items()
+                          if not _state.has_torch_dtype(t["dtype"]))
+        if no_dtype:
+            warnings.warn(
+                f"cairn.torch.StorageReader: {os.fspath(self.path)} holds "
+                f"{len(no_dtype)} tensor(s) of a dtype torch has none for, "
+                f"left out of what DCP can load: " + ", ".join(
+                    f"'{fqn}' ({md['tensors'][fqn]['dtype']})"
+                    for fqn in no_dtype[:8]) +
+                (", ..." if len(no_dtype) > 8 else ""), stacklevel=2)
         for fqn, t in md["tensors"].items():
+            if not _state.has_torch_dtype(t["dtype"]):
+                continue
             state[fqn] = TensorStorageMetadata(
                 properties=TensorProperties(dtype=_state.torch_dtype(
                     t["dtype"], fqn)),
