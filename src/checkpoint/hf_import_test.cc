@@ -18,6 +18,7 @@
 #include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/hf_test_util.h"
 #include "checkpoint/test_util.h"
+#include "comm/counting_communicator.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -26,6 +27,7 @@ namespace cairn {
 namespace {
 
 using testing::HasSubstr;
+using testing_util::CountingCommunicator;
 using testing_util::HfBytes;
 using testing_util::HfTensor;
 using testing_util::TempDir;
@@ -335,46 +337,6 @@ TEST(HfImportTest, PrefixesAndNameMap) {
   EXPECT_EQ(SplitRows(ts, "lm_head", {{"a", 1}, {"b", 2}}).code(),
             absl::StatusCode::kInvalidArgument);
 }
-
-// Forwards every collective to `inner`, counting them.
-class CountingCommunicator : public Communicator {
- public:
-  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string_view kind() const override { return inner_.kind(); }
-  int calls = 0;
-
-  absl::Status Barrier() override { return ++calls, inner_.Barrier(); }
-  absl::Status Broadcast(std::string& data, int root) override {
-    return ++calls, inner_.Broadcast(data, root);
-  }
-  absl::StatusOr<std::vector<std::string>> Gather(std::string_view data,
-                                                  int root) override {
-    return ++calls, inner_.Gather(data, root);
-  }
-  absl::StatusOr<std::vector<std::string>> AllGather(
-      std::string_view data) override {
-    return ++calls, inner_.AllGather(data);
-  }
-  absl::StatusOr<std::string> Scatter(const std::vector<std::string>& data,
-                                      int root) override {
-    return ++calls, inner_.Scatter(data, root);
-  }
-  absl::Status AllReduce(std::span<int64_t> values, ReduceOp op) override {
-    return ++calls, inner_.AllReduce(values, op);
-  }
-  absl::Status BroadcastBytes(std::span<std::byte> data, int root) override {
-    return ++calls, inner_.BroadcastBytes(data, root);
-  }
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color,
-                                                      int key) override {
-    return ++calls, inner_.Split(color, key);
-  }
-
- private:
-  Communicator& inner_;
-};
 
 // A coordinated load of a Hugging Face file whose ranks read different
 // columns takes four collectives when all is well: the headers from the

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "cairn/box.h"
 #include "cairn/communicator.h"
+#include "comm/counting_communicator.h"
 #include "cairn/state_dict.h"
 #include "cairn/tensor.h"
 #include "gtest/gtest.h"
@@ -117,56 +118,6 @@ inline Tensor PaddedBuffer(DType dtype, const Box& box, int pad) {
   return *Tensor::Zeros(dtype, s);
 }
 
-// Forwards every call; records the sizes BroadcastBytes and Gather move.
-class CountingCommunicator : public Communicator {
- public:
-  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string_view kind() const override { return inner_.kind(); }
-  absl::Status Barrier() override { return inner_.Barrier(); }
-  absl::Status Broadcast(std::string& data, int root) override {
-    return inner_.Broadcast(data, root);
-  }
-  absl::StatusOr<std::vector<std::string>> Gather(std::string_view data,
-                                                  int root) override {
-    ++gathers;
-    max_gather_bytes = std::max(max_gather_bytes, data.size());
-    return inner_.Gather(data, root);
-  }
-  absl::StatusOr<std::vector<std::string>> AllGather(
-      std::string_view data) override {
-    return inner_.AllGather(data);
-  }
-  absl::StatusOr<std::string> Scatter(const std::vector<std::string>& data,
-                                      int root) override {
-    return inner_.Scatter(data, root);
-  }
-  absl::Status AllReduce(std::span<int64_t> values, ReduceOp op) override {
-    return inner_.AllReduce(values, op);
-  }
-  absl::Status BroadcastBytes(std::span<std::byte> data, int root) override {
-    ++broadcasts;
-    broadcast_roots.push_back(root);
-    max_broadcast_bytes = std::max(max_broadcast_bytes, data.size());
-    total_broadcast_bytes += data.size();
-    return inner_.BroadcastBytes(data, root);
-  }
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color,
-                                                      int key) override {
-    return inner_.Split(color, key);
-  }
-
-  int broadcasts = 0;
-  std::vector<int> broadcast_roots;  // of each BroadcastBytes
-  size_t max_broadcast_bytes = 0;
-  size_t total_broadcast_bytes = 0;
-  int gathers = 0;
-  size_t max_gather_bytes = 0;
-
- private:
-  Communicator& inner_;
-};
 
 }  // namespace cairn::testing_util
 
