@@ -4,17 +4,20 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cairn/checkpoint.h"
 #include "cairn/huggingface.h"
+#include "cairn/planner.h"
 #include "cairn/state_dict.h"
 #include "cairn/tensor.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_test_util.h"
 #include "checkpoint/test_util.h"
 #include "core/cast.h"
+#include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -308,6 +311,58 @@ TEST(HfExportTest, PackedScalarsAreRefused) {
   ASSERT_EQ(saved.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(saved.status()), HasSubstr("F4_X2"));
   EXPECT_THAT(Msg(saved.status()), HasSubstr("s"));
+}
+
+// A planner of the user's (not a DefaultSavePlanner) that plans tensor
+// `fqn` as a scalar: what ValidateShard refuses at the default planner.
+class ScalarizingPlanner : public SavePlanner {
+ public:
+  explicit ScalarizingPlanner(std::string fqn) : fqn_(std::move(fqn)) {}
+  absl::Status SetUp(const StateDict& state, bool is_coordinator, int rank,
+                     int world_size) override {
+    return inner_.SetUp(state, is_coordinator, rank, world_size);
+  }
+  absl::StatusOr<SavePlan> CreateLocalPlan() override {
+    CAIRN_ASSIGN_OR_RETURN(SavePlan plan, inner_.CreateLocalPlan());
+    for (WriteItem& item : plan.items) {
+      if (item.fqn == fqn_) {
+        item.global_shape = {};
+        item.box = Box{};
+      }
+    }
+    return plan;
+  }
+  absl::StatusOr<std::vector<SavePlan>> CreateGlobalPlan(
+      std::vector<SavePlan> local_plans) override {
+    return inner_.CreateGlobalPlan(std::move(local_plans));
+  }
+  absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override {
+    return inner_.FinishPlan(std::move(plan));
+  }
+  absl::StatusOr<ResolvedData> ResolveData(const WriteItem& item) override {
+    return inner_.ResolveData(item);
+  }
+
+ private:
+  DefaultSavePlanner inner_;
+  std::string fqn_;
+};
+
+// The global planning refuses a packed scalar from any planner: an export
+// of it would write [2] (values) where the checkpoint says [].
+TEST(HfExportTest, PackedScalarsFromAnyPlannerAreRefused) {
+  TempDir tmp;
+  std::string byte(1, '\x21');
+  StateDict sd;
+  sd["s"] = TensorView(byte.data(), DType::kF4_X2, {1});
+  ScalarizingPlanner planner("s");
+  SaveOptions o;
+  o.planner = &planner;
+  absl::StatusOr<SaveResult> saved = Save(sd, tmp.Sub("ckpt"), o);
+  ASSERT_EQ(saved.status().code(), absl::StatusCode::kInvalidArgument)
+      << saved.status();
+  EXPECT_THAT(Msg(saved.status()), HasSubstr("s: a F4_X2 tensor"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("ckpt/metadata.json")));
 }
 
 TEST(HfExportTest, OverwriteReplacesTheWholeModel) {

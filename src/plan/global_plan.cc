@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "format/metadata_codec.h"
 #include "plan/plan_codec.h"
+#include "plan/validate.h"
 
 namespace cairn::internal_plan {
 namespace {
@@ -271,6 +272,11 @@ absl::StatusOr<LocalSummary> ValidateLocalPlans(
       }
       auto [it, inserted] = first.try_emplace(fqn, First{r, &item});
       if (inserted) {
+        if (item.kind == ItemKind::kTensor) {
+          // A planner of the user's may plan what ValidateShard refuses.
+          CAIRN_RETURN_IF_ERROR(
+              ValidatePackedShape(fqn, item.dtype, item.global_shape));
+        }
         summary.try_emplace(fqn, FqnInfo{item.kind, item.dtype, item.global_shape});
         continue;
       }

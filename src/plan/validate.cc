@@ -10,16 +10,22 @@
 
 namespace cairn::internal_plan {
 
-absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
-                           const Shard& shard, bool allow_device) {
-  const std::string where = absl::StrCat(fqn, " shard ", shard.box.ToString());
-  if (DTypeValues(t.dtype()) > 1 && t.global_shape().empty()) {
+absl::Status ValidatePackedShape(const std::string& fqn, DType dtype,
+                                 const Shape& shape) {
+  if (DTypeValues(dtype) > 1 && shape.empty()) {
     // Its safetensors entry counts values along the last dimension.
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: a %s tensor holds %d values an element and needs a dimension "
         "to count them; give it shape [1]",
-        fqn, DTypeName(t.dtype()), DTypeValues(t.dtype())));
+        fqn, DTypeName(dtype), DTypeValues(dtype)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
+                           const Shard& shard, bool allow_device) {
+  const std::string where = absl::StrCat(fqn, " shard ", shard.box.ToString());
+  CAIRN_RETURN_IF_ERROR(ValidatePackedShape(fqn, t.dtype(), t.global_shape()));
   CAIRN_RETURN_IF_ERROR(
       internal_core::Annotate(ValidateBox(shard.box, t.global_shape()), where));
   const TensorView& v = shard.view;

@@ -16,6 +16,14 @@ namespace cairn::internal_plan {
 absl::Status ValidateShard(const std::string& fqn, const ShardedTensor& t,
                            const Shard& shard, bool allow_device = false);
 
+// kInvalidArgument naming `fqn` when a tensor of a packed dtype (several
+// values an element: F4_X2, F6) has no dimension: its safetensors entry
+// counts values along the last one, so a scalar would read back as [n].
+// ValidateShard checks it, and the save's global planning again for
+// plans of any planner.
+absl::Status ValidatePackedShape(const std::string& fqn, DType dtype,
+                                 const Shape& shape);
+
 // OK for a host shard; for a device shard, OK when this build and machine
 // can copy to and from its device (internal_cuda::RuntimeFor), else that
 // error naming the FQN and the box. The planners call it so that a save or
