@@ -678,10 +678,9 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   const absl::Status decoded =
       Annotate(metadata.status(), "reading metadata");
   const double metadata_seconds = Since(start);
-  static const Metadata* const kNoMetadata = new Metadata();
+  const Metadata none;  // what a rank that could not decode plans with
   absl::StatusOr<LoadResult> result = LoadWithMetadataAfter(
-      state, storage, metadata.ok() ? *metadata : *kNoMetadata, opts,
-      decoded);
+      state, storage, metadata.ok() ? *metadata : none, opts, decoded);
   if (result.ok()) {
     result->phases.metadata = metadata_seconds;
     result->seconds += metadata_seconds;

@@ -42,12 +42,6 @@ struct Folder {
   bool committed;
 };
 
-// Whether `root` is a local directory (a path or file:// URL), where
-// folders exist of their own; object storage has only keys.
-bool IsLocal(const std::string& root) {
-  return internal_storage::IsLocalUrl(root);
-}
-
 absl::StatusOr<std::vector<Folder>> ListLocalFolders(const std::string& root) {
   CAIRN_ASSIGN_OR_RETURN(const std::string path,
                          internal_storage::LocalPathOf(root));
@@ -72,7 +66,9 @@ absl::StatusOr<std::vector<Folder>> ListLocalFolders(const std::string& root) {
 // under "step-NNNNNNNNNN/", committed when one of them is its metadata.json.
 absl::StatusOr<std::vector<Folder>> ListFolders(
     const std::string& root, const StorageOptions& storage_options) {
-  if (IsLocal(root)) return ListLocalFolders(root);
+  // A local directory (a path or file:// URL) has folders of its own;
+  // object storage has only keys.
+  if (internal_storage::IsLocalUrl(root)) return ListLocalFolders(root);
   CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<Storage> storage,
                          Storage::Open(root, storage_options));
   CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, storage->List());
@@ -103,7 +99,7 @@ absl::Status DeleteStep(const std::string& dir,
     CAIRN_RETURN_IF_ERROR((*storage)->Remove(kMetadataFileName));
     CAIRN_RETURN_IF_ERROR((*storage)->Sync());
   }
-  if (!IsLocal(dir)) {
+  if (!internal_storage::IsLocalUrl(dir)) {
     CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, (*storage)->List());
     for (const std::string& name : names) {
       CAIRN_RETURN_IF_ERROR((*storage)->Remove(name));
@@ -148,7 +144,7 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
     const std::string& root, Communicator* comm, const ManagerOptions& options) {
   std::error_code ec;
   absl::Status made = absl::OkStatus();
-  if (IsLocal(root)) {
+  if (internal_storage::IsLocalUrl(root)) {
     absl::StatusOr<std::string> path = internal_storage::LocalPathOf(root);
     if (path.ok()) fs::create_directories(*path, ec);
     made = !path.ok() ? path.status()
