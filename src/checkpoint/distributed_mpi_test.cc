@@ -169,7 +169,15 @@ TEST(MpiDistributedTest, FailureInEachPhaseReachesEveryRank) {
     ASSERT_TRUE(SaveWorld(ckpt, Pattern::kRows, 2).ok());
     RankState s = MakeRankState(Pattern::kCols, 4, r, 2, true);
     FaultInjectionStorage faulty(*Storage::Open(ckpt));
-    if (r == 1) faulty.FailAlways(StorageOp::kReadAt, absl::UnavailableError("disk on fire"));
+    if (r == 1) {
+      // A job of 4 reads metadata.json on every rank: rank 1's first read
+      // after that fails.
+      const int64_t before = faulty.calls(StorageOp::kReadAt);
+      ASSERT_TRUE(internal_checkpoint::ReadMetadataFromStorage(faulty).ok());
+      faulty.FailNthCall(StorageOp::kReadAt,
+                         faulty.calls(StorageOp::kReadAt) - before + 1,
+                         absl::UnavailableError("disk on fire"));
+    }
     LoadOptions o;
     o.comm = g_world;
     absl::Status st = internal_checkpoint::LoadFromStorage(s.sd, &faulty, o).status();

@@ -8,9 +8,13 @@
 //  1. Metadata (this file): the coordinator reads metadata.json and
 //     validates it as untrusted input (file names, dtypes, boxes inside
 //     their tensors, sizes, chunk coverage), then broadcasts its text (or
-//     the error); the other ranks decode the same text. Whether each could
-//     travels in step 2's gather (a rank that could not plans nothing),
-//     not in a collective of its own.
+//     the error); the other ranks decode the same text. In a job of at
+//     most kSelfReadMaxRanks ranks every rank reads the text itself
+//     instead (no broadcast), and step 2's gather carries a digest of the
+//     bytes each read: the coordinator refuses the load when any differ.
+//     Whether each rank could read and decode travels in step 2's gather
+//     too (a rank that could not plans nothing), not in a collective of
+//     its own.
 //  2. Plan (load_plan.cc): SetUp and CreateLocalPlan on every rank (the
 //     default planner matches every destination leaf to the checkpoint: a
 //     missing leaf is an error in strict mode, dtype and global shape must
@@ -117,6 +121,7 @@
 #include "core/byte_codec.h"
 #include "core/flatten.h"
 #include "core/status.h"
+#include "format/chunk_digest.h"
 #include "format/metadata_codec.h"
 #include "format/names.h"
 #include "plan/plan_codec.h"
@@ -133,6 +138,17 @@ using internal_comm::Ranks;
 using internal_comm::ScatterOutcome;
 
 using internal_core::Annotate;
+
+// Up to this many ranks, every rank of a load reads the metadata (or a
+// Hugging Face folder's index and headers) itself, at the same time, and
+// the planning gather compares their digests; no broadcast. Above it the
+// coordinator reads it alone and broadcasts it: a metadata.json of many
+// ranks is large (943 MiB for 16k), and each rank reading it would
+// multiply the storage's load. Below, the broadcast is the costlier part:
+// one collective fewer per load, and each waits for descheduled ranks on
+// a node with more ranks than cores (4 ranks on 2 cores: bench/RESULTS.md,
+// issue 37).
+constexpr int kSelfReadMaxRanks = 8;
 
 }  // namespace
 
@@ -163,6 +179,34 @@ absl::StatusOr<Metadata> DecodeAndValidate(std::string_view text,
         Annotate(internal_format::ValidateAllCoverage(metadata), source));
   }
   return metadata;
+}
+
+// The plans in `gathered` (each rank's digest of the metadata it read,
+// then its plan; step 1), once every rank's digest is the coordinator's
+// `mine`: kAborted naming the first rank whose is not (the checkpoint at
+// `url` changed between the ranks' reads, or they load different ones).
+absl::StatusOr<std::vector<std::string>> SplitSourceDigests(
+    const std::vector<std::string>& gathered, std::string_view mine,
+    std::string_view url) {
+  std::vector<std::string> plans;
+  plans.reserve(gathered.size());
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    internal_core::ByteReader in(gathered[r],
+                                 absl::StrCat("load plan of rank ", r));
+    const std::string_view digest = in.StrView();
+    std::string plan = in.Str();
+    CAIRN_RETURN_IF_ERROR(in.status());
+    if (digest != mine) {
+      return absl::AbortedError(absl::StrFormat(
+          "rank %d read other metadata than rank 0 did at %s (its %s or, "
+          "for a Hugging Face folder, its index and headers): the "
+          "checkpoint changed while the ranks read it, or they load "
+          "different ones; nothing was loaded",
+          r, url, kMetadataFileName));
+    }
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
 // Reads and decodes the metadata file `name`, checking coverage.
@@ -307,18 +351,21 @@ absl::StatusOr<Metadata> ReadMetadataFile(Storage& storage,
 
 namespace {
 
-// `prior`: this rank's outcome of the steps before (decoding the metadata
-// the coordinator sent); when it failed, the rank only reports it in the
-// planning gather, so every rank returns the same error.
+// `prior`: this rank's outcome of the steps before (reading or decoding
+// the metadata); when it failed, the rank only reports it in the planning
+// gather, so every rank returns the same error. `source_digest`: the
+// digest of the metadata bytes this rank read itself (16 bytes), empty
+// when every rank has the coordinator's (or the caller's); the
+// coordinator compares them in the planning gather.
 absl::StatusOr<LoadResult> LoadWithMetadataImpl(
     StateDict& state, absl::StatusOr<Storage*> storage,
     const Metadata& metadata, const LoadOptions& given,
-    const absl::Status& prior);
+    const absl::Status& prior, std::string_view source_digest);
 
 absl::StatusOr<LoadResult> LoadWithMetadataAfter(
     StateDict& state, absl::StatusOr<Storage*> storage,
     const Metadata& metadata, const LoadOptions& given,
-    const absl::Status& prior);
+    const absl::Status& prior, std::string_view source_digest);
 
 }  // namespace
 
@@ -327,7 +374,7 @@ absl::StatusOr<LoadResult> LoadWithMetadata(StateDict& state,
                                             const Metadata& metadata,
                                             const LoadOptions& given) {
   return LoadWithMetadataAfter(state, storage, metadata, given,
-                               absl::OkStatus());
+                               absl::OkStatus(), /*source_digest=*/"");
 }
 
 namespace {
@@ -335,22 +382,24 @@ namespace {
 absl::StatusOr<LoadResult> LoadWithMetadataAfter(
     StateDict& state, absl::StatusOr<Storage*> storage,
     const Metadata& metadata, const LoadOptions& given,
-    const absl::Status& prior) {
+    const absl::Status& prior, std::string_view source_digest) {
   // An incremental checkpoint's chunks in its references are read through
   // a ReferencingStorage (format version 6).
   if (!storage.ok() || !prior.ok() || metadata.references.empty() ||
       dynamic_cast<ReferencingStorage*>(*storage) != nullptr) {
-    return LoadWithMetadataImpl(state, storage, metadata, given, prior);
+    return LoadWithMetadataImpl(state, storage, metadata, given, prior,
+                                source_digest);
   }
   ReferencingStorage referencing(**storage, metadata.references,
                                  StorageOptions{.s3 = given.s3});
-  return LoadWithMetadataImpl(state, &referencing, metadata, given, prior);
+  return LoadWithMetadataImpl(state, &referencing, metadata, given, prior,
+                              source_digest);
 }
 
 absl::StatusOr<LoadResult> LoadWithMetadataImpl(
     StateDict& state, absl::StatusOr<Storage*> storage,
     const Metadata& metadata, const LoadOptions& given,
-    const absl::Status& prior) {
+    const absl::Status& prior, std::string_view source_digest) {
   // Files cairn did not write have no checksums to check (and node reads
   // exist to check chunks whole).
   LoadOptions without_checks;
@@ -397,14 +446,27 @@ absl::StatusOr<LoadResult> LoadWithMetadataImpl(
     local = m.status();
     if (m.ok()) message = *std::move(m);
   }
+  // The gather carries the digest of the metadata this rank read (step 1)
+  // in front of its plan.
+  if (local.ok()) {
+    internal_core::ByteWriter w;
+    w.Str(source_digest);
+    w.Str(message);
+    message = w.Take();
+  }
   absl::StatusOr<std::vector<std::string>> gathered =
       GatherOrError(*comm, local, message, kOperation, "planning");
   message = std::string();
   absl::Status global = gathered.status();
   std::vector<std::string> finals;
   if (coordinator && global.ok()) {
-    absl::StatusOr<std::vector<std::string>> planned = PlanLoadGlobally(
-        planner, metadata, *gathered, options.broadcast_replicas);
+    absl::StatusOr<std::vector<std::string>> plans =
+        SplitSourceDigests(*gathered, source_digest,
+                           storage.ok() ? (*storage)->url() : "");
+    absl::StatusOr<std::vector<std::string>> planned =
+        plans.ok() ? PlanLoadGlobally(planner, metadata, *plans,
+                                      options.broadcast_replicas)
+                   : plans.status();
     global = planned.status();
     if (planned.ok()) finals = *std::move(planned);
   }
@@ -634,9 +696,13 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   // A folder without metadata.json may be a Hugging Face folder (or the
   // URL a .safetensors file): the coordinator sends its index and headers
   // instead (hf_import.h), and every rank builds the same metadata.
+  // In a job of at most kSelfReadMaxRanks ranks every rank reads either
+  // itself instead, and the planning gather compares the digests of what
+  // they read (SplitSourceDigests).
+  const bool self_read = comm.size() > 1 && comm.size() <= kSelfReadMaxRanks;
   std::string text;
   absl::Status read = storage.status();
-  if (comm.rank() == kCoordinator && read.ok()) {
+  if ((self_read || comm.rank() == kCoordinator) && read.ok()) {
     absl::StatusOr<std::string> bytes =
         source_file.empty() ? ReadMetadataText(**storage, kMetadataFileName)
                             : absl::NotFoundError("");
@@ -654,10 +720,25 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
     read = bytes.status();
     if (bytes.ok()) text = *std::move(bytes);
   }
-  CAIRN_ASSIGN_OR_RETURN(std::string shared,
-                         BroadcastOutcome(comm, read, std::move(text)));
+  std::string shared;
+  std::string digest;  // of what this rank read itself
+  if (self_read) {
+    shared = std::move(text);
+    if (read.ok()) {
+      const ChunkDigest d = internal_format::BlockDigest(
+          reinterpret_cast<const std::byte*>(shared.data()), shared.size());
+      internal_core::ByteWriter w;
+      w.U64(d.high);
+      w.U64(d.low);
+      digest = w.Take();
+    }
+  } else {
+    CAIRN_ASSIGN_OR_RETURN(shared,
+                           BroadcastOutcome(comm, read, std::move(text)));
+  }
   absl::StatusOr<Metadata> metadata =
-      !shared.empty() && shared[0] == kImportSourceMarker
+      self_read && !read.ok() ? absl::StatusOr<Metadata>(read)
+      : !shared.empty() && shared[0] == kImportSourceMarker
           ? [&]() -> absl::StatusOr<Metadata> {
               CAIRN_ASSIGN_OR_RETURN(ImportSource source,
                                      DecodeImportSource(shared));
@@ -670,17 +751,17 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
                     : absl::StrCat(kMetadataFileName, " from the coordinator"),
                 /*coverage=*/comm.rank() == kCoordinator);
   internal_core::ReleaseStorage(shared);
-  // No agreement of its own: a rank that could not decode the metadata
-  // says so in the planning gather, which every rank takes part in and
-  // whose answer carries the combined error to all (one collective fewer
-  // per load: each waits for descheduled ranks where a node has more
-  // ranks than cores).
+  // No agreement of its own: a rank that could not read or decode the
+  // metadata says so in the planning gather, which every rank takes part
+  // in and whose answer carries the combined error to all (one collective
+  // fewer per load: each waits for descheduled ranks where a node has
+  // more ranks than cores).
   const absl::Status decoded =
       Annotate(metadata.status(), "reading metadata");
   const double metadata_seconds = Since(start);
   const Metadata none;  // what a rank that could not decode plans with
   absl::StatusOr<LoadResult> result = LoadWithMetadataAfter(
-      state, storage, metadata.ok() ? *metadata : none, opts, decoded);
+      state, storage, metadata.ok() ? *metadata : none, opts, decoded, digest);
   if (result.ok()) {
     result->phases.metadata = metadata_seconds;
     result->seconds += metadata_seconds;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/byte_codec.h"
@@ -19,14 +20,23 @@ constexpr int kMaxListedRanks = 8;
 // Longest message kept per rank in a combined error.
 constexpr size_t kMaxMessageBytes = 2048;
 
+// Marks the errors CommError makes (a status payload's type URL).
+constexpr char kCommFailureUrl[] = "cairn/comm-failure";
+
 // An error from the communicator itself: the protocol cannot go on, and
 // ranks may disagree (the transport failed, not a rank's work).
 absl::Status CommError(const absl::Status& s, std::string_view phase) {
-  return internal_core::Annotate(
+  absl::Status e = internal_core::Annotate(
       s, absl::StrCat("communicator failed in ", std::string(phase)));
+  e.SetPayload(kCommFailureUrl, absl::Cord());
+  return e;
 }
 
 }  // namespace
+
+bool IsCommFailure(const absl::Status& status) {
+  return status.GetPayload(kCommFailureUrl).has_value();
+}
 
 Ranks::Ranks(Communicator* comm) : comm_(comm) {
   if (comm_ == nullptr) {
@@ -152,6 +162,9 @@ absl::StatusOr<std::vector<std::string>> GatherOrError(
 absl::StatusOr<std::string> ScatterOutcome(Communicator& comm,
                                            const absl::Status& status,
                                            std::vector<std::string> payloads) {
+  // A collective that failed before (the coordinator's gather) has left
+  // the communicator unusable: its error, not the next one's.
+  if (comm.rank() == kCoordinator && IsCommFailure(status)) return status;
   std::vector<std::string> sealed;
   if (comm.rank() == kCoordinator) {
     sealed.reserve(comm.size());
@@ -171,6 +184,7 @@ absl::StatusOr<std::string> ScatterOutcome(Communicator& comm,
 absl::StatusOr<std::string> BroadcastOutcome(Communicator& comm,
                                              const absl::Status& status,
                                              std::string payload) {
+  if (comm.rank() == kCoordinator && IsCommFailure(status)) return status;
   std::string message;
   if (comm.rank() == kCoordinator) {
     message = SealInPlace(status, std::move(payload));

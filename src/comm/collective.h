@@ -71,8 +71,16 @@ absl::StatusOr<std::vector<std::string>> GatherOrError(
     Communicator& comm, const absl::Status& local, std::string_view payload,
     std::string_view operation, std::string_view phase);
 
+// Whether `status` says a collective itself failed (the communicator broke
+// or timed out: the errors of the functions here that begin "communicator
+// failed in"), not a rank's work.
+bool IsCommFailure(const absl::Status& status);
+
 // Collective: the coordinator sends rank r `payloads[r]`, or `status` to
 // all when it is an error; each rank returns its payload or that error.
+// A `status` for which IsCommFailure holds ends it on the coordinator at
+// once (the communicator is unusable; the other ranks' collectives fail
+// on their own). So for BroadcastOutcome.
 absl::StatusOr<std::string> ScatterOutcome(Communicator& comm,
                                            const absl::Status& status,
                                            std::vector<std::string> payloads);
