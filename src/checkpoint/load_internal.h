@@ -365,6 +365,8 @@ class Loader {
   std::map<std::string, int> file_index_;
   std::vector<std::string> file_names_;
   std::vector<DataFile> files_;
+  // This Execute's tasks all read what AllInMemory found in memory.
+  bool all_in_memory_ = false;
   // Each stored tensor's FQN: its key in metadata_.tensors, which
   // outlives this loader.
   std::map<const TensorMetadata*, const std::string*> fqn_of_;

@@ -43,6 +43,7 @@
 #include "format/crc32c.h"
 #include "format/names.h"
 #include "format/safetensors.h"
+#include "storage/known_cached.h"
 
 namespace cairn::internal_checkpoint {
 namespace {
@@ -374,9 +375,12 @@ absl::Status Loader::RunTask(const ReadTask& t, BufferPool& pool,
   // A span the storage holds in memory already (page-cached) is copied
   // from in place: only the bytes the copies need are touched, where a
   // read into the bounce buffer would copy the whole span first.
+  // (When every file's span was found in memory just before, the file is
+  // not asked again: known_cached.h.)
   std::unique_ptr<ReadableFile::View> view;
   if (t.mode == ReadTask::Mode::kSpan) {
-    view = file.ViewIfInMemory(t.file_offset, t.span);
+    view = internal_storage::ViewOf(file, t.file_offset, t.span,
+                                    all_in_memory_);
   }
   if (view != nullptr) {
     if (view->bytes().size() != t.span) {
@@ -565,6 +569,7 @@ absl::Status Loader::Execute() {
            std::pair(tasks_[b].file, tasks_[b].file_offset);
   });
   const bool in_memory = !tasks_.empty() && AllInMemory();
+  all_in_memory_ = in_memory;
   const int threads = ReadThreads(in_memory);
   result_.io_threads = threads;
   const uint64_t buffer_bytes = std::max<uint64_t>(

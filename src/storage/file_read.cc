@@ -26,6 +26,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "storage/file_internal.h"
+#include "storage/known_cached.h"
 
 namespace cairn::internal_storage {
 namespace {
@@ -84,7 +85,7 @@ struct Cachestat {
 // Whether file pages are cached is asked of cachestat(2) (mincore() before
 // Linux 6.5), whether destination pages are resident of mincore(); neither
 // touches the pages.
-class FileReadableFile final : public ReadableFile {
+class FileReadableFile final : public ReadableFile, public KnownCachedViews {
  public:
   using Options = FileReadOptions;
 
@@ -140,6 +141,13 @@ class FileReadableFile final : public ReadableFile {
   std::unique_ptr<View> ViewIfInMemory(uint64_t offset,
                                        uint64_t size) const override {
     return copy_mapped_ ? MapCached(offset, size, /*populate=*/false)
+                        : nullptr;
+  }
+
+  std::unique_ptr<View> ViewKnownInMemory(uint64_t offset,
+                                          uint64_t size) const override {
+    return copy_mapped_ ? MapCached(offset, size, /*populate=*/false,
+                                    /*known_cached=*/true)
                         : nullptr;
   }
 
@@ -219,10 +227,15 @@ class FileReadableFile final : public ReadableFile {
   // a fault would be SIGBUS). Without, the reader's touches fault them in:
   // a page evicted since the check is read again then, and only a device
   // failing that read ends the process.
+  // With `known_cached` the caller has just found the range cached
+  // (KnownCachedViews), and the page cache is not asked again.
   std::unique_ptr<View> MapCached(uint64_t offset, uint64_t size,
-                                  bool populate) const {
+                                  bool populate,
+                                  bool known_cached = false) const {
+    const uint64_t stop = offset + size;
     if (size == 0 || (populate && size < kMinMappedBytes) ||
-        !InMemory(offset, size)) {
+        (known_cached ? map_ == nullptr || stop < offset || stop > size_
+                      : !InMemory(offset, size))) {
       return nullptr;
     }
     const uint64_t end = offset + size;

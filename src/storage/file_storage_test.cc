@@ -1,6 +1,7 @@
 // File-backend specifics: URL parsing, O_DIRECT alignment, the scheme
 // registry. Behaviour every backend shares is in storage_conformance_test.cc.
 #include "storage/file_storage.h"
+#include "storage/known_cached.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -488,6 +489,45 @@ TEST(FileStorageTest, EndedViewsAreReleasedInBatches) {
   // Closing the file unmaps whatever still waits.
   cold.file.reset();
   EXPECT_LT(RssFileKiB() - rss_before, 256) << "KiB left mapped";
+}
+
+// A view of a range the reader has just found cached (KnownCachedViews,
+// which the loader takes after one InMemory of a file's whole span) skips
+// asking the page cache again: the same bytes as ViewIfInMemory's; one of
+// a range evicted since reads it back when touched, exact; none past the
+// end of the file.
+TEST(FileStorageTest, KnownCachedViewsSkipTheCacheQuestion) {
+  // (Each ended view unmapped at once: mapped pages are not evicted.)
+  ColdFile cold(6, {.view_release_batch = 1});
+  if (cold.file == nullptr) GTEST_SKIP() << cold.why_not;
+  ASSERT_EQ(ReadFileDirectly(cold.path), cold.bytes);  // cached now
+  const ReadableFile& file = *cold.file;
+  const auto* known =
+      dynamic_cast<const internal_storage::KnownCachedViews*>(&file);
+  ASSERT_NE(known, nullptr);
+  auto text = [](const ReadableFile::View& v) {
+    return std::string(reinterpret_cast<const char*>(v.bytes().data()),
+                       v.bytes().size());
+  };
+  ASSERT_TRUE(file.InMemory(0, cold.bytes.size()));
+  {
+    std::unique_ptr<ReadableFile::View> v =
+        internal_storage::ViewOf(file, 12345, 1 << 20, true);
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(text(*v), cold.bytes.substr(12345, 1 << 20));
+  }
+  // Evicted: ViewIfInMemory says no, the known view reads it back.
+  ASSERT_TRUE(testing_util::EvictFromPageCache(cold.path));
+  EXPECT_EQ(file.ViewIfInMemory(0, 1 << 20), nullptr);
+  EXPECT_EQ(internal_storage::ViewOf(file, 0, 1 << 20, false), nullptr);
+  {
+    std::unique_ptr<ReadableFile::View> v =
+        known->ViewKnownInMemory(4096, 1 << 20);
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(text(*v), cold.bytes.substr(4096, 1 << 20));
+  }
+  EXPECT_EQ(known->ViewKnownInMemory(cold.bytes.size() - 100, 101), nullptr);
+  EXPECT_EQ(known->ViewKnownInMemory(0, 0), nullptr);
 }
 
 // With both read paths off, every read is a buffered pread; still exact.
