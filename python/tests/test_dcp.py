@@ -6,6 +6,7 @@ process reads them with cairn.load / cairn.load_all and the reference
 safetensors package. Non-tensor state and bad input run in one process."""
 
 import pathlib
+import urllib.parse
 
 import pytest
 import torch
@@ -266,6 +267,23 @@ def test_overwrite(ckpt):
     dcp.save({"w": torch.full((3,), 2.0)},
              storage_writer=cairn.torch.StorageWriter(ckpt))
     assert torch.equal(cairn.load_all(ckpt)["w"], torch.full((3,), 2.0))
+
+
+def test_overwrite_false_sees_a_percent_encoded_file_url(tmp_path):
+    # The folder's name has a space: its file:// URL says %20. The writer
+    # refuses before planning (cairn's own save would refuse later, with
+    # another message).
+    folder = tmp_path / "a b"
+    url = "file://" + urllib.parse.quote(str(folder))
+    dcp.save({"w": torch.ones(3)},
+             storage_writer=cairn.torch.StorageWriter(url))
+    assert torch.equal(cairn.load_all(str(folder))["w"], torch.ones(3))
+    with pytest.raises(dcp.CheckpointException,
+                       match="committed checkpoint; pass overwrite=True"):
+        dcp.save({"w": torch.zeros(3)},
+                 storage_writer=cairn.torch.StorageWriter(url,
+                                                          overwrite=False))
+    assert torch.equal(cairn.load_all(str(folder))["w"], torch.ones(3))
 
 
 def test_cached_plans_get_fresh_save_ids(ckpt):

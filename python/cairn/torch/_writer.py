@@ -26,6 +26,7 @@ import os
 import pickle
 import secrets
 import threading
+import urllib.parse
 import uuid
 
 import torch
@@ -96,7 +97,8 @@ def _path_str(path):
 def _has_global_metadata(path):
     path = _path_str(path)
     if path.startswith("file://"):
-        path = path[len("file://"):]
+        # As cairn reads a file:// URL: percent-encoded.
+        path = urllib.parse.unquote(path[len("file://"):])
     elif "://" in path:
         return False  # cairn itself refuses an existing one then
     return os.path.exists(os.path.join(path, METADATA_FILE))
