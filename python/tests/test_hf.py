@@ -78,6 +78,32 @@ def test_column_shards_on_four_gloo_ranks(tmp_path, mode):
     run(column_job, 4, out)
 
 
+def mismatch_job(rank, world, port, out):
+    """Rank 2 loads another model (its header has one more tensor) than the
+    others: every rank gets the same AbortedError, naming rank 2, and no
+    rank's shard was written."""
+    init(rank, world, port)
+    folder = pathlib.Path(out) / ("b" if rank == 2 else "a")
+    local = torch.full((4, 2), -1.0)
+    sd = {"w": cairn.ShardedTensor([4, 8], [((0, 2 * rank), local)])}
+    with pytest.raises(cairn.AbortedError,
+                       match="rank 2 read other metadata than rank 0"):
+        cairn.load(sd, folder)
+    assert torch.equal(local, torch.full((4, 2), -1.0))
+    torch.distributed.destroy_process_group()
+
+
+def test_ranks_loading_different_models_are_refused(tmp_path):
+    from safetensors.torch import save_file
+    w = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    save_file({"w": w}, tmp_path / "a" / "model.safetensors")
+    save_file({"w": w, "extra": torch.zeros(2)},
+              tmp_path / "b" / "model.safetensors")
+    run(mismatch_job, 4, tmp_path)
+
+
 def test_name_map_fuses_qkv_and_strips_a_prefix(reference):
     layer = "encoder.layer.0.attention.self."
     parts = [f"{layer}{p}.weight" for p in ("query", "key", "value")]
