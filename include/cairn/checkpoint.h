@@ -379,7 +379,10 @@ struct LoadResult {
 // kFailedPrecondition naming the FQN), object and scalar leaves are replaced
 // by the stored values (either kind by either: a scalar leaf whose FQN holds
 // an object becomes that object, and the other way round; a tensor leaf
-// whose FQN holds no tensor is kFailedPrecondition).
+// whose FQN holds no tensor is kFailedPrecondition). In a job of at most 8
+// ranks every rank reads the metadata itself; ranks that read different
+// metadata (each given another checkpoint, or another save committed in
+// between) get kAborted on every rank, naming one, before any byte is read.
 absl::StatusOr<LoadResult> Load(StateDict& state, std::string_view url,
                                 const LoadOptions& options = {});
 
