@@ -523,6 +523,7 @@ absl::StatusOr<LoadResult> LoadWithMetadataImpl(
                       options.verify_checksums);
     // One loader: the data files and IO threads stay from wave to wave.
     Loader reader(**storage, metadata, options);
+    reader.StaggerFor(rank, world);
     const bool grouped = group_comm != nullptr && group_comm->size() > 1;
     // 3, first: when any rank asked for node reads, chunks that ranks of a
     // node need strided parts of are read once on the node (load_node.cc;

@@ -224,6 +224,18 @@ class Loader {
   absl::Status Read(const std::vector<ReadItem>& items,
                     const std::vector<Destination>& dsts);
 
+  // This loader's rank of `world` ranks that read the same files at the
+  // same time: each Read starts its tasks rank/world of the way into them,
+  // in file order, and wraps around. So each rank reads a region of a
+  // cold file first that no other rank reads at the same moment, which
+  // the page cache then holds in large folios (mapping a cached 91 MB
+  // model whole cost 0.1-0.5 ms of system time afterwards, against 3-5
+  // ms after four ranks read it from the start together; issue 37).
+  void StaggerFor(int rank, int world) {
+    stagger_rank_ = rank;
+    stagger_world_ = world;
+  }
+
   // What the reads so far did; the next Read counts afresh.
   LoadResult TakeResult() { return std::exchange(result_, LoadResult{}); }
 
@@ -367,6 +379,8 @@ class Loader {
   std::vector<DataFile> files_;
   // This Execute's tasks all read what AllInMemory found in memory.
   bool all_in_memory_ = false;
+  int stagger_rank_ = 0;
+  int stagger_world_ = 1;
   // Each stored tensor's FQN: its key in metadata_.tensors, which
   // outlives this loader.
   std::map<const TensorMetadata*, const std::string*> fqn_of_;

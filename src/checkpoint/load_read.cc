@@ -569,6 +569,12 @@ absl::Status Loader::Execute() {
            std::pair(tasks_[b].file, tasks_[b].file_offset);
   });
   const bool in_memory = !tasks_.empty() && AllInMemory();
+  // Ranks reading the same cold files start apart (StaggerFor).
+  if (!in_memory && stagger_world_ > 1 && !order.empty()) {
+    const size_t first = order.size() * static_cast<size_t>(stagger_rank_) /
+                         static_cast<size_t>(stagger_world_);
+    std::rotate(order.begin(), order.begin() + first, order.end());
+  }
   all_in_memory_ = in_memory;
   const int threads = ReadThreads(in_memory);
   result_.io_threads = threads;
