@@ -87,7 +87,10 @@ struct StorageOptions {
   // Copy ranges that are wholly in the page cache out of a read-only
   // mapping of the file (populated in one call, unmapped right after)
   // instead of with pread, and let loads copy strided slices (column
-  // shards) out of such a mapping in place (ReadableFile::ViewIfInMemory).
+  // shards) out of such a mapping in place (ReadableFile::ViewIfInMemory);
+  // and read ranges that several readers share (ReadAtShared) into the page
+  // cache through that mapping, in 2 MiB folios where the kernel can, which
+  // makes every later mapping of the file cheaper (a fault per folio).
   // On VMs where the kernel's first write to each page of the destination
   // is expensive this is several times faster; it relies on checkpoint
   // files not being truncated while they are read (another process
