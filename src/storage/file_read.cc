@@ -140,7 +140,7 @@ class FileReadableFile final : public ReadableFile, public KnownCachedViews {
   // 2 MiB folios) and copying out of it; with a buffered pread when the
   // kernel would not populate (an error pread then reports). Four ranks
   // reading a cold 91 MB model this way, each from another quarter first,
-  // took 34-42 ms against 72-83 ms with pread, and mapping it whole later
+  // took 33-42 ms against 72-83 ms with pread, and mapping it whole later
   // cost 0.1-0.5 ms of system time against 3.5-4 ms (the page cache's
   // folios: small ones cost per 4 KiB page; issue 37).
   absl::Status ReadAtShared(uint64_t offset,
