@@ -247,31 +247,6 @@ absl::Status CheckKvDeclarations(
   return absl::OkStatus();
 }
 
-void AppendTrailer(std::string& message, std::string_view trailer) {
-  ByteWriter w;
-  w.Raw(trailer);
-  w.U64(trailer.size());
-  message += w.Take();
-}
-
-absl::StatusOr<std::string> TakeTrailer(std::string& message,
-                                        std::string_view what) {
-  if (message.size() < 8) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: the message has no key-value table part", what));
-  }
-  ByteReader r(std::string_view(message).substr(message.size() - 8), "");
-  const uint64_t n = r.U64();
-  if (n > message.size() - 8) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: its key-value table part is longer than the message", what));
-  }
-  const size_t at = message.size() - 8 - n;
-  std::string trailer = message.substr(at, n);
-  message.resize(at);
-  return trailer;
-}
-
 std::vector<KvChunkStart> KvChunkStarts(const KvTableMetadata& md) {
   std::vector<KvChunkStart> out;
   out.reserve(md.chunks.size());

@@ -63,13 +63,6 @@ absl::Status CheckKvDeclarations(
     const Metadata& skeleton, bool require_coverage,
     std::string_view operation = "save");
 
-// `message` with `trailer` appended behind it, and the reverse: the
-// trailer cut off the end of `message` (kDataLoss naming `what` when it
-// is not there).
-void AppendTrailer(std::string& message, std::string_view trailer);
-absl::StatusOr<std::string> TakeTrailer(std::string& message,
-                                        std::string_view what);
-
 // What a rank wrote of a table: its buckets' row counts and its chunks
 // (rows counted from buckets.begin, locations in the rank's files).
 struct KvTablePart {

@@ -181,21 +181,19 @@ absl::StatusOr<Metadata> DecodeAndValidate(std::string_view text,
   return metadata;
 }
 
-// The plans in `gathered` (each rank's digest of the metadata it read,
-// then its plan; step 1), once every rank's digest is the coordinator's
-// `mine`: kAborted naming the first rank whose is not (the checkpoint at
-// `url` changed between the ranks' reads, or they load different ones).
-absl::StatusOr<std::vector<std::string>> SplitSourceDigests(
-    const std::vector<std::string>& gathered, std::string_view mine,
-    std::string_view url) {
-  std::vector<std::string> plans;
-  plans.reserve(gathered.size());
+// Cuts each rank's digest of the metadata it read (step 1) off the end
+// of its plan in `gathered`, leaving the plans: OK when every rank's is
+// the coordinator's `mine`, else kAborted naming the first rank whose is
+// not (the checkpoint at `url` changed between the ranks' reads, or they
+// load different ones).
+absl::Status TakeSourceDigests(std::vector<std::string>& gathered,
+                               std::string_view mine, std::string_view url) {
   for (size_t r = 0; r < gathered.size(); ++r) {
-    internal_core::ByteReader in(gathered[r],
-                                 absl::StrCat("load plan of rank ", r));
-    const std::string_view digest = in.StrView();
-    std::string plan = in.Str();
-    CAIRN_RETURN_IF_ERROR(in.status());
+    CAIRN_ASSIGN_OR_RETURN(
+        const std::string digest,
+        internal_core::TakeTrailer(gathered[r],
+                                   absl::StrCat("load plan of rank ", r),
+                                   "metadata digest"));
     if (digest != mine) {
       return absl::AbortedError(absl::StrFormat(
           "rank %d read other metadata than rank 0 did at %s (its %s or, "
@@ -204,9 +202,8 @@ absl::StatusOr<std::vector<std::string>> SplitSourceDigests(
           "different ones; nothing was loaded",
           r, url, kMetadataFileName));
     }
-    plans.push_back(std::move(plan));
   }
-  return plans;
+  return absl::OkStatus();
 }
 
 // Reads and decodes the metadata file `name`, checking coverage.
@@ -354,7 +351,7 @@ namespace {
 // `prior`: this rank's outcome of the steps before (reading or decoding
 // the metadata); when it failed, the rank only reports it in the planning
 // gather, so every rank returns the same error. `source_digest`: the
-// digest of the metadata bytes this rank read itself (16 bytes), empty
+// digest of the metadata bytes this rank read itself (DigestToHex), empty
 // when every rank has the coordinator's (or the caller's); the
 // coordinator compares them in the planning gather.
 absl::StatusOr<LoadResult> LoadWithMetadataImpl(
@@ -447,26 +444,20 @@ absl::StatusOr<LoadResult> LoadWithMetadataImpl(
     if (m.ok()) message = *std::move(m);
   }
   // The gather carries the digest of the metadata this rank read (step 1)
-  // in front of its plan.
-  if (local.ok()) {
-    internal_core::ByteWriter w;
-    w.Str(source_digest);
-    w.Str(message);
-    message = w.Take();
-  }
+  // behind its plan.
+  if (local.ok()) internal_core::AppendTrailer(message, source_digest);
   absl::StatusOr<std::vector<std::string>> gathered =
       GatherOrError(*comm, local, message, kOperation, "planning");
   message = std::string();
   absl::Status global = gathered.status();
   std::vector<std::string> finals;
   if (coordinator && global.ok()) {
-    absl::StatusOr<std::vector<std::string>> plans =
-        SplitSourceDigests(*gathered, source_digest,
-                           storage.ok() ? (*storage)->url() : "");
+    const absl::Status same = TakeSourceDigests(
+        *gathered, source_digest, storage.ok() ? (*storage)->url() : "");
     absl::StatusOr<std::vector<std::string>> planned =
-        plans.ok() ? PlanLoadGlobally(planner, metadata, *plans,
-                                      options.broadcast_replicas)
-                   : plans.status();
+        same.ok() ? PlanLoadGlobally(planner, metadata, *gathered,
+                                     options.broadcast_replicas)
+                  : absl::StatusOr<std::vector<std::string>>(same);
     global = planned.status();
     if (planned.ok()) finals = *std::move(planned);
   }
@@ -699,7 +690,7 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   // instead (hf_import.h), and every rank builds the same metadata.
   // In a job of at most kSelfReadMaxRanks ranks every rank reads either
   // itself instead, and the planning gather compares the digests of what
-  // they read (SplitSourceDigests).
+  // they read (TakeSourceDigests).
   const bool self_read = comm.size() > 1 && comm.size() <= kSelfReadMaxRanks;
   std::string text;
   absl::Status read = storage.status();
@@ -726,12 +717,8 @@ absl::StatusOr<LoadResult> LoadFromStorage(StateDict& state,
   if (self_read) {
     shared = std::move(text);
     if (read.ok()) {
-      const ChunkDigest d = internal_format::BlockDigest(
-          reinterpret_cast<const std::byte*>(shared.data()), shared.size());
-      internal_core::ByteWriter w;
-      w.U64(d.high);
-      w.U64(d.low);
-      digest = w.Take();
+      digest = internal_format::DigestToHex(internal_format::BlockDigest(
+          reinterpret_cast<const std::byte*>(shared.data()), shared.size()));
     }
   } else {
     CAIRN_ASSIGN_OR_RETURN(shared,

@@ -229,8 +229,9 @@ class Loader {
   // in file order, and wraps around. So each rank reads a region of a
   // cold file first that no other rank reads at the same moment, which
   // the page cache then holds in large folios (mapping a cached 91 MB
-  // model whole cost 0.1-0.5 ms of system time afterwards, against 3-5
-  // ms after four ranks read it from the start together; issue 37).
+  // model whole cost 0.1-0.5 ms of system time afterwards, against
+  // 2.9-5.4 ms after four ranks read it from the start together; issue
+  // 37).
   void StaggerFor(int rank, int world) {
     stagger_rank_ = rank;
     stagger_world_ = world;
@@ -316,8 +317,9 @@ class Loader {
   absl::Status CheckLocations();
   bool AllInMemory() const;
   int ReadThreads(bool in_memory) const;
+  // `in_memory`: AllInMemory held for this Execute's tasks.
   absl::Status RunTask(const ReadTask& t, internal_core::BufferPool& pool,
-                       uint32_t* crc);
+                       uint32_t* crc, bool in_memory);
   absl::Status RunFramesTask(const ReadTask& t);
   // A kFrames task's buffers and decompressor, kept from task to task
   // (buffers only grow, so they are not cleared again).
@@ -377,8 +379,6 @@ class Loader {
   std::map<std::string, int> file_index_;
   std::vector<std::string> file_names_;
   std::vector<DataFile> files_;
-  // This Execute's tasks all read what AllInMemory found in memory.
-  bool all_in_memory_ = false;
   int stagger_rank_ = 0;
   int stagger_world_ = 1;
   // Each stored tensor's FQN: its key in metadata_.tensors, which

@@ -341,7 +341,7 @@ int Loader::ReadThreads(bool in_memory) const {
 // Runs one read task; sets *crc to the CRC32C of the bytes read when the
 // task is a piece of a checked chunk.
 absl::Status Loader::RunTask(const ReadTask& t, BufferPool& pool,
-                             uint32_t* crc) {
+                             uint32_t* crc, bool in_memory) {
   const ReadableFile& file = *files_[t.file].file;
   auto context = [&] {
     return absl::StrFormat("reading %s (%s, offset %d)", t.what,
@@ -379,8 +379,7 @@ absl::Status Loader::RunTask(const ReadTask& t, BufferPool& pool,
   // not asked again: known_cached.h.)
   std::unique_ptr<ReadableFile::View> view;
   if (t.mode == ReadTask::Mode::kSpan) {
-    view = internal_storage::ViewOf(file, t.file_offset, t.span,
-                                    all_in_memory_);
+    view = internal_storage::ViewOf(file, t.file_offset, t.span, in_memory);
   }
   if (view != nullptr) {
     if (view->bytes().size() != t.span) {
@@ -575,7 +574,6 @@ absl::Status Loader::Execute() {
                          static_cast<size_t>(stagger_world_);
     std::rotate(order.begin(), order.begin() + first, order.end());
   }
-  all_in_memory_ = in_memory;
   const int threads = ReadThreads(in_memory);
   result_.io_threads = threads;
   const uint64_t buffer_bytes = std::max<uint64_t>(
@@ -590,7 +588,7 @@ absl::Status Loader::Execute() {
         const Group& g = groups[i];
         if (g.single()) {
           const size_t t = order[g.first];
-          return RunTask(tasks_[t], pool, &crcs[t]);
+          return RunTask(tasks_[t], pool, &crcs[t], in_memory);
         }
         return RunGroup(g, order, pool, crcs);
       }));

@@ -375,7 +375,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     skeleton = &cache->skeleton;
   } else {
     std::string message = encoded_local;
-    AppendTrailer(message, encoded_kv);
+    internal_core::AppendTrailer(message, encoded_kv);
     absl::StatusOr<std::vector<std::string>> gathered = GatherOrError(
         *comm, absl::OkStatus(), message, kOperation, "planning");
     message.clear();
@@ -386,7 +386,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
     for (size_t r = 0; coordinator && global.ok() && r < gathered->size();
          ++r) {
       const std::string what = absl::StrCat("rank ", r, "'s local plan");
-      absl::StatusOr<std::string> kv = TakeTrailer((*gathered)[r], what);
+      absl::StatusOr<std::string> kv = internal_core::TakeTrailer((*gathered)[r], what,
+                                   "key-value table part");
       absl::StatusOr<std::vector<KvDeclaration>> d =
           kv.ok() ? DecodeKvDeclarations(*kv, what)
                   : absl::StatusOr<std::vector<KvDeclaration>>(kv.status());
@@ -599,7 +600,7 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   // The coordinator always reaches the broadcast below, error or not, so no
   // rank is left waiting.
   std::string encoded_report = EncodeReport(report);
-  AppendTrailer(encoded_report, EncodeKvWritten(kv_written));
+  internal_core::AppendTrailer(encoded_report, EncodeKvWritten(kv_written));
   absl::StatusOr<std::vector<std::string>> reports = GatherOrError(
       *comm, write_status, encoded_report, kOperation, "writing");
   encoded_report.clear();
@@ -612,7 +613,8 @@ absl::StatusOr<SaveResult> SaveImpl(const StateDict& state,
   for (size_t r = 0; coordinator && committed.ok() && r < reports->size();
        ++r) {
     const std::string what = absl::StrCat("rank ", r, "'s write report");
-    absl::StatusOr<std::string> kv = TakeTrailer((*reports)[r], what);
+    absl::StatusOr<std::string> kv = internal_core::TakeTrailer((*reports)[r], what,
+                                   "key-value table part");
     absl::StatusOr<KvWritten> written =
         kv.ok() ? DecodeKvWritten(*kv, what)
                 : absl::StatusOr<KvWritten>(kv.status());

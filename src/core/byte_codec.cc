@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace cairn::internal_core {
 namespace {
@@ -11,6 +12,32 @@ namespace {
 enum ScalarTag : uint8_t { kInt = 0, kDouble = 1, kBool = 2, kString = 3 };
 
 }  // namespace
+
+void AppendTrailer(std::string& message, std::string_view trailer) {
+  ByteWriter w;
+  w.Raw(trailer);
+  w.U64(trailer.size());
+  message += w.Take();
+}
+
+absl::StatusOr<std::string> TakeTrailer(std::string& message,
+                                        std::string_view what,
+                                        std::string_view part) {
+  if (message.size() < 8) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: the message has no %s", what, part));
+  }
+  ByteReader r(std::string_view(message).substr(message.size() - 8), "");
+  const uint64_t n = r.U64();
+  if (n > message.size() - 8) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: its %s is longer than the message", what, part));
+  }
+  const size_t at = message.size() - 8 - n;
+  std::string trailer = message.substr(at, n);
+  message.resize(at);
+  return trailer;
+}
 
 void ByteWriter::U32(uint32_t v) {
   for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));

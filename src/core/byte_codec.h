@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cairn/state_dict.h"
 
 namespace cairn::internal_core {
@@ -98,6 +99,15 @@ class ByteReader {
   size_t pos_ = 0;
   std::string error_;
 };
+
+// `message` with `trailer` appended behind it (its bytes, then their count),
+// and the reverse: the trailer cut off the end of `message`, which keeps
+// the rest in place (kDataLoss naming `what` and the trailer's `part` when
+// it is not there). A phase's gather carries a second payload this way.
+void AppendTrailer(std::string& message, std::string_view trailer);
+absl::StatusOr<std::string> TakeTrailer(std::string& message,
+                                        std::string_view what,
+                                        std::string_view part);
 
 // True when `a` and `b` encode to the same bytes: same type and value bit
 // for bit (a NaN equals the same NaN, 0.0 differs from -0.0).
